@@ -1,0 +1,87 @@
+// Tensor: a shape, a dtype and a pointer into 64-byte aligned storage. Copies share storage;
+// clone() copies data. A view wraps memory owned elsewhere (a planned runtime buffer).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "minidl/core/dtype.hpp"
+#include "minidl/core/error.hpp"
+#include "minidl/core/shape.hpp"
+
+namespace minidl {
+
+inline constexpr std::size_t kAlignment = 64;
+
+/// An owned, 64-byte aligned block of bytes.
+class Storage {
+ public:
+  explicit Storage(std::size_t nbytes);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  void* data() const { return data_; }
+  std::size_t nbytes() const { return nbytes_; }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t nbytes_ = 0;
+};
+
+class Tensor {
+ public:
+  Tensor() = default;
+  /// Uninitialised tensor with fresh storage.
+  static Tensor empty(Shape shape, DType dtype = DType::F32);
+  static Tensor zeros(Shape shape, DType dtype = DType::F32);
+  static Tensor full(Shape shape, float value);
+  /// Non-owning view of memory that outlives the tensor.
+  static Tensor view(void* data, Shape shape, DType dtype);
+  template <typename T>
+  static Tensor from(Shape shape, const std::vector<T>& values) {
+    MINIDL_CHECK(static_cast<std::int64_t>(values.size()) == shape.numel(), "tensor of shape ",
+                 shape, " needs ", shape.numel(), " values, got ", values.size());
+    Tensor t = empty(std::move(shape), dtype_of<T>());
+    std::copy(values.begin(), values.end(), t.data<T>());
+    return t;
+  }
+
+  bool defined() const { return data_ != nullptr || shape_.numel() == 0; }
+  const Shape& shape() const { return shape_; }
+  DType dtype() const { return dtype_; }
+  std::int64_t numel() const { return shape_.numel(); }
+  std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * dtype_size(dtype_); }
+  void* raw() const { return data_; }
+
+  /// Typed pointer; the dtype must match T.
+  template <typename T>
+  T* data() const {
+    MINIDL_ASSERT(dtype_of<T>() == dtype_, "tensor of dtype ", dtype_, " read as ",
+                  dtype_of<T>());
+    return static_cast<T*>(data_);
+  }
+  template <typename T>
+  std::span<T> span() const {
+    return {data<T>(), static_cast<std::size_t>(numel())};
+  }
+  /// Element i of an f32 tensor (tests and small reads, not hot loops).
+  float at(std::int64_t i) const { return data<float>()[i]; }
+
+  /// Same data, another shape with the same number of elements.
+  Tensor reshaped(Shape shape) const;
+  /// Deep copy into fresh storage.
+  Tensor clone() const;
+  /// Copies src's bytes into this tensor; shapes' element counts and dtypes must match.
+  void copy_from(const Tensor& src);
+
+ private:
+  std::shared_ptr<Storage> storage_;
+  void* data_ = nullptr;
+  Shape shape_;
+  DType dtype_ = DType::F32;
+};
+
+}  // namespace minidl
