@@ -1,0 +1,153 @@
+#include "minidl/ir/graph.hpp"
+
+#include <algorithm>
+#include <unordered_set>
+
+namespace minidl::ir {
+
+std::string Value::ref() const { return fmt::format("%{}", id_); }
+
+std::string Node::describe() const {
+  return fmt::format("{} '{}' (%{})", op(), name_, outputs_.empty() ? id_ : outputs_[0]->id());
+}
+
+Node* Graph::add_node(const OpDef& def, std::vector<Value*> inputs, Attrs attrs,
+                      std::string name) {
+  return insert(def, std::move(inputs), std::move(attrs), std::move(name), Tensor());
+}
+
+Node* Graph::add_source(const OpDef& def, Attrs attrs, std::string name, Tensor bound) {
+  return insert(def, {}, std::move(attrs), std::move(name), std::move(bound));
+}
+
+Node* Graph::insert(const OpDef& def, std::vector<Value*> inputs, Attrs attrs, std::string name,
+                    Tensor bound) {
+  auto node = std::make_unique<Node>();
+  Node* n = node.get();
+  n->def_ = &def;
+  n->id_ = next_id_++;
+  n->name_ = name.empty() ? scoped(def.name()) : std::move(name);
+  // Unique names: the second "fc1.relu" becomes "fc1.relu.1".
+  if (int uses = name_uses_[n->name_]++; uses > 0) {
+    n->name_ += fmt::format(".{}", uses);
+    ++name_uses_[n->name_];
+  }
+  n->bound_ = std::move(bound);
+
+  const std::string where = fmt::format("{} '{}'", def.name(), n->name_);
+  MINIDL_CHECK(inputs.size() == def.input_names().size(), where, ": expected ",
+               def.input_names().size(), " inputs (", fmt::format("{}", fmt::join(def.input_names(), ", ")),
+               "), got ", inputs.size());
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    MINIDL_CHECK(inputs[i] != nullptr, where, ": input ", i, " (", def.input_names()[i],
+                 ") is null");
+    MINIDL_CHECK(&inputs[i]->graph() == this, where, ": input ", i, " (",
+                 def.input_names()[i], ") belongs to another graph");
+  }
+  // Attributes: known names, right kinds, defaults filled in.
+  for (const auto& [key, value] : attrs.items()) {
+    auto decl = std::find_if(def.attr_decls().begin(), def.attr_decls().end(),
+                             [&](const AttrDecl& d) { return d.name == key; });
+    MINIDL_CHECK(decl != def.attr_decls().end(), where, ": unknown attribute '", key, "'");
+    if (decl->kind != value.index()) {
+      // Ints given for a float attribute are fine; anything else is a mistake.
+      const bool int_as_float =
+          decl->kind == AttrValue(0.0).index() && value.index() == AttrValue(0L).index();
+      MINIDL_CHECK(int_as_float, where, ": attribute '", key, "' must be ",
+                   attr_kind_name(decl->kind), ", got ", attr_kind_name(value.index()));
+      attrs.set(key, static_cast<double>(std::get<std::int64_t>(value)));
+    }
+  }
+  for (const auto& decl : def.attr_decls()) {
+    if (attrs.has(decl.name)) continue;
+    MINIDL_CHECK(decl.default_.has_value(), where, ": missing required attribute '", decl.name,
+                 "'");
+    attrs.set(decl.name, *decl.default_);
+  }
+  n->attrs_ = std::move(attrs);
+  n->inputs_ = std::move(inputs);
+
+  const std::size_t n_out = def.output_names().size();
+  std::vector<Shape> shapes(n_out);
+  std::vector<DType> dtypes(n_out, DType::F32);
+  MINIDL_ASSERT(def.infer_fn() != nullptr, "op ", def.name(), " has no shape rule");
+  // Outputs get ids before inference so that error messages can name the node by its output.
+  for (std::size_t i = 0; i < n_out; ++i) {
+    auto v = std::make_unique<Value>();
+    v->id_ = next_id_++;
+    v->producer_ = n;
+    v->index_ = static_cast<int>(i);
+    v->graph_ = this;
+    n->outputs_.push_back(v.get());
+    value_store_.push_back(std::move(v));
+  }
+  InferCtx ctx(*n, shapes, dtypes);
+  def.infer_fn()(ctx);
+  for (std::size_t i = 0; i < n_out; ++i) {
+    n->outputs_[i]->shape_ = std::move(shapes[i]);
+    n->outputs_[i]->dtype_ = dtypes[i];
+  }
+  for (Value* in : n->inputs_) in->users_.push_back(n);
+  order_.push_back(n);
+  node_store_.push_back(std::move(node));
+  return n;
+}
+
+Node* Graph::find(std::string_view name) const {
+  for (Node* n : order_)
+    if (n->name() == name) return n;
+  return nullptr;
+}
+
+void Graph::add_output(Value* v) {
+  MINIDL_CHECK(&v->graph() == this, "graph output ", v->ref(), " belongs to another graph");
+  if (std::find(outputs_.begin(), outputs_.end(), v) == outputs_.end()) outputs_.push_back(v);
+}
+
+void Graph::replace_uses(Value* from, Value* to) {
+  MINIDL_CHECK(from->shape() == to->shape() && from->dtype() == to->dtype(),
+               "cannot replace ", from->ref(), " ", from->shape(), " by ", to->ref(), " ",
+               to->shape());
+  for (Node* user : from->users_) {
+    for (Value*& in : user->inputs_)
+      if (in == from) in = to;
+    to->users_.push_back(user);
+  }
+  from->users_.clear();
+  std::replace(outputs_.begin(), outputs_.end(), from, to);
+}
+
+void Graph::remove(const std::vector<Node*>& nodes) {
+  std::unordered_set<Node*> dead(nodes.begin(), nodes.end());
+  for (Node* n : nodes) {
+    for (Value* out : n->outputs_) {
+      for (Node* u : out->users_)
+        MINIDL_ASSERT(dead.count(u), "removing ", n->describe(), " still used by ",
+                      u->describe());
+    }
+    for (Value* in : n->inputs_) std::erase(in->users_, n);
+  }
+  std::erase_if(order_, [&](Node* n) { return dead.count(n) > 0; });
+}
+
+void Graph::move_before(Node* node, Node* before) {
+  auto it = std::find(order_.begin(), order_.end(), node);
+  MINIDL_ASSERT(it != order_.end());
+  order_.erase(it);
+  order_.insert(std::find(order_.begin(), order_.end(), before), node);
+}
+
+void Graph::push_scope(std::string scope) { scopes_.push_back(std::move(scope)); }
+void Graph::pop_scope() { scopes_.pop_back(); }
+
+std::string Graph::scoped(std::string_view name) const {
+  std::string s;
+  for (const auto& sc : scopes_) {
+    s += sc;
+    s += '.';
+  }
+  s += name;
+  return s;
+}
+
+}  // namespace minidl::ir

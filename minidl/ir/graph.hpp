@@ -1,0 +1,160 @@
+// The IR: a Graph owns Nodes and Values. A Value is one output of one Node (SSA); a Node applies
+// an op to input Values. Nodes are kept in a topological order (the order they were added in,
+// which passes preserve), and that order is the execution order.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "minidl/core/tensor.hpp"
+#include "minidl/ir/attrs.hpp"
+#include "minidl/ir/op_def.hpp"
+
+namespace minidl::ir {
+
+class Value {
+ public:
+  int id() const { return id_; }
+  const Shape& shape() const { return shape_; }
+  DType dtype() const { return dtype_; }
+  Node* producer() const { return producer_; }
+  int index() const { return index_; }  // which output of the producer
+  Graph& graph() const { return *graph_; }
+  const std::vector<Node*>& users() const { return users_; }
+  /// "%17" or "%17:fc1.weight" for readable dumps.
+  std::string ref() const;
+
+ private:
+  friend class Graph;
+  friend class Node;
+  int id_ = 0;
+  Shape shape_;
+  DType dtype_ = DType::F32;
+  Node* producer_ = nullptr;
+  int index_ = 0;
+  Graph* graph_ = nullptr;
+  std::vector<Node*> users_;
+};
+
+class Node {
+ public:
+  const OpDef& def() const { return *def_; }
+  const std::string& op() const { return def_->name(); }
+  const std::string& name() const { return name_; }
+  int id() const { return id_; }
+  const std::vector<Value*>& inputs() const { return inputs_; }
+  const std::vector<Value*>& outputs() const { return outputs_; }
+  Value* input(int i) const { return inputs_.at(i); }
+  Value* output(int i = 0) const { return outputs_.at(i); }
+  const Attrs& attrs() const { return attrs_; }
+  /// Storage bound to a source node (parameter or state): the executable uses it directly.
+  const Tensor& bound() const { return bound_; }
+  /// Free-form annotations for passes (e.g. "stage", "shard", "backend").
+  Attrs& annotations() { return annotations_; }
+  const Attrs& annotations() const { return annotations_; }
+  /// "relu 'fc1.act' (%17)", the prefix of every error about this node.
+  std::string describe() const;
+
+ private:
+  friend class Graph;
+  const OpDef* def_ = nullptr;
+  std::string name_;
+  int id_ = 0;
+  std::vector<Value*> inputs_;
+  std::vector<Value*> outputs_;
+  Attrs attrs_;
+  Attrs annotations_;
+  Tensor bound_;
+};
+
+class Graph {
+ public:
+  Graph() = default;
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+
+  /// Appends a node: checks attributes against the op's declaration (filling defaults), runs
+  /// shape inference, and returns the node. Errors name the node, op and input shapes.
+  Node* add_node(const OpDef& def, std::vector<Value*> inputs, Attrs attrs = {},
+                 std::string name = {});
+  /// Same, but binds storage (parameters, optimizer state) to a source node.
+  Node* add_source(const OpDef& def, Attrs attrs, std::string name, Tensor bound);
+
+  /// Nodes in execution order. Removed nodes are gone from this list.
+  const std::vector<Node*>& nodes() const { return order_; }
+  /// Finds a node by name, or null. Names are unique within a graph.
+  Node* find(std::string_view name) const;
+
+  /// Values the caller reads after a run (loss, logits); dead-code elimination keeps them.
+  void add_output(Value* v);
+  const std::vector<Value*>& outputs() const { return outputs_; }
+
+  /// Replaces every use of from by to (shapes and dtypes must match).
+  void replace_uses(Value* from, Value* to);
+  /// Removes nodes whose outputs have no users; they must not be used.
+  void remove(const std::vector<Node*>& nodes);
+  /// Moves node to just before `before` in the order (scheduling passes).
+  void move_before(Node* node, Node* before);
+
+  /// Name scope for nodes added from now on: "fc1" makes "fc1.matmul".
+  void push_scope(std::string scope);
+  void pop_scope();
+  std::string scoped(std::string_view name) const;
+
+ private:
+  Node* insert(const OpDef& def, std::vector<Value*> inputs, Attrs attrs, std::string name,
+               Tensor bound);
+  std::vector<std::unique_ptr<Node>> node_store_;
+  std::vector<std::unique_ptr<Value>> value_store_;
+  std::vector<Node*> order_;
+  std::vector<Value*> outputs_;
+  std::vector<std::string> scopes_;
+  std::unordered_map<std::string, int> name_uses_;
+  int next_id_ = 0;
+};
+
+/// RAII name scope: { NameScope s(g, "fc1"); ... }.
+class NameScope {
+ public:
+  NameScope(Graph& g, std::string scope) : g_(g) { g_.push_scope(std::move(scope)); }
+  ~NameScope() { g_.pop_scope(); }
+  NameScope(const NameScope&) = delete;
+  NameScope& operator=(const NameScope&) = delete;
+
+ private:
+  Graph& g_;
+};
+
+/// Gradient rules build backward nodes through this interface; autograd implements it on top of
+/// the op table, so ops/ can state gradients without knowing autograd.
+class GradCtx {
+ public:
+  virtual ~GradCtx() = default;
+  virtual const Node& node() const = 0;
+  Value* input(int i) const { return node().input(i); }
+  Value* output(int i) const { return node().output(i); }
+  const Attrs& attrs() const { return node().attrs(); }
+  /// Gradient of the loss w.r.t. output i, or null when output i does not reach the loss.
+  virtual Value* out_grad(int i) const = 0;
+  /// Whether input i needs a gradient (lies between a parameter and the loss).
+  virtual bool needs_input_grad(int i) const = 0;
+  virtual void set_input_grad(int i, Value* grad) = 0;
+  /// Adds a backward node of op `name` and returns its output `output`.
+  virtual Value* op(std::string_view name, std::vector<Value*> inputs, Attrs attrs = {},
+                    int output = 0) = 0;
+};
+
+template <typename T>
+T InferCtx::attr(std::string_view name) const {
+  return node_.attrs().get<T>(name);
+}
+
+}  // namespace minidl::ir
+
+/// Inside shape inference: fails with the node, op and input shapes when cond is false.
+#define MINIDL_CHECK_NODE(ctx, cond, ...) \
+  do {                                    \
+    if (!(cond)) (ctx).fail(::minidl::detail::concat(__VA_ARGS__)); \
+  } while (0)

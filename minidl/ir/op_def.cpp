@@ -1,0 +1,94 @@
+#include "minidl/ir/op_def.hpp"
+
+#include "minidl/ir/graph.hpp"
+
+namespace minidl::ir {
+
+std::string_view backend_name(Backend b) {
+  switch (b) {
+    case Backend::Native: return "native";
+    case Backend::OneDnn: return "onednn";
+  }
+  return "?";
+}
+
+int InferCtx::num_inputs() const { return static_cast<int>(node_.inputs().size()); }
+const Shape& InferCtx::input(int i) const { return node_.input(i)->shape(); }
+DType InferCtx::dtype(int i) const { return node_.input(i)->dtype(); }
+
+void InferCtx::set_output(int i, Shape shape, DType dtype) {
+  MINIDL_ASSERT(i >= 0 && i < static_cast<int>(out_shapes_.size()), "output ", i, " of ",
+                node_.op());
+  out_shapes_[i] = std::move(shape);
+  out_dtypes_[i] = dtype;
+}
+
+void InferCtx::fail(const std::string& msg) const {
+  std::string text = node_.describe() + ": " + msg;
+  const auto& names = node_.def().input_names();
+  for (int i = 0; i < num_inputs(); ++i) {
+    text += i == 0 ? "; " : " ";
+    const Value* v = node_.input(i);
+    text += fmt::format("{}={}", i < static_cast<int>(names.size()) ? names[i] : "in",
+                        v->shape());
+    if (v->dtype() != DType::F32) text += fmt::format(":{}", v->dtype());
+  }
+  throw Error(text);
+}
+
+const Attrs& KernelArgs::attrs() const { return node->attrs(); }
+
+OpDef& OpDef::inputs(std::vector<std::string> names) {
+  inputs_ = std::move(names);
+  return *this;
+}
+OpDef& OpDef::outputs(std::vector<std::string> names) {
+  outputs_ = std::move(names);
+  return *this;
+}
+OpDef& OpDef::infer(InferFn fn) {
+  infer_ = fn;
+  return *this;
+}
+OpDef& OpDef::kernel(Backend backend, KernelFn fn, SupportsFn supports) {
+  kernels_.push_back({backend, std::string(backend_name(backend)), supports,
+                      [fn](const Node&) -> Kernel { return fn; }});
+  return *this;
+}
+OpDef& OpDef::kernel_factory(Backend backend, std::string name, KernelFactory make,
+                             SupportsFn supports) {
+  kernels_.push_back({backend, std::move(name), supports, std::move(make)});
+  return *this;
+}
+OpDef& OpDef::grad(GradFn fn) {
+  grad_ = fn;
+  return *this;
+}
+OpDef& OpDef::no_grad(std::string why) {
+  no_grad_ = std::move(why);
+  return *this;
+}
+OpDef& OpDef::inplace(int out, int in) {
+  shares_.emplace_back(out, in);
+  return *this;
+}
+OpDef& OpDef::alias(int out, int in) {
+  shares_.emplace_back(out, in);
+  alias_ = true;
+  return *this;
+}
+OpDef& OpDef::side_effect() {
+  side_effect_ = true;
+  return *this;
+}
+OpDef& OpDef::source() {
+  source_ = true;
+  return *this;
+}
+int OpDef::shares_input(int out) const {
+  for (auto [o, i] : shares_)
+    if (o == out) return i;
+  return -1;
+}
+
+}  // namespace minidl::ir

@@ -1,0 +1,144 @@
+// OpDef: everything minidl knows about one op, declared in one place (one file under ops/):
+// its inputs and outputs, attributes, shape and dtype inference, kernels per backend, and its
+// gradient rule. ir only defines the types; ops/ fills them and holds the table.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "minidl/core/tensor.hpp"
+#include "minidl/ir/attrs.hpp"
+
+namespace minidl::ir {
+
+class Node;
+class Value;
+class Graph;
+class GradCtx;
+
+enum class Backend { Native, OneDnn };
+std::string_view backend_name(Backend b);
+
+/// Shape and dtype inference for one node: reads input shapes and attributes, sets outputs.
+class InferCtx {
+ public:
+  InferCtx(const Node& node, std::vector<Shape>& out_shapes, std::vector<DType>& out_dtypes)
+      : node_(node), out_shapes_(out_shapes), out_dtypes_(out_dtypes) {}
+
+  const Node& node() const { return node_; }
+  int num_inputs() const;
+  const Shape& input(int i) const;
+  DType dtype(int i) const;
+  template <typename T>
+  T attr(std::string_view name) const;
+  void set_output(int i, Shape shape, DType dtype = DType::F32);
+
+  /// Throws minidl::Error: "<op> '<name>' (%id): <msg>; x=[..] w=[..]".
+  [[noreturn]] void fail(const std::string& msg) const;
+
+ private:
+  const Node& node_;
+  std::vector<Shape>& out_shapes_;
+  std::vector<DType>& out_dtypes_;
+};
+
+/// What a kernel sees each step: tensor views of the node's inputs and outputs, and the node.
+struct KernelArgs {
+  const Node* node = nullptr;
+  std::span<const Tensor> in;
+  std::span<const Tensor> out;
+  const Attrs& attrs() const;
+};
+
+/// A kernel ready to run one node; created once at compile time by a KernelDef's factory,
+/// which may capture whatever it precomputes (blocking, primitives).
+using Kernel = std::function<void(const KernelArgs&)>;
+using KernelFn = void (*)(const KernelArgs&);
+using SupportsFn = bool (*)(const Node&, std::string* why);
+using KernelFactory = std::function<Kernel(const Node&)>;
+
+struct KernelDef {
+  Backend backend = Backend::Native;
+  std::string name;
+  SupportsFn supports = nullptr;  // null: accepts every node
+  KernelFactory make;
+};
+
+using InferFn = void (*)(InferCtx&);
+using GradFn = void (*)(GradCtx&);
+
+struct AttrDecl {
+  std::string name;
+  std::size_t kind = 0;              // index into AttrValue
+  std::optional<AttrValue> default_;  // empty: required
+};
+
+class OpDef {
+ public:
+  explicit OpDef(std::string name) : name_(std::move(name)) {}
+
+  OpDef& inputs(std::vector<std::string> names);
+  OpDef& outputs(std::vector<std::string> names);
+  /// Required attribute of type T (int, float, bool, std::string, Ints).
+  template <typename T>
+  OpDef& attr(std::string name) {
+    attrs_.push_back({std::move(name), AttrValue(typename AttrStorage<T>::type{}).index(), {}});
+    return *this;
+  }
+  /// Optional attribute with a default.
+  template <typename T>
+  OpDef& attr(std::string name, T value) {
+    AttrValue v(static_cast<typename AttrStorage<T>::type>(value));
+    attrs_.push_back({std::move(name), v.index(), v});
+    return *this;
+  }
+  OpDef& infer(InferFn fn);
+  OpDef& kernel(Backend backend, KernelFn fn, SupportsFn supports = nullptr);
+  OpDef& kernel_factory(Backend backend, std::string name, KernelFactory make,
+                        SupportsFn supports = nullptr);
+  OpDef& grad(GradFn fn);
+  /// The op has no gradient; why says so in errors and in the op-table test.
+  OpDef& no_grad(std::string why);
+  /// Output out is written into input in's buffer (optimizer updates).
+  OpDef& inplace(int out, int in);
+  /// Output out is input in's data under another shape (reshape): no kernel runs.
+  OpDef& alias(int out, int in);
+  /// The node changes state outside its outputs; dead-code elimination keeps it.
+  OpDef& side_effect();
+  /// The value is supplied from outside (inputs, parameters): no kernel.
+  OpDef& source();
+
+  const std::string& name() const { return name_; }
+  const std::vector<std::string>& input_names() const { return inputs_; }
+  const std::vector<std::string>& output_names() const { return outputs_; }
+  const std::vector<AttrDecl>& attr_decls() const { return attrs_; }
+  InferFn infer_fn() const { return infer_; }
+  const std::vector<KernelDef>& kernels() const { return kernels_; }
+  GradFn grad_fn() const { return grad_; }
+  const std::string& no_grad_reason() const { return no_grad_; }
+  bool has_grad_rule() const { return grad_ != nullptr || !no_grad_.empty(); }
+  /// Input index whose buffer output out shares (in place or alias), or -1.
+  int shares_input(int out) const;
+  bool is_alias() const { return alias_; }
+  bool has_side_effect() const { return side_effect_; }
+  bool is_source() const { return source_; }
+
+ private:
+  std::string name_;
+  std::vector<std::string> inputs_;
+  std::vector<std::string> outputs_{"y"};
+  std::vector<AttrDecl> attrs_;
+  InferFn infer_ = nullptr;
+  std::vector<KernelDef> kernels_;
+  GradFn grad_ = nullptr;
+  std::string no_grad_;
+  std::vector<std::pair<int, int>> shares_;
+  bool alias_ = false;
+  bool side_effect_ = false;
+  bool source_ = false;
+};
+
+}  // namespace minidl::ir

@@ -1,0 +1,98 @@
+#include "minidl/ir/printer.hpp"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+namespace minidl::ir {
+
+namespace {
+
+std::string phase_of(const Node& n) {
+  if (n.def().is_source()) return "source";
+  const AttrValue* p = n.annotations().find("phase");
+  return p ? std::get<std::string>(*p) : "forward";
+}
+
+std::string outputs_text(const Node& n) {
+  std::string s;
+  for (const Value* v : n.outputs()) {
+    if (!s.empty()) s += ", ";
+    s += fmt::format("{} {}", v->shape(), v->dtype());
+  }
+  return s;
+}
+
+}  // namespace
+
+std::string to_text(const Graph& g) {
+  std::string s = fmt::format("graph: {} nodes\n", g.nodes().size());
+  for (const Node* n : g.nodes()) {
+    std::string lhs;
+    for (const Value* v : n->outputs()) lhs += (lhs.empty() ? "" : ", ") + v->ref();
+    std::string args;
+    for (const Value* v : n->inputs()) args += (args.empty() ? "" : ", ") + v->ref();
+    std::string attrs;
+    for (const auto& [k, v] : n->attrs().items()) attrs += fmt::format(" {}={}", k, attr_to_string(v));
+    for (const auto& [k, v] : n->annotations().items())
+      if (k != "phase") attrs += fmt::format(" @{}={}", k, attr_to_string(v));
+    s += fmt::format("  {} = {}({}){} -> {}  # {} [{}]\n", lhs, n->op(), args, attrs,
+                     outputs_text(*n), n->name(), phase_of(*n));
+  }
+  std::string outs;
+  for (const Value* v : g.outputs()) outs += (outs.empty() ? "" : ", ") + v->ref();
+  s += fmt::format("  outputs: {}\n", outs);
+  return s;
+}
+
+std::string to_dot(const Graph& g) {
+  std::string s = "digraph minidl {\n  rankdir=TB;\n  node [shape=box, style=filled, fontname=\"Helvetica\"];\n";
+  for (const Node* n : g.nodes()) {
+    const std::string phase = phase_of(*n);
+    const char* color = phase == "source"     ? "#e8e8e8"
+                        : phase == "backward" ? "#f9d9b6"
+                        : phase == "update"   ? "#c9e7c4"
+                                              : "#cfe0f7";
+    std::string label = fmt::format("{}\\n{}", n->op(), n->name());
+    for (const auto& [k, v] : n->attrs().items()) {
+      std::string val = attr_to_string(v);
+      for (char& c : val)
+        if (c == '"') c = '\'';
+      label += fmt::format("\\n{}={}", k, val);
+    }
+    label += fmt::format("\\n[{}]", phase);
+    s += fmt::format("  n{} [label=\"{}\", fillcolor=\"{}\"];\n", n->id(), label, color);
+  }
+  for (const Node* n : g.nodes()) {
+    for (const Value* in : n->inputs()) {
+      s += fmt::format("  n{} -> n{} [label=\"{} {}\", fontsize=9];\n", in->producer()->id(),
+                       n->id(), in->ref(), in->shape());
+    }
+  }
+  s += "}\n";
+  return s;
+}
+
+void write_graph(const Graph& g, const std::string& path) {
+  const bool dot = path.size() >= 4 && path.compare(path.size() - 4, 4, ".dot") == 0;
+  const std::string text = dot ? to_dot(g) : to_text(g);
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary);
+    MINIDL_CHECK(f.good(), "cannot write graph dump '", path, "'");
+    f << text;
+    f.close();
+    if (!f) {
+      std::remove(tmp.c_str());
+      MINIDL_FAIL("cannot write graph dump '", path, "'");
+    }
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::remove(tmp.c_str());
+    MINIDL_FAIL("cannot write graph dump '", path, "': ", ec.message());
+  }
+}
+
+}  // namespace minidl::ir
