@@ -1,0 +1,43 @@
+// sigmoid: y = 1 / (1 + exp(-x)); sigmoid_bwd(dy, y) -> dx.
+#include <cmath>
+
+#include "minidl/ops/common.hpp"
+#include "minidl/ops/registry.hpp"
+
+namespace minidl::ops {
+namespace {
+
+// Two branches so that exp never overflows: exp(-x) for x >= 0, exp(x) otherwise.
+void sigmoid_native(const ir::KernelArgs& k) {
+  map_unary(k, [](float x) {
+    if (x >= 0.0f) return 1.0f / (1.0f + std::exp(-x));
+    const float e = std::exp(x);
+    return e / (1.0f + e);
+  });
+}
+
+// The derivative from the output, y (1 - y), so the backward needs no exp.
+void sigmoid_bwd_native(const ir::KernelArgs& k) {
+  map_binary(k, [](float dy, float y) { return dy * y * (1.0f - y); });
+}
+
+void grad(ir::GradCtx& g) {
+  g.set_input_grad(0, g.op("sigmoid_bwd", {g.out_grad(0), g.output(0)}));
+}
+
+}  // namespace
+
+MINIDL_OP(sigmoid)
+    .inputs({"x"})
+    .infer(infer_unary_f32)
+    .kernel(ir::Backend::Native, sigmoid_native)
+    .grad(grad);
+
+MINIDL_OP(sigmoid_bwd)
+    .inputs({"dy", "y"})
+    .outputs({"dx"})
+    .infer(infer_same_shapes)
+    .kernel(ir::Backend::Native, sigmoid_bwd_native)
+    .no_grad("backward-only op; second derivatives are not supported");
+
+}  // namespace minidl::ops

@@ -1,0 +1,54 @@
+// Helpers shared by op files: common shape rules and elementwise loops.
+#pragma once
+
+#include <string>
+
+#include "minidl/core/threading.hpp"
+#include "minidl/ir/graph.hpp"
+
+namespace minidl::ops {
+
+/// Output 0 has input 0's shape and dtype.
+void infer_like_input0(ir::InferCtx& c);
+/// All inputs have the same shape as input 0 (f32); output 0 too.
+void infer_same_shapes(ir::InferCtx& c);
+
+DType parse_dtype(const std::string& name);
+
+/// fn(begin, end) over [0, n), in parallel when the work is large enough.
+template <typename Fn>
+void elementwise(std::int64_t n, Fn&& fn) {
+  parallel_for(n, 1, std::forward<Fn>(fn));
+}
+
+}  // namespace minidl::ops
+
+namespace minidl::ops {
+
+/// out[i] = f(in0[i]) over f32 tensors.
+template <typename F>
+void map_unary(const ir::KernelArgs& k, F f) {
+  const float* x = k.in[0].data<float>();
+  float* y = k.out[0].data<float>();
+  elementwise(k.in[0].numel(), [&](std::int64_t b, std::int64_t e) {
+#pragma omp simd
+    for (std::int64_t i = b; i < e; ++i) y[i] = f(x[i]);
+  });
+}
+
+/// out[i] = f(in0[i], in1[i]) over f32 tensors of equal size.
+template <typename F>
+void map_binary(const ir::KernelArgs& k, F f) {
+  const float* a = k.in[0].data<float>();
+  const float* b = k.in[1].data<float>();
+  float* y = k.out[0].data<float>();
+  elementwise(k.in[0].numel(), [&](std::int64_t lo, std::int64_t hi) {
+#pragma omp simd
+    for (std::int64_t i = lo; i < hi; ++i) y[i] = f(a[i], b[i]);
+  });
+}
+
+/// Shape rule of unary f32 ops.
+void infer_unary_f32(ir::InferCtx& c);
+
+}  // namespace minidl::ops

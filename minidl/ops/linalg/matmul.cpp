@@ -1,0 +1,64 @@
+// matmul: y[M,N] = op(a) * op(b), op transposing when trans_a / trans_b. Linear layers store
+// weights [out, in] as PyTorch does, so their forward is matmul(x, w, trans_b=true).
+#include "minidl/ops/native/gemm.hpp"
+#include "minidl/ops/registry.hpp"
+
+namespace minidl::ops {
+namespace {
+
+void infer(ir::InferCtx& c) {
+  const Shape& a = c.input(0);
+  const Shape& b = c.input(1);
+  MINIDL_CHECK_NODE(c, a.rank() == 2 && b.rank() == 2, "expected 2-D operands");
+  MINIDL_CHECK_NODE(c, c.dtype(0) == DType::F32 && c.dtype(1) == DType::F32,
+                    "expected f32 operands");
+  const bool ta = c.attr<bool>("trans_a");
+  const bool tb = c.attr<bool>("trans_b");
+  const std::int64_t m = ta ? a[1] : a[0], ka = ta ? a[0] : a[1];
+  const std::int64_t kb = tb ? b[1] : b[0], n = tb ? b[0] : b[1];
+  MINIDL_CHECK_NODE(c, ka == kb, "inner dimensions differ: ", ka, " vs ", kb,
+                    " (trans_a=", ta, ", trans_b=", tb, ")");
+  c.set_output(0, Shape{m, n});
+}
+
+// src a, weights b -> dst [M,N]
+void matmul_native(const ir::KernelArgs& k) {
+  const Shape& a = k.in[0].shape();
+  const Shape& b = k.in[1].shape();
+  const bool ta = k.attrs().get<bool>("trans_a");
+  const bool tb = k.attrs().get<bool>("trans_b");
+  const std::int64_t m = ta ? a[1] : a[0], kk = ta ? a[0] : a[1], n = tb ? b[0] : b[1];
+  native::sgemm(ta, tb, m, n, kk, 1.0f, k.in[0].data<float>(), a[1], k.in[1].data<float>(), b[1],
+                0.0f, k.out[0].data<float>(), n);
+}
+
+// Each case follows from dy = op(a) op(b); the transposes move to the operands so that no
+// explicit transpose node is ever needed.
+void grad(ir::GradCtx& g) {
+  ir::Value* a = g.input(0);
+  ir::Value* b = g.input(1);
+  ir::Value* dy = g.out_grad(0);
+  const bool ta = g.attrs().get<bool>("trans_a");
+  const bool tb = g.attrs().get<bool>("trans_b");
+  auto mm = [&](ir::Value* x, ir::Value* y, bool tx, bool ty) {
+    return g.op("matmul", {x, y}, {{"trans_a", tx}, {"trans_b", ty}});
+  };
+  if (g.needs_input_grad(0)) {
+    g.set_input_grad(0, !ta ? mm(dy, b, false, !tb) : mm(b, dy, tb, true));
+  }
+  if (g.needs_input_grad(1)) {
+    g.set_input_grad(1, !tb ? mm(a, dy, !ta, false) : mm(dy, a, true, ta));
+  }
+}
+
+}  // namespace
+
+MINIDL_OP(matmul)
+    .inputs({"a", "b"})
+    .attr<bool>("trans_a", false)
+    .attr<bool>("trans_b", false)
+    .infer(infer)
+    .kernel(ir::Backend::Native, matmul_native)
+    .grad(grad);
+
+}  // namespace minidl::ops

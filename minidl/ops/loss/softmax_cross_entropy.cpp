@@ -1,0 +1,112 @@
+// softmax_cross_entropy: fused softmax and mean negative log-likelihood.
+//   logits [N,C] f32, labels [N] i32 -> loss [] (mean over N), probs [N,C]
+// Each row subtracts its maximum before exp and the loss uses log-sum-exp, so large logits
+// neither overflow nor lose the loss. The backward is (probs - onehot) * dloss / N.
+#include <cmath>
+
+#include "minidl/ops/common.hpp"
+#include "minidl/ops/registry.hpp"
+
+namespace minidl::ops {
+namespace {
+
+void infer(ir::InferCtx& c) {
+  const Shape& x = c.input(0);
+  const Shape& y = c.input(1);
+  MINIDL_CHECK_NODE(c, x.rank() == 2, "expected logits [N,C]");
+  MINIDL_CHECK_NODE(c, c.dtype(0) == DType::F32, "expected f32 logits");
+  MINIDL_CHECK_NODE(c, y.rank() == 1 && y[0] == x[0], "expected labels [", x[0], "]");
+  MINIDL_CHECK_NODE(c, c.dtype(1) == DType::I32, "expected i32 labels, got ", c.dtype(1));
+  c.set_output(0, Shape{});
+  c.set_output(1, x);
+}
+
+void check_labels(const ir::KernelArgs& k, const std::int32_t* labels, std::int64_t n,
+                  std::int64_t classes) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    MINIDL_CHECK(labels[i] >= 0 && labels[i] < classes, k.node->describe(), ": label ",
+                 labels[i], " of sample ", i, " is out of range [0, ", classes, ")");
+  }
+}
+
+void softmax_cross_entropy_native(const ir::KernelArgs& k) {
+  const std::int64_t n = k.in[0].shape()[0], classes = k.in[0].shape()[1];
+  const float* x = k.in[0].data<float>();
+  const std::int32_t* labels = k.in[1].data<std::int32_t>();
+  float* probs = k.out[1].data<float>();
+  check_labels(k, labels, n, classes);
+  parallel_for(n, 4 * classes, [&](std::int64_t r0, std::int64_t r1) {
+    for (std::int64_t r = r0; r < r1; ++r) {
+      const float* xr = x + r * classes;
+      float* pr = probs + r * classes;
+      float mx = xr[0];
+      for (std::int64_t j = 1; j < classes; ++j) mx = std::max(mx, xr[j]);
+      float s = 0.0f;
+      for (std::int64_t j = 0; j < classes; ++j) s += (pr[j] = std::exp(xr[j] - mx));
+      const float inv = 1.0f / s;
+      for (std::int64_t j = 0; j < classes; ++j) pr[j] *= inv;
+    }
+  });
+  // The mean in a fixed row order, so the loss does not depend on the thread count. -log p is
+  // log-sum-exp minus the label's logit, recomputed from the stored maximum-free form.
+  double total = 0.0;
+  for (std::int64_t r = 0; r < n; ++r) {
+    const float* xr = x + r * classes;
+    float mx = xr[0];
+    for (std::int64_t j = 1; j < classes; ++j) mx = std::max(mx, xr[j]);
+    double s = 0.0;
+    for (std::int64_t j = 0; j < classes; ++j) s += std::exp(static_cast<double>(xr[j] - mx));
+    total += std::log(s) - static_cast<double>(xr[labels[r]] - mx);
+  }
+  *k.out[0].data<float>() = static_cast<float>(total / static_cast<double>(n));
+}
+
+void infer_bwd(ir::InferCtx& c) {
+  MINIDL_CHECK_NODE(c, c.input(0).numel() == 1, "expected a scalar dloss");
+  MINIDL_CHECK_NODE(c, c.input(1).rank() == 2, "expected probs [N,C]");
+  MINIDL_CHECK_NODE(c, c.input(2).rank() == 1 && c.input(2)[0] == c.input(1)[0],
+                    "expected labels [N]");
+  c.set_output(0, c.input(1));
+}
+
+// dloss [], probs [N,C], labels [N] -> dlogits [N,C]
+void softmax_cross_entropy_bwd_native(const ir::KernelArgs& k) {
+  const std::int64_t n = k.in[1].shape()[0], classes = k.in[1].shape()[1];
+  const float scale = *k.in[0].data<float>() / static_cast<float>(n);
+  const float* p = k.in[1].data<float>();
+  const std::int32_t* labels = k.in[2].data<std::int32_t>();
+  float* dx = k.out[0].data<float>();
+  check_labels(k, labels, n, classes);
+  parallel_for(n, classes, [&](std::int64_t r0, std::int64_t r1) {
+    for (std::int64_t r = r0; r < r1; ++r) {
+      for (std::int64_t j = 0; j < classes; ++j) dx[r * classes + j] = p[r * classes + j] * scale;
+      dx[r * classes + labels[r]] -= scale;
+    }
+  });
+}
+
+void grad(ir::GradCtx& g) {
+  if (g.out_grad(1) != nullptr) {
+    MINIDL_FAIL(g.node().describe(), ": the probs output cannot be differentiated; use the loss");
+  }
+  g.set_input_grad(
+      0, g.op("softmax_cross_entropy_bwd", {g.out_grad(0), g.output(1), g.input(1)}));
+}
+
+}  // namespace
+
+MINIDL_OP(softmax_cross_entropy)
+    .inputs({"logits", "labels"})
+    .outputs({"loss", "probs"})
+    .infer(infer)
+    .kernel(ir::Backend::Native, softmax_cross_entropy_native)
+    .grad(grad);
+
+MINIDL_OP(softmax_cross_entropy_bwd)
+    .inputs({"dloss", "probs", "labels"})
+    .outputs({"dlogits"})
+    .infer(infer_bwd)
+    .kernel(ir::Backend::Native, softmax_cross_entropy_bwd_native)
+    .no_grad("backward-only op; second derivatives are not supported");
+
+}  // namespace minidl::ops

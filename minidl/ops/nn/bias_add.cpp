@@ -1,0 +1,94 @@
+// bias_add: y = x + b broadcast along dimension 1 (features of [N,F], channels of [N,C,H,W]).
+#include "minidl/ops/common.hpp"
+#include "minidl/ops/registry.hpp"
+
+namespace minidl::ops {
+namespace {
+
+void infer(ir::InferCtx& c) {
+  const Shape& x = c.input(0);
+  const Shape& b = c.input(1);
+  MINIDL_CHECK_NODE(c, x.rank() >= 2, "expected x of rank >= 2 [N,C,...]");
+  MINIDL_CHECK_NODE(c, b.rank() == 1 && b[0] == x[1], "bias must be [", x[1], "] to match x");
+  MINIDL_CHECK_NODE(c, c.dtype(0) == DType::F32 && c.dtype(1) == DType::F32, "expected f32");
+  c.set_output(0, x);
+}
+
+// x [N,C,S] + bias [C] -> y, S the product of the trailing dimensions
+void bias_add_native(const ir::KernelArgs& k) {
+  const Shape& s = k.in[0].shape();
+  const std::int64_t n = s[0], ch = s[1], sp = s.numel() / (n * ch);
+  const float* x = k.in[0].data<float>();
+  const float* b = k.in[1].data<float>();
+  float* y = k.out[0].data<float>();
+  parallel_for(n * ch, sp, [&](std::int64_t r0, std::int64_t r1) {
+    for (std::int64_t r = r0; r < r1; ++r) {
+      const float bv = b[r % ch];
+      const float* xr = x + r * sp;
+      float* yr = y + r * sp;
+#pragma omp simd
+      for (std::int64_t i = 0; i < sp; ++i) yr[i] = xr[i] + bv;
+    }
+  });
+}
+
+void grad(ir::GradCtx& g) {
+  if (g.needs_input_grad(0)) g.set_input_grad(0, g.out_grad(0));
+  if (g.needs_input_grad(1)) g.set_input_grad(1, g.op("bias_add_bwd", {g.out_grad(0)}));
+}
+
+void infer_bwd(ir::InferCtx& c) {
+  MINIDL_CHECK_NODE(c, c.input(0).rank() >= 2, "expected dy of rank >= 2 [N,C,...]");
+  c.set_output(0, Shape{c.input(0)[1]});
+}
+
+// diff_dst [N,C,S] -> diff_bias [C]. Each channel is summed by one thread in a fixed order, so
+// the result does not depend on the thread count.
+void bias_add_bwd_native(const ir::KernelArgs& k) {
+  const Shape& s = k.in[0].shape();
+  const std::int64_t n = s[0], ch = s[1], sp = s.numel() / (n * ch);
+  const float* dy = k.in[0].data<float>();
+  float* db = k.out[0].data<float>();
+  if (sp == 1) {
+    // [N,F]: walk rows in order, adding contiguous rows; parallel over column blocks.
+    parallel_for(ch, n, [&](std::int64_t c0, std::int64_t c1) {
+      for (std::int64_t c = c0; c < c1; ++c) db[c] = 0.0f;
+      for (std::int64_t i = 0; i < n; ++i) {
+        const float* row = dy + i * ch;
+#pragma omp simd
+        for (std::int64_t c = c0; c < c1; ++c) db[c] += row[c];
+      }
+    });
+    return;
+  }
+  parallel_for(ch, n * sp, [&](std::int64_t c0, std::int64_t c1) {
+    for (std::int64_t c = c0; c < c1; ++c) {
+      float acc = 0.0f;
+      for (std::int64_t i = 0; i < n; ++i) {
+        const float* p = dy + (i * ch + c) * sp;
+        float part = 0.0f;
+#pragma omp simd reduction(+ : part)
+        for (std::int64_t j = 0; j < sp; ++j) part += p[j];
+        acc += part;
+      }
+      db[c] = acc;
+    }
+  });
+}
+
+}  // namespace
+
+MINIDL_OP(bias_add)
+    .inputs({"x", "bias"})
+    .infer(infer)
+    .kernel(ir::Backend::Native, bias_add_native)
+    .grad(grad);
+
+MINIDL_OP(bias_add_bwd)
+    .inputs({"dy"})
+    .outputs({"dbias"})
+    .infer(infer_bwd)
+    .kernel(ir::Backend::Native, bias_add_bwd_native)
+    .no_grad("backward-only op; second derivatives are not supported");
+
+}  // namespace minidl::ops

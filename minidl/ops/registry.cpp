@@ -1,0 +1,65 @@
+#include "minidl/ops/registry.hpp"
+
+#include <mutex>
+#include <span>
+
+namespace minidl::ops {
+
+// Defined in the op table that CMake generates from the MINIDL_OP lines under ops/.
+std::span<const ir::OpDef* const> generated_ops();
+
+namespace {
+std::mutex& extra_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::vector<const ir::OpDef*>& extra_ops() {
+  static std::vector<const ir::OpDef*> ops;
+  return ops;
+}
+}  // namespace
+
+std::vector<const ir::OpDef*> all_ops() {
+  std::vector<const ir::OpDef*> all(generated_ops().begin(), generated_ops().end());
+  std::lock_guard lock(extra_mutex());
+  all.insert(all.end(), extra_ops().begin(), extra_ops().end());
+  return all;
+}
+
+const ir::OpDef* find_op(std::string_view name) {
+  for (const ir::OpDef* d : generated_ops())
+    if (d->name() == name) return d;
+  std::lock_guard lock(extra_mutex());
+  for (const ir::OpDef* d : extra_ops())
+    if (d->name() == name) return d;
+  return nullptr;
+}
+
+const ir::OpDef& op(std::string_view name) {
+  if (const ir::OpDef* d = find_op(name)) return *d;
+  std::string known;
+  for (const ir::OpDef* d : all_ops()) known += (known.empty() ? "" : ", ") + d->name();
+  MINIDL_FAIL("unknown op '", name, "'; known ops: ", known);
+}
+
+void register_op(const ir::OpDef& def) {
+  MINIDL_CHECK(find_op(def.name()) == nullptr, "op '", def.name(), "' is already registered");
+  MINIDL_CHECK(def.infer_fn() != nullptr, "op '", def.name(), "' has no shape rule");
+  std::lock_guard lock(extra_mutex());
+  extra_ops().push_back(&def);
+}
+
+ir::Node* apply_node(std::string_view name, std::vector<ir::Value*> inputs, ir::Attrs attrs,
+                     std::string node_name) {
+  MINIDL_CHECK(!inputs.empty() && inputs[0] != nullptr, "op '", name,
+               "' applied without inputs; add source nodes through the graph");
+  ir::Graph& g = inputs[0]->graph();
+  return g.add_node(op(name), std::move(inputs), std::move(attrs), std::move(node_name));
+}
+
+ir::Value* apply(std::string_view name, std::vector<ir::Value*> inputs, ir::Attrs attrs,
+                 int output) {
+  return apply_node(name, std::move(inputs), std::move(attrs))->output(output);
+}
+
+}  // namespace minidl::ops

@@ -1,0 +1,35 @@
+// The op table. Every op file under ops/ declares its op with MINIDL_OP(name); CMake scans those
+// files and generates the table, so no list is edited by hand and no static initializer can be
+// dropped by the linker (the table references every op).
+#pragma once
+
+#include <string_view>
+#include <vector>
+
+#include "minidl/ir/graph.hpp"
+#include "minidl/ir/op_def.hpp"
+
+namespace minidl::ops {
+
+/// The op called name; throws minidl::Error listing the known ops when there is none.
+const ir::OpDef& op(std::string_view name);
+/// The op called name, or null.
+const ir::OpDef* find_op(std::string_view name);
+/// Every op: the generated table first, then those added with register_op.
+std::vector<const ir::OpDef*> all_ops();
+/// Adds an op defined outside ops/ (a custom layer in an application). def must outlive its use.
+void register_op(const ir::OpDef& def);
+
+/// Adds a node of op `name` to the inputs' graph and returns it.
+ir::Node* apply_node(std::string_view name, std::vector<ir::Value*> inputs, ir::Attrs attrs = {},
+                     std::string node_name = {});
+/// Same, returning output `output` of the new node.
+ir::Value* apply(std::string_view name, std::vector<ir::Value*> inputs, ir::Attrs attrs = {},
+                 int output = 0);
+
+}  // namespace minidl::ops
+
+/// Declares op `name` in namespace minidl::ops: MINIDL_OP(relu).inputs({"x"}).infer(...)...;
+#define MINIDL_OP(name)                               \
+  extern const ::minidl::ir::OpDef op_##name;         \
+  const ::minidl::ir::OpDef op_##name = ::minidl::ir::OpDef(#name)

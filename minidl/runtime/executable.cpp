@@ -1,0 +1,213 @@
+#include "minidl/runtime/executable.hpp"
+
+#include <algorithm>
+#include <limits>
+#include <unordered_map>
+
+#include "minidl/core/log.hpp"
+
+namespace minidl::runtime {
+namespace {
+
+std::size_t round_up(std::size_t n) { return (n + kAlignment - 1) / kAlignment * kAlignment; }
+
+std::optional<ir::Backend> node_backend(const ir::Node& n) {
+  const ir::AttrValue* a = n.annotations().find("backend");
+  if (!a) return std::nullopt;
+  const auto& s = std::get<std::string>(*a);
+  if (s == "native") return ir::Backend::Native;
+  if (s == "onednn") return ir::Backend::OneDnn;
+  MINIDL_FAIL(n.describe(), ": unknown backend '", s, "' (expected native or onednn)");
+}
+
+}  // namespace
+
+Executable::Executable(const ir::Graph& g, CompileOptions options) : options_(options) {
+  plan_memory(g);
+  choose_kernels(g);
+}
+
+void Executable::plan_memory(const ir::Graph& g) {
+  std::unordered_map<const ir::Node*, int> pos;
+  for (const ir::Node* n : g.nodes()) pos[n] = static_cast<int>(pos.size());
+
+  // Every value's storage root: in-place and alias outputs share their input's root.
+  std::unordered_map<const ir::Value*, const ir::Value*> root;
+  for (const ir::Node* n : g.nodes()) {
+    for (std::size_t i = 0; i < n->outputs().size(); ++i) {
+      const ir::Value* v = n->output(static_cast<int>(i));
+      const int shared = n->def().shares_input(static_cast<int>(i));
+      root[v] = shared >= 0 ? root.at(n->input(shared)) : v;
+    }
+  }
+  constexpr int kForever = std::numeric_limits<int>::max();
+  std::unordered_map<const ir::Value*, int> last_use;
+  for (const ir::Node* n : g.nodes()) {
+    for (const ir::Value* v : n->outputs()) {
+      const ir::Value* r = root.at(v);
+      last_use.try_emplace(r, pos[n]);
+      for (const ir::Node* u : v->users()) last_use[r] = std::max(last_use[r], pos[u]);
+    }
+  }
+  for (const ir::Value* v : g.outputs()) last_use[root.at(v)] = kForever;
+
+  // Transient roots get buffers from a pool: best fit among free buffers, growing one if none
+  // is large enough. A buffer returns to the pool after the last use of its root.
+  std::vector<std::size_t> sizes;
+  std::vector<int> free_list;
+  std::unordered_map<const ir::Value*, int> buffer_of;
+  std::unordered_map<const ir::Value*, std::size_t> persistent;  // root -> bytes, owned here
+  std::vector<std::vector<const ir::Value*>> release_at(g.nodes().size());
+  for (const ir::Node* n : g.nodes()) {
+    for (const ir::Value* v : n->outputs()) {
+      if (root.at(v) != v) continue;
+      const std::size_t bytes = round_up(v->shape().numel() * dtype_size(v->dtype()));
+      if (n->def().is_source()) {
+        if (n->op() == "input") persistent[v] = bytes;
+        continue;
+      }
+      if (last_use.at(v) == kForever) {
+        persistent[v] = bytes;
+        continue;
+      }
+      plan_.naive_bytes += bytes;
+      int best = -1;
+      if (options_.reuse_memory) {
+        for (int b : free_list) {
+          const bool fits = sizes[b] >= bytes;
+          if (best < 0) {
+            best = b;
+            continue;
+          }
+          const bool best_fits = sizes[best] >= bytes;
+          if ((fits && (!best_fits || sizes[b] < sizes[best])) ||
+              (!fits && !best_fits && sizes[b] > sizes[best]))
+            best = b;
+        }
+      }
+      if (best >= 0) {
+        std::erase(free_list, best);
+        sizes[best] = std::max(sizes[best], bytes);
+      } else {
+        best = static_cast<int>(sizes.size());
+        sizes.push_back(bytes);
+      }
+      buffer_of[v] = best;
+      release_at[last_use.at(v)].push_back(v);
+    }
+    for (const ir::Value* r : release_at[pos[n]]) free_list.push_back(buffer_of.at(r));
+  }
+
+  std::vector<void*> base(sizes.size());
+  for (std::size_t b = 0; b < sizes.size(); ++b) {
+    buffers_.push_back(std::make_shared<Storage>(sizes[b]));
+    base[b] = buffers_.back()->data();
+    plan_.planned_bytes += sizes[b];
+  }
+  plan_.buffers = sizes.size();
+
+  // A view for every value.
+  std::unordered_map<const ir::Value*, Tensor> view;
+  for (const ir::Node* n : g.nodes()) {
+    for (const ir::Value* v : n->outputs()) {
+      const ir::Value* r = root.at(v);
+      void* data = nullptr;
+      if (r != v) {
+        data = view.at(r).raw();
+      } else if (n->def().is_source() && n->op() != "input") {
+        const Tensor& t = n->bound();
+        MINIDL_CHECK(t.raw() != nullptr, n->describe(), ": no storage bound");
+        MINIDL_CHECK(t.shape() == v->shape() && t.dtype() == v->dtype(), n->describe(),
+                     ": bound storage is ", t.shape(), " ", t.dtype(), ", the graph expects ",
+                     v->shape(), " ", v->dtype());
+        data = t.raw();
+      } else if (auto it = persistent.find(v); it != persistent.end()) {
+        buffers_.push_back(std::make_shared<Storage>(it->second));
+        data = buffers_.back()->data();
+        plan_.persistent_bytes += it->second;
+      } else {
+        data = base[buffer_of.at(v)];
+      }
+      view[v] = Tensor::view(data, v->shape(), v->dtype());
+      tensors_.emplace_back(v, view[v]);
+      if (n->op() == "input") inputs_.emplace_back(n->name(), view[v]);
+      if (n->def().is_source() || last_use.at(r) == kForever) readable_.push_back(v);
+    }
+  }
+  log_verbose("memory", "planned {} transient bytes in {} buffers ({} without reuse), {} persistent",
+              plan_.planned_bytes, plan_.buffers, plan_.naive_bytes, plan_.persistent_bytes);
+}
+
+void Executable::choose_kernels(const ir::Graph& g) {
+  std::unordered_map<const ir::Value*, Tensor> view(tensors_.begin(), tensors_.end());
+  for (const ir::Node* n : g.nodes()) {
+    if (n->def().is_source() || n->def().is_alias()) continue;
+    const ir::Backend want = node_backend(*n).value_or(options_.backend);
+    // Preferred backend first, then the others as fallback, each in declaration order.
+    std::vector<const ir::KernelDef*> order;
+    for (const auto& k : n->def().kernels())
+      if (k.backend == want) order.push_back(&k);
+    for (const auto& k : n->def().kernels())
+      if (k.backend != want) order.push_back(&k);
+    const ir::KernelDef* chosen = nullptr;
+    std::string declined;
+    for (const ir::KernelDef* k : order) {
+      std::string why;
+      if (k->supports == nullptr || k->supports(*n, &why)) {
+        chosen = k;
+        break;
+      }
+      declined += fmt::format("; {} declined: {}", k->name, why);
+    }
+    MINIDL_CHECK(chosen != nullptr, n->describe(), ": no kernel accepts this node", declined);
+    log_verbose("dispatch", "{} -> {}{}", n->describe(), chosen->name, declined);
+    Step s{n, chosen->make(*n), {}, {}, {}, chosen->name};
+    for (const ir::Value* v : n->inputs()) s.in.push_back(view.at(v));
+    for (const ir::Value* v : n->outputs()) s.out.push_back(view.at(v));
+    steps_.push_back(std::move(s));
+  }
+  // Spans into the steps' own vectors, taken once the steps no longer move.
+  for (Step& s : steps_) s.args = ir::KernelArgs{s.node, s.in, s.out};
+  if (options_.profile) {
+    for (const Step& s : steps_) profile_.push_back({s.node, s.kernel_name});
+  }
+}
+
+void Executable::run() {
+  if (!options_.profile) {
+    for (Step& s : steps_) s.kernel(s.args);
+    return;
+  }
+  for (std::size_t i = 0; i < steps_.size(); ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    steps_[i].kernel(steps_[i].args);
+    const auto t1 = std::chrono::steady_clock::now();
+    profile_[i].calls++;
+    profile_[i].seconds += std::chrono::duration<double>(t1 - t0).count();
+  }
+}
+
+const Tensor& Executable::input(std::string_view name) const {
+  for (const auto& [n, t] : inputs_)
+    if (n == name) return t;
+  std::string known;
+  for (const auto& [n, t] : inputs_) known += (known.empty() ? "" : ", ") + n;
+  MINIDL_FAIL("the graph has no input '", name, "' (inputs: ", known, ")");
+}
+
+const Tensor& Executable::value(const ir::Value* v) const {
+  MINIDL_CHECK(std::count(readable_.begin(), readable_.end(), v) > 0, "value ", v->ref(), " of ",
+               v->producer()->describe(),
+               " is not readable after a run: add it as a graph output before compiling");
+  for (const auto& [val, t] : tensors_)
+    if (val == v) return t;
+  MINIDL_FAIL("value ", v->ref(), " is not part of this executable");
+}
+
+std::string Executable::kernel_table() const {
+  std::string s;
+  for (const Step& st : steps_) s += fmt::format("{} -> {}\n", st.node->describe(), st.kernel_name);
+  return s;
+}
+
+}  // namespace minidl::runtime

@@ -1,0 +1,80 @@
+// The runtime: compile a graph once (choose kernels, plan buffers with liveness-based reuse,
+// allocate), then run it every step as a flat list of kernel calls with no allocation.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "minidl/ir/graph.hpp"
+
+namespace minidl::runtime {
+
+struct CompileOptions {
+  /// Preferred backend; others are the fallback when it declines a node. A node annotation
+  /// "backend" (native|onednn) overrides this for that node.
+  ir::Backend backend = ir::Backend::Native;
+  /// Reuse buffers of values that are dead (off: every value gets its own buffer).
+  bool reuse_memory = true;
+  /// Measure each kernel's time (see Executable::profile()).
+  bool profile = false;
+};
+
+struct MemoryPlan {
+  std::size_t planned_bytes = 0;  // transient buffers after reuse
+  std::size_t naive_bytes = 0;    // the same values without reuse
+  std::size_t buffers = 0;
+  std::size_t persistent_bytes = 0;  // inputs and graph outputs owned by the executable
+};
+
+struct KernelProfile {
+  const ir::Node* node;
+  std::string kernel;
+  std::int64_t calls = 0;
+  double seconds = 0.0;
+};
+
+class Executable {
+ public:
+  explicit Executable(const ir::Graph& g, CompileOptions options = {});
+  Executable(const Executable&) = delete;
+  Executable& operator=(const Executable&) = delete;
+
+  /// Runs every kernel once, in graph order.
+  void run();
+
+  /// The buffer of the graph input called name: write the batch here before run().
+  const Tensor& input(std::string_view name) const;
+  /// The tensor holding v after run(): graph outputs, inputs, parameters and state only
+  /// (other values share reused buffers).
+  const Tensor& value(const ir::Value* v) const;
+
+  const MemoryPlan& memory() const { return plan_; }
+  /// One line per node: the kernel chosen.
+  std::string kernel_table() const;
+  const std::vector<KernelProfile>& profile() const { return profile_; }
+
+ private:
+  struct Step {
+    const ir::Node* node;
+    ir::Kernel kernel;
+    std::vector<Tensor> in, out;
+    ir::KernelArgs args;
+    std::string kernel_name;
+  };
+  void choose_kernels(const ir::Graph& g);
+  void plan_memory(const ir::Graph& g);
+
+  CompileOptions options_;
+  std::vector<Step> steps_;
+  std::vector<std::shared_ptr<Storage>> buffers_;  // transient pool and owned persistent values
+  std::vector<std::pair<const ir::Value*, Tensor>> tensors_;  // every value's view
+  std::vector<std::pair<std::string, Tensor>> inputs_;
+  std::vector<const ir::Value*> readable_;
+  std::vector<KernelProfile> profile_;
+  MemoryPlan plan_;
+};
+
+}  // namespace minidl::runtime
