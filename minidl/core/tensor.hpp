@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "minidl/core/dtype.hpp"
@@ -83,5 +85,8 @@ class Tensor {
   Shape shape_;
   DType dtype_ = DType::F32;
 };
+
+/// Tensors with names, in a fixed order (parameters, checkpoint contents).
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
 }  // namespace minidl

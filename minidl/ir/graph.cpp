@@ -143,6 +143,7 @@ void Graph::pop_scope() { scopes_.pop_back(); }
 std::string Graph::scoped(std::string_view name) const {
   std::string s;
   for (const auto& sc : scopes_) {
+    if (sc.empty()) continue;
     s += sc;
     s += '.';
   }

@@ -1,0 +1,178 @@
+#include "minidl/frontend/app.hpp"
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "minidl/core/threading.hpp"
+#include "minidl/frontend/safetensors.hpp"
+#include "minidl/frontend/trainer.hpp"
+#include "minidl/ir/printer.hpp"
+
+namespace minidl {
+
+std::vector<std::int64_t> AppConfig::hidden_sizes() const {
+  std::vector<std::int64_t> sizes;
+  if (hidden.empty() || hidden == "none") return sizes;
+  std::size_t start = 0;
+  while (start <= hidden.size()) {
+    const std::size_t end = std::min(hidden.find(',', start), hidden.size());
+    const std::string item = hidden.substr(start, end - start);
+    std::size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    MINIDL_CHECK(used == item.size() && !item.empty() && v > 0, "--hidden: '", hidden,
+                 "' is not a comma-separated list of positive sizes (e.g. 256,128, or \"\" for "
+                 "none)");
+    sizes.push_back(v);
+    start = end + 1;
+  }
+  return sizes;
+}
+
+namespace {
+
+/// Appends JSON lines to a file that is written whole at each epoch: a temporary file renamed
+/// over the target, so a reader never sees a half-written line.
+class MetricsWriter {
+ public:
+  explicit MetricsWriter(std::string path) : path_(std::move(path)) {
+    if (!path_.empty()) flush();  // fail early on an unwritable path
+  }
+  void add(const nlohmann::json& record) {
+    if (path_.empty()) return;
+    text_ += record.dump() + "\n";
+    flush();
+  }
+
+ private:
+  void flush() {
+    const std::string tmp = path_ + ".tmp";
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f << text_;
+    f.close();
+    if (!f) {
+      std::remove(tmp.c_str());
+      MINIDL_FAIL("--metrics: cannot write '", path_, "'");
+    }
+    std::error_code ec;
+    std::filesystem::rename(tmp, path_, ec);
+    MINIDL_CHECK(!ec, "--metrics: cannot write '", path_, "': ", ec.message());
+  }
+  std::string path_;
+  std::string text_;
+};
+
+int train(const std::string& program, AppConfig& c, const ModelBuilder& build) {
+  if (c.threads > 0) set_num_threads(c.threads);
+  const std::string dir = c.data.empty() ? "data/" + c.dataset : c.data;
+  Dataset train_set = take(load_mnist(dir, "train", c.dataset), c.train_limit);
+  Dataset test_set = take(load_mnist(dir, "test", c.dataset), c.test_limit);
+
+  const auto& dims = train_set.images.shape().dims();
+  const Shape sample(std::vector<std::int64_t>(dims.begin() + 1, dims.end()));
+  std::unique_ptr<nn::Module> model = build(c, sample);
+  model->reset(c.seed);
+  if (!c.init.empty()) nn::load_parameters(*model, load_safetensors(c.init).tensors, c.init);
+  optim::Sgd sgd({.lr = c.lr, .momentum = c.momentum});
+  TrainerOptions topt;
+  topt.batch_size = c.batch_size;
+  topt.seed = c.seed;
+  topt.shuffle = !c.no_shuffle;
+  Trainer trainer(*model, sgd, topt);
+  if (!c.dump_graph.empty()) ir::write_graph(trainer.training_graph(sample), c.dump_graph);
+  MetricsWriter metrics(c.metrics);
+
+  std::int64_t n_params = 0;
+  for (const auto& [name, t] : model->parameters()) n_params += t.numel();
+  fmt::print("{}: {} on {} ({} train, {} test samples), {} parameters, {} threads\n", program,
+             model->describe(), c.dataset, train_set.size(), test_set.size(), n_params,
+             max_threads());
+  std::fflush(stdout);
+  for (int epoch = 1; epoch <= c.epochs; ++epoch) {
+    const EpochStats s = trainer.train_epoch(train_set, epoch);
+    const EvalStats e = trainer.evaluate(test_set);
+    const double sps = static_cast<double>(s.samples) / s.seconds;
+    fmt::print("epoch {:>2}/{}  loss {:.4f}  train acc {:6.2f}%  test acc {:6.2f}%  {:.2f} s  {:.0f} samples/s\n",
+               epoch, c.epochs, s.loss, 100.0 * s.accuracy, 100.0 * e.accuracy, s.seconds, sps);
+    std::fflush(stdout);
+    metrics.add({{"epoch", epoch},
+                 {"train_loss", s.loss},
+                 {"train_accuracy", s.accuracy},
+                 {"test_loss", e.loss},
+                 {"test_accuracy", e.accuracy},
+                 {"epoch_seconds", s.seconds},
+                 {"samples_per_second", sps}});
+  }
+  if (!c.save.empty()) {
+    save_safetensors(c.save, model->parameters(), {{"format", "pt"}, {"framework", "minidl"}});
+  }
+  return 0;
+}
+
+}  // namespace
+
+int run_training_app(int argc, char** argv, const std::string& description, AppConfig c,
+                     const ModelBuilder& build) {
+  const std::string program = std::filesystem::path(argv[0]).filename().string();
+  CLI::App app(description, program);
+  app.add_option("--data", c.data, "dataset directory (default: data/<dataset>)");
+  app.add_option("--dataset", c.dataset, "dataset")
+      ->check(CLI::IsMember(c.datasets))
+      ->capture_default_str();
+  app.add_option("--hidden", c.hidden, "hidden layer sizes, comma-separated; \"\" for none")
+      ->capture_default_str();
+  app.add_option("--activation", c.activation, "hidden activation")
+      ->check(CLI::IsMember({"relu", "sigmoid", "tanh"}))
+      ->capture_default_str();
+  app.add_option("--epochs", c.epochs, "epochs")->check(CLI::Range(1, 100000))->capture_default_str();
+  app.add_option("--batch-size", c.batch_size, "batch size")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20))
+      ->capture_default_str();
+  app.add_option("--lr", c.lr, "learning rate")
+      ->check(CLI::Range(1e-12, 1e6))
+      ->capture_default_str();
+  app.add_option("--momentum", c.momentum, "SGD momentum in [0, 1)")
+      ->check(CLI::Range(0.0, 0.999999))
+      ->capture_default_str();
+  app.add_option("--seed", c.seed, "random seed (initialisation and shuffling)")
+      ->capture_default_str();
+  app.add_option("--threads", c.threads, "OpenMP threads (0: OMP_NUM_THREADS or all cores)")
+      ->check(CLI::Range(0, 1024))
+      ->capture_default_str();
+  app.add_option("--train-limit", c.train_limit, "use the first N training samples (0: all)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--test-limit", c.test_limit, "use the first N test samples (0: all)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--metrics", c.metrics, "write one JSON line per epoch to FILE");
+  app.add_option("--save", c.save, "save the trained parameters to FILE.safetensors");
+  app.add_option("--init", c.init, "start from the parameters in FILE.safetensors");
+  app.add_option("--dump-graph", c.dump_graph, "write the training graph to FILE (.dot or .txt)");
+  app.add_flag("--no-shuffle", c.no_shuffle, "keep the data in file order every epoch");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    fmt::print(stderr, "{}: error: {}\n", program, e.what());
+    return 2;
+  }
+  try {
+    (void)c.hidden_sizes();
+    return train(program, c, build);
+  } catch (const Error& e) {
+    fmt::print(stderr, "{}: error: {}\n", program, e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    fmt::print(stderr, "{}: error: out of memory\n", program);
+    return 1;
+  }
+}
+
+}  // namespace minidl

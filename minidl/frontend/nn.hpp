@@ -1,0 +1,130 @@
+// Modules: the frontend's way of declaring a model. A module owns its parameters (named
+// PyTorch-style, "fc1.weight") and adds its nodes to a graph when called on a value.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "minidl/ir/graph.hpp"
+
+namespace minidl::nn {
+
+using minidl::NamedTensors;
+
+/// Weight initialisers. fan_in / fan_out are the layer's input and output sizes.
+enum class Init {
+  He,      // normal, std sqrt(2 / fan_in): for layers followed by ReLU
+  Xavier,  // uniform in +-sqrt(6 / (fan_in + fan_out)): for the output layer and sigmoid/tanh
+  Zeros,
+};
+void initialize(Tensor& t, Init init, std::int64_t fan_in, std::int64_t fan_out,
+                std::uint64_t seed, std::string_view name);
+
+class Module {
+ public:
+  virtual ~Module() = default;
+  /// Adds this module's nodes after x; returns the output value.
+  virtual ir::Value* forward(ir::Value* x) = 0;
+  ir::Value* operator()(ir::Value* x) { return forward(x); }
+  /// Parameters with their full names (prefix + own name), in a fixed order.
+  virtual void collect_parameters(const std::string& prefix, NamedTensors& out) {}
+  /// (Re)initialises every parameter from seed; the result depends on seed and names only.
+  virtual void reset_parameters(std::uint64_t seed, const std::string& prefix) {}
+  /// Short description, e.g. "Linear(784 -> 256)".
+  virtual std::string describe() const = 0;
+
+  NamedTensors parameters() {
+    NamedTensors out;
+    collect_parameters("", out);
+    return out;
+  }
+  void reset(std::uint64_t seed) { reset_parameters(seed, ""); }
+
+ protected:
+  /// The parameter node for t in x's graph (created once per graph), named full_name.
+  static ir::Value* param_value(ir::Graph& g, const std::string& full_name, const Tensor& t);
+  /// "prefix.name" or just name when there is no prefix.
+  static std::string join(const std::string& prefix, const std::string& name) {
+    return prefix.empty() ? name : prefix + "." + name;
+  }
+
+ public:
+  /// The module's full dotted name ("features.fc1"); parents set it on their children.
+  virtual void set_name(std::string name) { name_ = std::move(name); }
+  const std::string& name() const { return name_; }
+
+ protected:
+  std::string name_;
+};
+
+/// y = x W^T + b, W [out, in], b [out].
+class Linear final : public Module {
+ public:
+  Linear(std::int64_t in, std::int64_t out, Init init = Init::He, bool bias = true);
+  ir::Value* forward(ir::Value* x) override;
+  void collect_parameters(const std::string& prefix, NamedTensors& out) override;
+  void reset_parameters(std::uint64_t seed, const std::string& prefix) override;
+  std::string describe() const override;
+  const Tensor& weight() const { return weight_; }
+  const Tensor& bias() const { return bias_; }
+
+ private:
+  std::int64_t in_, out_;
+  Init init_;
+  Tensor weight_, bias_;
+};
+
+class ReLU final : public Module {
+ public:
+  ir::Value* forward(ir::Value* x) override;
+  std::string describe() const override { return "ReLU"; }
+};
+class Sigmoid final : public Module {
+ public:
+  ir::Value* forward(ir::Value* x) override;
+  std::string describe() const override { return "Sigmoid"; }
+};
+class Tanh final : public Module {
+ public:
+  ir::Value* forward(ir::Value* x) override;
+  std::string describe() const override { return "Tanh"; }
+};
+/// [N, ...] -> [N, rest].
+class Flatten final : public Module {
+ public:
+  ir::Value* forward(ir::Value* x) override;
+  std::string describe() const override { return "Flatten"; }
+};
+
+/// Children applied in order; each child's parameters are named "<child name>.<param>".
+class Sequential final : public Module {
+ public:
+  Sequential() = default;
+  /// Adds a child named name (default: its index).
+  Sequential& add(std::unique_ptr<Module> m, std::string name = {});
+  template <typename M, typename... Args>
+  Sequential& emplace(std::string name, Args&&... args) {
+    return add(std::make_unique<M>(std::forward<Args>(args)...), std::move(name));
+  }
+  ir::Value* forward(ir::Value* x) override;
+  void collect_parameters(const std::string& prefix, NamedTensors& out) override;
+  void reset_parameters(std::uint64_t seed, const std::string& prefix) override;
+  std::string describe() const override;
+  void set_name(std::string name) override;
+  std::size_t size() const { return children_.size(); }
+
+ private:
+  std::vector<std::pair<std::string, std::unique_ptr<Module>>> children_;
+};
+
+/// The activation module called name: relu, sigmoid or tanh.
+std::unique_ptr<Module> make_activation(const std::string& name);
+
+/// Copies values into the model's parameters, matched by name; names, shapes and dtypes must
+/// all match, or the error lists what differs.
+void load_parameters(Module& m, const NamedTensors& values, const std::string& source);
+
+}  // namespace minidl::nn
