@@ -1,0 +1,118 @@
+// Short training runs on synthetic data: the loss falls and accuracy rises; modules name their
+// parameters PyTorch's way; loading checks names and shapes.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "minidl/core/rng.hpp"
+#include "minidl/core/threading.hpp"
+#include "minidl/frontend/trainer.hpp"
+
+using namespace minidl;
+
+namespace {
+// 10 classes, each a fixed random 8x8 pattern plus noise.
+Dataset blobs(std::int64_t n, std::uint64_t seed) {
+  Dataset d;
+  d.name = "blobs";
+  d.images = Tensor::empty({n, 1, 8, 8});
+  d.labels = Tensor::empty({n}, DType::I32);
+  Tensor centers = Tensor::empty({10, 64});
+  CounterRng(1).fill_uniform(centers, 0, 0.0f, 1.0f);
+  Tensor noise = Tensor::empty({n, 64});
+  CounterRng(seed).fill_normal(noise, 1, 0.0f, 0.35f);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const auto c = static_cast<std::int32_t>(CounterRng(seed).bits(2, i) % 10);
+    d.labels.data<std::int32_t>()[i] = c;
+    for (int j = 0; j < 64; ++j)
+      d.images.data<float>()[i * 64 + j] = centers.at(c * 64 + j) + noise.at(i * 64 + j);
+  }
+  return d;
+}
+
+std::unique_ptr<nn::Sequential> mlp() {
+  auto m = std::make_unique<nn::Sequential>();
+  m->emplace<nn::Flatten>("flatten");
+  m->emplace<nn::Linear>("fc1", 64, 32, nn::Init::He);
+  m->emplace<nn::ReLU>("act1");
+  m->emplace<nn::Linear>("fc2", 32, 10, nn::Init::Xavier);
+  return m;
+}
+}  // namespace
+
+TEST(Training, LossFallsAndAccuracyRises) {
+  Dataset train = blobs(2000, 11), test = blobs(500, 12);
+  auto model = mlp();
+  model->reset(42);
+  optim::Sgd sgd({.lr = 0.05, .momentum = 0.5});
+  Trainer t(*model, sgd, {.batch_size = 32, .eval_batch_size = 128, .seed = 3});
+  const EvalStats before = t.evaluate(test);
+  const EpochStats e1 = t.train_epoch(train, 1);
+  EpochStats last = e1;
+  for (int e = 2; e <= 4; ++e) last = t.train_epoch(train, e);
+  const EvalStats after = t.evaluate(test);
+  EXPECT_LT(last.loss, 0.5 * e1.loss);
+  EXPECT_GT(last.accuracy, e1.accuracy);
+  EXPECT_LT(after.loss, before.loss);
+  EXPECT_GT(after.accuracy, 0.9);
+  EXPECT_LT(before.accuracy, 0.3);
+  EXPECT_EQ(after.samples, 500);
+}
+
+// 2000 samples at batch 32 end in a ragged batch of 16: it trains too, and the epoch sees
+// every sample once.
+TEST(Training, RaggedLastBatchAndThreadCountGiveTheSameModel) {
+  Dataset train = blobs(2000, 5);
+  auto run = [&](int threads) {
+    const int saved = max_threads();
+    set_num_threads(threads);
+    auto model = mlp();
+    model->reset(7);
+    optim::Sgd sgd({.lr = 0.05});
+    Trainer t(*model, sgd, {.batch_size = 32, .seed = 3});
+    EXPECT_EQ(t.train_epoch(train, 1).samples, 2000);
+    set_num_threads(saved);
+    return model->parameters()[0].second.clone();
+  };
+  Tensor a = run(1), b = run(2);
+  for (std::int64_t i = 0; i < a.numel(); ++i) ASSERT_NEAR(a.at(i), b.at(i), 1e-5);
+}
+
+TEST(Modules, ParameterNamesFollowPyTorch) {
+  auto model = mlp();
+  auto params = model->parameters();
+  ASSERT_EQ(params.size(), 4u);
+  EXPECT_EQ(params[0].first, "fc1.weight");
+  EXPECT_EQ(params[0].second.shape(), (Shape{32, 64}));
+  EXPECT_EQ(params[1].first, "fc1.bias");
+  EXPECT_EQ(params[3].first, "fc2.bias");
+}
+
+TEST(Modules, InitialisationDependsOnSeedOnly) {
+  auto a = mlp(), b = mlp(), c = mlp();
+  a->reset(1);
+  b->reset(1);
+  c->reset(2);
+  const Tensor wa = a->parameters()[0].second;
+  EXPECT_EQ(wa.at(5), b->parameters()[0].second.at(5));
+  EXPECT_NE(wa.at(5), c->parameters()[0].second.at(5));
+  double var = 0;
+  for (std::int64_t i = 0; i < wa.numel(); ++i) var += double{wa.at(i)} * wa.at(i);
+  EXPECT_NEAR(var / wa.numel(), 2.0 / 64.0, 0.01);  // He: variance 2 / fan_in
+}
+
+TEST(Modules, LoadParametersSaysWhatDiffers) {
+  auto model = mlp();
+  NamedTensors values = model->parameters();
+  values[1].second = Tensor::zeros({31});
+  values.emplace_back("fc9.weight", Tensor::zeros({1}));
+  values.erase(values.begin() + 2);
+  try {
+    nn::load_parameters(*model, values, "ckpt.safetensors");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("'ckpt.safetensors' does not match the model"));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("'fc1.bias' is [31] f32 in the file, the model has [32] f32"));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("missing 'fc2.weight'"));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("unexpected 'fc9.weight'"));
+  }
+}

@@ -1,0 +1,93 @@
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "minidl/autograd/autograd.hpp"
+#include "minidl/core/rng.hpp"
+#include "minidl/ops/ops.hpp"
+#include "minidl/runtime/executable.hpp"
+
+using namespace minidl;
+
+namespace {
+// A small MLP training graph: enough values for buffer reuse to matter.
+struct Mlp {
+  Tensor w1 = Tensor::empty({32, 20}), w2 = Tensor::empty({10, 32}), b1 = Tensor::zeros({32});
+  ir::Graph g;
+  ir::Value* loss;
+  std::vector<ir::Value*> grads;
+  Mlp() {
+    CounterRng(3).fill_normal(w1, 1, 0.0f, 0.3f);
+    CounterRng(3).fill_normal(w2, 2, 0.0f, 0.3f);
+    ir::Value* x = ops::input(g, "x", {16, 20});
+    ir::Value* y = ops::input(g, "labels", {16}, DType::I32);
+    ir::Value* p1 = ops::parameter(g, "w1", w1);
+    ir::Value* pb = ops::parameter(g, "b1", b1);
+    ir::Value* p2 = ops::parameter(g, "w2", w2);
+    ir::Value* h = ops::tanh(ops::bias_add(ops::matmul(x, p1, false, true), pb));
+    h = ops::relu(ops::scale(h, 1.5));
+    loss = ops::softmax_cross_entropy(ops::matmul(h, p2, false, true), y).first;
+    grads = autograd::differentiate(g, loss, {p1, pb, p2});
+    g.add_output(loss);
+    for (auto* gv : grads) g.add_output(gv);
+  }
+};
+
+void feed(runtime::Executable& e) {
+  Tensor x = e.input("x");
+  CounterRng(9).fill_uniform(x, 0, -1.0f, 1.0f);
+  auto* y = e.input("labels").data<std::int32_t>();
+  for (int i = 0; i < 16; ++i) y[i] = i % 10;
+}
+}  // namespace
+
+TEST(Executable, BufferReuseDoesNotChangeResults) {
+  Mlp m;
+  runtime::Executable reuse(m.g, {.reuse_memory = true});
+  runtime::Executable fresh(m.g, {.reuse_memory = false});
+  feed(reuse);
+  feed(fresh);
+  reuse.run();
+  fresh.run();
+  EXPECT_LT(reuse.memory().planned_bytes, fresh.memory().planned_bytes);
+  EXPECT_LT(reuse.memory().buffers, fresh.memory().buffers);
+  EXPECT_EQ(reuse.value(m.loss).at(0), fresh.value(m.loss).at(0));
+  for (auto* gv : m.grads) {
+    const Tensor& a = reuse.value(gv);
+    const Tensor& b = fresh.value(gv);
+    for (std::int64_t i = 0; i < a.numel(); ++i) ASSERT_EQ(a.at(i), b.at(i)) << gv->ref();
+  }
+}
+
+TEST(Executable, RunsAreRepeatable) {
+  Mlp m;
+  runtime::Executable e(m.g);
+  feed(e);
+  e.run();
+  const float first = e.value(m.loss).at(0);
+  e.run();
+  EXPECT_EQ(first, e.value(m.loss).at(0));
+}
+
+TEST(Executable, UnknownInputAndUnreadableValue) {
+  Mlp m;
+  runtime::Executable e(m.g);
+  EXPECT_THAT([&] { e.input("images"); },
+              ::testing::ThrowsMessage<Error>(
+                  ::testing::HasSubstr("no input 'images' (inputs: x, labels)")));
+  const ir::Value* hidden = m.g.find("tanh")->output();
+  EXPECT_THAT([&] { e.value(hidden); },
+              ::testing::ThrowsMessage<Error>(::testing::HasSubstr("not readable after a run")));
+}
+
+TEST(Executable, BoundStorageMustMatch) {
+  ir::Graph g;
+  Tensor t = Tensor::zeros({3});
+  ir::Value* p = ops::parameter(g, "p", t);
+  g.add_output(ops::relu(p));
+  // Rebind through a second graph whose parameter claims another shape.
+  ir::Graph h;
+  Tensor small = Tensor::zeros({2});
+  h.add_source(ops::op("parameter"), {{"shape", ir::Ints{3}}}, "p", small);
+  EXPECT_THAT([&] { runtime::Executable e(h); },
+              ::testing::ThrowsMessage<Error>(::testing::HasSubstr("bound storage is [2]")));
+}
