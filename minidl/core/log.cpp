@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 namespace minidl {
@@ -9,10 +10,20 @@ namespace minidl {
 bool verbose(std::string_view topic) {
   static const std::string topics = [] {
     const char* v = std::getenv("MINIDL_VERBOSE");
-    return v ? "," + std::string(v) + "," : std::string();
+    std::string t;
+    if (v) {
+      t.reserve(std::strlen(v) + 2);
+      t.push_back(',');
+      t.append(v);
+      t.push_back(',');
+    }
+    return t;
   }();
   if (topics.empty()) return false;
-  return topics.find("," + std::string(topic) + ",") != std::string::npos ||
+  std::string key(1, ',');
+  key.append(topic);
+  key.push_back(',');
+  return topics.find(key) != std::string::npos ||
          topics.find(",all,") != std::string::npos;
 }
 

@@ -1,0 +1,35 @@
+# Shared by scripts/run and scripts/test: install what is missing, configure and build.
+# shellcheck shell=bash
+
+MINIDL_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+MINIDL_BUILD_DIR=${MINIDL_BUILD_DIR:-$MINIDL_ROOT/build}
+
+# Debian packages the build, the tests and the data fetch need.
+MINIDL_PACKAGES=(g++ cmake ninja-build pkg-config libfmt-dev zlib1g-dev nlohmann-json3-dev
+  libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev libdnnl-dev libopenmpi-dev openmpi-bin
+  nodejs npm)
+
+minidl_log() { echo "minidl: $*" >&2; }
+
+# Installs the packages that are not installed yet (apt-get, as root or through sudo).
+minidl_install_deps() {
+  local missing=()
+  for p in "${MINIDL_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  minidl_log "installing ${missing[*]}"
+  local sudo=()
+  [ "$(id -u)" -eq 0 ] || sudo=(sudo)
+  "${sudo[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
+}
+
+# Configures (Release unless CMAKE_BUILD_TYPE says otherwise) and builds; extra args go to cmake.
+minidl_build() {
+  local gen=()
+  [ -f "$MINIDL_BUILD_DIR/CMakeCache.txt" ] || gen=(-G Ninja)
+  cmake -S "$MINIDL_ROOT" -B "$MINIDL_BUILD_DIR" "${gen[@]}" \
+    -DCMAKE_BUILD_TYPE="${CMAKE_BUILD_TYPE:-Release}" "$@" >/dev/null
+  cmake --build "$MINIDL_BUILD_DIR" --parallel "$(nproc)"
+}
