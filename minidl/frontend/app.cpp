@@ -10,6 +10,7 @@
 #include "minidl/frontend/safetensors.hpp"
 #include "minidl/frontend/trainer.hpp"
 #include "minidl/ir/printer.hpp"
+#include "minidl/parallel/communicator.hpp"
 
 namespace minidl {
 
@@ -71,6 +72,8 @@ class MetricsWriter {
 
 int train(const std::string& program, AppConfig& c, const ModelBuilder& build) {
   if (c.threads > 0) set_num_threads(c.threads);
+  parallel::Communicator& comm = parallel::world();
+  const bool root = comm.rank() == 0;
   const std::string dir = c.data.empty() ? "data/" + c.dataset : c.data;
   Dataset train_set = take(load_mnist(dir, "train", c.dataset), c.train_limit);
   Dataset test_set = take(load_mnist(dir, "test", c.dataset), c.test_limit);
@@ -80,25 +83,33 @@ int train(const std::string& program, AppConfig& c, const ModelBuilder& build) {
   std::unique_ptr<nn::Module> model = build(c, sample);
   model->reset(c.seed);
   if (!c.init.empty()) nn::load_parameters(*model, load_safetensors(c.init).tensors, c.init);
+  // Every rank starts from rank 0's parameters (they agree already when seeds agree; this makes
+  // it so whatever the initialisation).
+  for (auto& [name, t] : model->parameters()) comm.broadcast(t.raw(), t.nbytes(), 0);
   optim::Sgd sgd({.lr = c.lr, .momentum = c.momentum});
   TrainerOptions topt;
   topt.batch_size = c.batch_size;
   topt.seed = c.seed;
   topt.shuffle = !c.no_shuffle;
   Trainer trainer(*model, sgd, topt);
-  if (!c.dump_graph.empty()) ir::write_graph(trainer.training_graph(sample), c.dump_graph);
-  MetricsWriter metrics(c.metrics);
+  if (!c.dump_graph.empty() && root) {
+    ir::write_graph(trainer.training_graph(sample), c.dump_graph);
+  }
+  MetricsWriter metrics(root ? c.metrics : std::string());
 
   std::int64_t n_params = 0;
   for (const auto& [name, t] : model->parameters()) n_params += t.numel();
-  fmt::print("{}: {} on {} ({} train, {} test samples), {} parameters, {} threads\n", program,
-             model->describe(), c.dataset, train_set.size(), test_set.size(), n_params,
-             max_threads());
-  std::fflush(stdout);
+  if (root) {
+    fmt::print("{}: {} on {} ({} train, {} test samples), {} parameters, {} rank(s) x {} thread(s)\n",
+               program, model->describe(), c.dataset, train_set.size(), test_set.size(), n_params,
+               comm.size(), max_threads());
+    std::fflush(stdout);
+  }
   for (int epoch = 1; epoch <= c.epochs; ++epoch) {
     const EpochStats s = trainer.train_epoch(train_set, epoch);
     const EvalStats e = trainer.evaluate(test_set);
     const double sps = static_cast<double>(s.samples) / s.seconds;
+    if (!root) continue;
     fmt::print("epoch {:>2}/{}  loss {:.4f}  train acc {:6.2f}%  test acc {:6.2f}%  {:.2f} s  {:.0f} samples/s\n",
                epoch, c.epochs, s.loss, 100.0 * s.accuracy, 100.0 * e.accuracy, s.seconds, sps);
     std::fflush(stdout);
@@ -110,7 +121,7 @@ int train(const std::string& program, AppConfig& c, const ModelBuilder& build) {
                  {"epoch_seconds", s.seconds},
                  {"samples_per_second", sps}});
   }
-  if (!c.save.empty()) {
+  if (!c.save.empty() && root) {
     save_safetensors(c.save, model->parameters(), {{"format", "pt"}, {"framework", "minidl"}});
   }
   return 0;
@@ -155,24 +166,35 @@ int run_training_app(int argc, char** argv, const std::string& description, AppC
   app.add_option("--init", c.init, "start from the parameters in FILE.safetensors");
   app.add_option("--dump-graph", c.dump_graph, "write the training graph to FILE (.dot or .txt)");
   app.add_flag("--no-shuffle", c.no_shuffle, "keep the data in file order every epoch");
+  // Flags are the same on every rank, so only rank 0 reports their errors. Other errors may be
+  // one rank's own: each rank reports its error and the job ends at once, so no rank waits
+  // for a collective that will never come.
+  parallel::Communicator& comm = parallel::world();
+  const bool root = comm.rank() == 0;
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
+    return root ? app.exit(e) : 0;
   } catch (const CLI::ParseError& e) {
-    fmt::print(stderr, "{}: error: {}\n", program, e.what());
+    if (root) fmt::print(stderr, "{}: error: {}\n", program, e.what());
     return 2;
   }
+  std::string error;
   try {
     (void)c.hidden_sizes();
     return train(program, c, build);
   } catch (const Error& e) {
-    fmt::print(stderr, "{}: error: {}\n", program, e.what());
-    return 1;
+    error = e.what();
   } catch (const std::bad_alloc&) {
-    fmt::print(stderr, "{}: error: out of memory\n", program);
+    error = "out of memory";
+  }
+  if (comm.size() == 1) {
+    fmt::print(stderr, "{}: error: {}\n", program, error);
     return 1;
   }
+  fmt::print(stderr, "{}: error on rank {}: {}\n", program, comm.rank(), error);
+  std::fflush(stderr);
+  comm.abort(1);
 }
 
 }  // namespace minidl

@@ -8,6 +8,7 @@
 #include "minidl/core/rng.hpp"
 #include "minidl/ir/pass.hpp"
 #include "minidl/ops/ops.hpp"
+#include "minidl/parallel/data_parallel.hpp"
 
 namespace minidl {
 
@@ -20,8 +21,14 @@ struct Trainer::Program {
 };
 
 Trainer::Trainer(nn::Module& model, optim::Sgd& optimizer, TrainerOptions options)
-    : model_(model), optimizer_(optimizer), options_(options) {
+    : model_(model),
+      optimizer_(optimizer),
+      options_(options),
+      comm_(options.comm ? *options.comm : parallel::world()) {
   MINIDL_CHECK(options.batch_size >= 1, "batch size must be at least 1, got ", options.batch_size);
+  MINIDL_CHECK(options.batch_size >= comm_.size(), "batch size ", options.batch_size,
+               " is smaller than the number of ranks, ", comm_.size(),
+               ": every rank needs at least one sample of each batch");
   MINIDL_CHECK(options.eval_batch_size >= 1, "evaluation batch size must be at least 1, got ",
                options.eval_batch_size);
 }
@@ -35,8 +42,16 @@ std::int64_t argmax(const float* row, std::int64_t n) {
   return best;
 }
 
-Trainer::Program& Trainer::program(bool train, std::int64_t batch, const Shape& sample) {
-  auto key = std::make_tuple(train, batch, sample.dims());
+std::pair<std::int64_t, std::int64_t> Trainer::share(std::int64_t start, std::int64_t n) const {
+  const std::int64_t p = comm_.size(), r = comm_.rank();
+  const std::int64_t base = n / p, extra = n % p;
+  const std::int64_t begin = start + r * base + std::min(r, extra);
+  return {begin, begin + base + (r < extra ? 1 : 0)};
+}
+
+Trainer::Program& Trainer::program(bool train, std::int64_t batch, std::int64_t global,
+                                   const Shape& sample) {
+  auto key = std::make_tuple(train, batch, global, sample.dims());
   auto& slot = programs_[key];
   if (slot) return *slot;
   auto p = std::make_unique<Program>();
@@ -60,6 +75,10 @@ Trainer::Program& Trainer::program(bool train, std::int64_t batch, const Shape& 
   }
   ir::PassManager pm;
   pm.add(std::make_unique<ir::DeadCodeElimination>());
+  if (train && comm_.size() > 1) {
+    pm.add(std::make_unique<parallel::DataParallel>(comm_, static_cast<double>(batch) /
+                                                    static_cast<double>(global)));
+  }
   pm.run(g);
   p->exe = std::make_unique<runtime::Executable>(g, options_.compile);
   p->x = p->exe->input("x");
@@ -69,7 +88,8 @@ Trainer::Program& Trainer::program(bool train, std::int64_t batch, const Shape& 
 }
 
 const ir::Graph& Trainer::training_graph(const Shape& sample) {
-  return *program(true, options_.batch_size, sample).graph;
+  const auto [b, e] = share(0, options_.batch_size);
+  return *program(true, e - b, options_.batch_size, sample).graph;
 }
 
 void Trainer::gather(const Dataset& d, const std::int64_t* idx, std::int64_t n, Program& p) {
@@ -115,17 +135,25 @@ EpochStats Trainer::train_epoch(const Dataset& d, int epoch) {
   s.epoch = epoch;
   double loss_sum = 0.0;
   std::int64_t correct = 0;
+  std::int64_t samples = 0;
   for (std::int64_t start = 0; start < d.size(); start += options_.batch_size) {
     const std::int64_t n = std::min(options_.batch_size, d.size() - start);
-    Program& p = program(true, n, sample);
-    gather(d, order.data() + start, n, p);
+    // A last batch smaller than the number of ranks would leave a rank without samples: every
+    // rank skips it (each knows n and the rank count), so no rank waits for another.
+    if (n < comm_.size()) break;
+    const auto [begin, end] = share(start, n);
+    Program& p = program(true, end - begin, n, sample);
+    gather(d, order.data() + begin, end - begin, p);
     p.exe->run();
-    loss_sum += static_cast<double>(p.exe->value(p.loss).at(0)) * n;
+    loss_sum += static_cast<double>(p.exe->value(p.loss).at(0)) * static_cast<double>(end - begin);
     correct += count_correct(p.exe->value(p.probs), p.labels);
+    samples += n;
   }
-  s.samples = d.size();
-  s.loss = loss_sum / static_cast<double>(d.size());
-  s.accuracy = static_cast<double>(correct) / static_cast<double>(d.size());
+  double totals[2] = {loss_sum, static_cast<double>(correct)};
+  comm_.allreduce_sum(totals, 2);
+  s.samples = samples;
+  s.loss = totals[0] / static_cast<double>(samples);
+  s.accuracy = totals[1] / static_cast<double>(samples);
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return s;
 }
@@ -135,20 +163,24 @@ EvalStats Trainer::evaluate(const Dataset& d) {
   const Shape sample = sample_shape(d);
   std::vector<std::int64_t> order(d.size());
   std::iota(order.begin(), order.end(), 0);
+  // Each rank evaluates its own contiguous shard; the sums are reduced.
+  const auto [first, last] = share(0, d.size());
   EvalStats s;
   double loss_sum = 0.0;
   std::int64_t correct = 0;
-  for (std::int64_t start = 0; start < d.size(); start += options_.eval_batch_size) {
-    const std::int64_t n = std::min(options_.eval_batch_size, d.size() - start);
-    Program& p = program(false, n, sample);
+  for (std::int64_t start = first; start < last; start += options_.eval_batch_size) {
+    const std::int64_t n = std::min(options_.eval_batch_size, last - start);
+    Program& p = program(false, n, 0, sample);
     gather(d, order.data() + start, n, p);
     p.exe->run();
-    loss_sum += static_cast<double>(p.exe->value(p.loss).at(0)) * n;
+    loss_sum += static_cast<double>(p.exe->value(p.loss).at(0)) * static_cast<double>(n);
     correct += count_correct(p.exe->value(p.probs), p.labels);
   }
+  double totals[2] = {loss_sum, static_cast<double>(correct)};
+  comm_.allreduce_sum(totals, 2);
   s.samples = d.size();
-  s.loss = loss_sum / static_cast<double>(d.size());
-  s.accuracy = static_cast<double>(correct) / static_cast<double>(d.size());
+  s.loss = totals[0] / static_cast<double>(d.size());
+  s.accuracy = totals[1] / static_cast<double>(d.size());
   return s;
 }
 

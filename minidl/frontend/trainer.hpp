@@ -1,5 +1,7 @@
 // The trainer loop: per-epoch seeded shuffle, one compiled training graph per batch size (the
-// last, ragged batch gets its own), evaluation over a whole dataset.
+// last, ragged batch gets its own), evaluation over a whole dataset. With several ranks, every
+// rank walks the same permutation and takes its own share of each global batch; the
+// data-parallel pass reduces the gradients, and the statistics are summed over ranks.
 #pragma once
 
 #include <map>
@@ -8,16 +10,18 @@
 #include "minidl/frontend/datasets.hpp"
 #include "minidl/frontend/nn.hpp"
 #include "minidl/frontend/optim.hpp"
+#include "minidl/parallel/communicator.hpp"
 #include "minidl/runtime/executable.hpp"
 
 namespace minidl {
 
 struct TrainerOptions {
-  std::int64_t batch_size = 64;
+  std::int64_t batch_size = 64;  // the global batch, split over the ranks
   std::int64_t eval_batch_size = 1000;
   std::uint64_t seed = 1;
   bool shuffle = true;
   runtime::CompileOptions compile;
+  parallel::Communicator* comm = nullptr;  // null: parallel::world()
 };
 
 struct EpochStats {
@@ -44,18 +48,24 @@ class Trainer {
   /// Loss and accuracy over all of d; parameters are not changed.
   EvalStats evaluate(const Dataset& d);
 
-  /// The training graph for a batch of sample shape `sample` (built on first use).
+  /// This rank's training graph for a full batch of samples of shape `sample`.
   const ir::Graph& training_graph(const Shape& sample);
+
+  /// This rank's share [begin, end) of a global batch of n samples starting at start.
+  std::pair<std::int64_t, std::int64_t> share(std::int64_t start, std::int64_t n) const;
 
  private:
   struct Program;
-  Program& program(bool train, std::int64_t batch, const Shape& sample);
+  /// The compiled graph for `local` samples of a global batch of `global` (evaluation: 0).
+  Program& program(bool train, std::int64_t local, std::int64_t global, const Shape& sample);
   static void gather(const Dataset& d, const std::int64_t* idx, std::int64_t n, Program& p);
 
   nn::Module& model_;
   optim::Sgd& optimizer_;
   TrainerOptions options_;
-  std::map<std::tuple<bool, std::int64_t, std::vector<std::int64_t>>, std::unique_ptr<Program>>
+  parallel::Communicator& comm_;
+  std::map<std::tuple<bool, std::int64_t, std::int64_t, std::vector<std::int64_t>>,
+           std::unique_ptr<Program>>
       programs_;
 };
 

@@ -104,16 +104,21 @@ void Graph::add_output(Value* v) {
   if (std::find(outputs_.begin(), outputs_.end(), v) == outputs_.end()) outputs_.push_back(v);
 }
 
-void Graph::replace_uses(Value* from, Value* to) {
+void Graph::replace_uses(Value* from, Value* to, const Node* except) {
   MINIDL_CHECK(from->shape() == to->shape() && from->dtype() == to->dtype(),
                "cannot replace ", from->ref(), " ", from->shape(), " by ", to->ref(), " ",
                to->shape());
+  std::vector<Node*> kept;
   for (Node* user : from->users_) {
+    if (user == except) {
+      kept.push_back(user);
+      continue;
+    }
     for (Value*& in : user->inputs_)
       if (in == from) in = to;
     to->users_.push_back(user);
   }
-  from->users_.clear();
+  from->users_ = std::move(kept);
   std::replace(outputs_.begin(), outputs_.end(), from, to);
 }
 

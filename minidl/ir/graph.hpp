@@ -91,8 +91,9 @@ class Graph {
   void add_output(Value* v);
   const std::vector<Value*>& outputs() const { return outputs_; }
 
-  /// Replaces every use of from by to (shapes and dtypes must match).
-  void replace_uses(Value* from, Value* to);
+  /// Replaces every use of from by to (shapes and dtypes must match), except by node `except`
+  /// (the node that computes `to` from `from`, when inserting a node after a value).
+  void replace_uses(Value* from, Value* to, const Node* except = nullptr);
   /// Removes nodes whose outputs have no users; they must not be used.
   void remove(const std::vector<Node*>& nodes);
   /// Moves node to just before `before` in the order (scheduling passes).

@@ -6,37 +6,14 @@
 #include "minidl/core/rng.hpp"
 #include "minidl/core/threading.hpp"
 #include "minidl/frontend/trainer.hpp"
+#include "support/synthetic.hpp"
 
 using namespace minidl;
 
-namespace {
-// 10 classes, each a fixed random 8x8 pattern plus noise.
-Dataset blobs(std::int64_t n, std::uint64_t seed) {
-  Dataset d;
-  d.name = "blobs";
-  d.images = Tensor::empty({n, 1, 8, 8});
-  d.labels = Tensor::empty({n}, DType::I32);
-  Tensor centers = Tensor::empty({10, 64});
-  CounterRng(1).fill_uniform(centers, 0, 0.0f, 1.0f);
-  Tensor noise = Tensor::empty({n, 64});
-  CounterRng(seed).fill_normal(noise, 1, 0.0f, 0.35f);
-  for (std::int64_t i = 0; i < n; ++i) {
-    const auto c = static_cast<std::int32_t>(CounterRng(seed).bits(2, i) % 10);
-    d.labels.data<std::int32_t>()[i] = c;
-    for (int j = 0; j < 64; ++j)
-      d.images.data<float>()[i * 64 + j] = centers.at(c * 64 + j) + noise.at(i * 64 + j);
-  }
-  return d;
-}
+using minidl::testing::blobs;
 
-std::unique_ptr<nn::Sequential> mlp() {
-  auto m = std::make_unique<nn::Sequential>();
-  m->emplace<nn::Flatten>("flatten");
-  m->emplace<nn::Linear>("fc1", 64, 32, nn::Init::He);
-  m->emplace<nn::ReLU>("act1");
-  m->emplace<nn::Linear>("fc2", 32, 10, nn::Init::Xavier);
-  return m;
-}
+namespace {
+std::unique_ptr<nn::Sequential> mlp() { return minidl::testing::small_mlp(); }
 }  // namespace
 
 TEST(Training, LossFallsAndAccuracyRises) {

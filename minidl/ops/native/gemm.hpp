@@ -1,0 +1,36 @@
+// Native single-precision GEMM: the kernel behind linear layers and im2col convolution.
+#pragma once
+
+#include <cstdint>
+
+namespace minidl::native {
+
+/// Work fused into the GEMM store, applied after alpha/beta while the tile is still hot:
+/// C = relu?(alpha * op(A) * op(B) + beta * C + bias).
+struct GemmEpilogue {
+  const float* bias = nullptr;  // [N], added to every row; nullptr for none
+  bool relu = false;            // clamp at 0 after the bias; NaN becomes 0
+};
+
+/// Row-major C[M,N] = alpha * op(A) * op(B) + beta * C, op(X) = X or X^T.
+/// A is [M,K] (or [K,M] when trans_a), B is [K,N] (or [N,K] when trans_b); lda/ldb/ldc are row
+/// strides. beta == 0 means C is write-only (it may hold NaN garbage on entry and is ignored).
+/// Runs on the OpenMP threads unless called from inside a parallel region, then serially.
+void sgemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
+           const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
+           std::int64_t ldc);
+
+/// sgemm followed by the fused epilogue (bias over columns, then optional ReLU).
+void sgemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
+           const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
+           std::int64_t ldc, const GemmEpilogue& epilogue);
+
+/// Name of the micro-kernel chosen at run time for this CPU ("avx512", "avx2", "generic").
+const char* sgemm_isa();
+
+/// Forces the micro-kernel for later calls ("avx512", "avx2", "generic"), or restores the automatic
+/// choice for nullptr or "". Meant for tests that cover every path; throws minidl::Error for an
+/// unknown name or an ISA this CPU lacks. Not thread-safe against concurrent sgemm calls.
+void sgemm_force_isa(const char* isa);
+
+}  // namespace minidl::native
