@@ -1,6 +1,6 @@
 # Shared compile settings for every minidl target.
 add_library(minidl_options INTERFACE)
-target_compile_options(minidl_options INTERFACE -Wall -Wextra -Wno-unused-parameter)
+target_compile_options(minidl_options INTERFACE -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers)
 if(MINIDL_WERROR)
   target_compile_options(minidl_options INTERFACE -Werror)
 endif()

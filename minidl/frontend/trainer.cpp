@@ -9,6 +9,7 @@
 #include "minidl/ir/pass.hpp"
 #include "minidl/ops/ops.hpp"
 #include "minidl/parallel/data_parallel.hpp"
+#include "minidl/parallel/preflight.hpp"
 
 namespace minidl {
 
@@ -120,10 +121,21 @@ std::int64_t count_correct(const Tensor& probs, const Tensor& labels) {
 }
 }  // namespace
 
+void Trainer::check_ranks_agree(const Dataset& d, const Shape& sample) {
+  if (preflight_done_ || comm_.size() == 1) return;
+  std::string description = fmt::format(
+      "data {} samples of {}\nbatch {}\nseed {}\nshuffle {}\n", d.size(), sample,
+      options_.batch_size, options_.seed, options_.shuffle);
+  description += parallel::fingerprint(training_graph(sample));
+  parallel::preflight(comm_, description);
+  preflight_done_ = true;
+}
+
 EpochStats Trainer::train_epoch(const Dataset& d, int epoch) {
   MINIDL_CHECK(d.size() > 0, "training set '", d.name, "' is empty");
-  const auto t0 = std::chrono::steady_clock::now();
   const Shape sample = sample_shape(d);
+  check_ranks_agree(d, sample);
+  const auto t0 = std::chrono::steady_clock::now();
   std::vector<std::int64_t> order;
   if (options_.shuffle) {
     order = permutation(d.size(), mix64(options_.seed * 0x9e3779b97f4a7c15ULL + epoch));

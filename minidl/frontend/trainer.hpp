@@ -60,10 +60,13 @@ class Trainer {
   Program& program(bool train, std::int64_t local, std::int64_t global, const Shape& sample);
   static void gather(const Dataset& d, const std::int64_t* idx, std::int64_t n, Program& p);
 
+  void check_ranks_agree(const Dataset& d, const Shape& sample);
+
   nn::Module& model_;
   optim::Sgd& optimizer_;
   TrainerOptions options_;
   parallel::Communicator& comm_;
+  bool preflight_done_ = false;
   std::map<std::tuple<bool, std::int64_t, std::int64_t, std::vector<std::int64_t>>,
            std::unique_ptr<Program>>
       programs_;

@@ -95,3 +95,33 @@ TEST(DataParallel, EvaluationCoversTheWholeSet) {
   EXPECT_DOUBLE_EQ(a.accuracy, b.accuracy);
   EXPECT_NEAR(a.loss, b.loss, 1e-6);
 }
+
+// Rank 1 builds a wider model: every rank fails in preflight, naming the difference, instead of
+// hanging in the first allreduce.
+TEST(DataParallel, PreflightCatchesADifferentModelOnOneRank) {
+  parallel::Communicator& world = parallel::world();
+  const Dataset d = minidl::testing::blobs(256, 14);
+  auto model = std::make_unique<nn::Sequential>();
+  model->emplace<nn::Flatten>("flatten");
+  model->emplace<nn::Linear>("fc1", 64, world.rank() == 1 ? 48 : 32, nn::Init::He);
+  model->emplace<nn::ReLU>("act1");
+  model->emplace<nn::Linear>("fc2", world.rank() == 1 ? 48 : 32, 10, nn::Init::Xavier);
+  model->reset(1);
+  optim::Sgd sgd({.lr = 0.05});
+  Trainer t(*model, sgd, {.batch_size = 32, .comm = &world});
+  try {
+    t.train_epoch(d, 1);
+    ADD_FAILURE() << "rank " << world.rank() << " trained with a mismatched model";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("preflight: the training set-up of rank(s) 1 differs from rank 0's"),
+              std::string::npos)
+        << what;
+    if (world.rank() == 1) {
+      EXPECT_NE(what.find("rank 0 has 'parameter fc1.weight [32,64] f32', rank 1 has "
+                          "'parameter fc1.weight [48,64] f32'"),
+                std::string::npos)
+          << what;
+    }
+  }
+}
