@@ -74,9 +74,9 @@ class Differentiator {
                   grad->shape(), ", value has ", v->shape());
     auto [it, inserted] = grads_.try_emplace(v, grad);
     if (!inserted) {
-      it->second = g_.add_node(ops::op("add"), {it->second, grad}, {},
-                               v->producer()->name() + ".grad_sum")
-                       ->output();
+      it->second =
+          g_.add_node(ops::op("add"), {it->second, grad}, {}, v->producer()->name() + ".grad_sum")
+              ->output();
     }
   }
 
@@ -161,14 +161,15 @@ GradCheckResult check_gradients(std::span<Tensor> params, std::span<const Tensor
       const double numeric = (lp - lm) / (static_cast<double>(up) - static_cast<double>(down));
       const double analytic_v = a[i];
       const double diff = std::fabs(numeric - analytic_v);
-      const double scale = std::max({std::fabs(numeric), std::fabs(analytic_v), options.atol / options.rtol});
+      const double scale =
+          std::max({std::fabs(numeric), std::fabs(analytic_v), options.atol / options.rtol});
       const double err = diff / scale;
       result.max_error = std::max(result.max_error, err);
       if (err > options.rtol && diff > options.atol) {
         result.ok = false;
         if (failures++ < 8) {
-          result.report += fmt::format("tensor {} element {}: analytic {:.6g}, numeric {:.6g}\n",
-                                       t, i, analytic_v, numeric);
+          result.report += fmt::format("tensor {} element {}: analytic {:.6g}, numeric {:.6g}\n", t,
+                                       i, analytic_v, numeric);
         }
       }
     }

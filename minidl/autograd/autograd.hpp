@@ -23,9 +23,9 @@ inline std::vector<ir::Value*> differentiate(ir::Graph& g, ir::Value* loss,
 }
 
 struct GradCheckOptions {
-  double eps = 1e-3;       // step, relative to max(1, |x|)
-  double rtol = 2e-2;      // allowed |analytic - numeric| / max(|analytic|, |numeric|, atol_floor)
-  double atol = 2e-3;      // absolute floor below which differences are ignored
+  double eps = 1e-3;   // step, relative to max(1, |x|)
+  double rtol = 2e-2;  // allowed |analytic - numeric| / max(|analytic|, |numeric|, atol_floor)
+  double atol = 2e-3;  // absolute floor below which differences are ignored
   std::int64_t max_elements = 64;  // elements checked per tensor (spread evenly)
 };
 

@@ -40,8 +40,8 @@ std::string concat(const Args&... args) {
 }  // namespace minidl
 
 /// Throws minidl::Error with the concatenated message when cond is false.
-#define MINIDL_CHECK(cond, ...)                                             \
-  do {                                                                      \
+#define MINIDL_CHECK(cond, ...)                                                \
+  do {                                                                         \
     if (!(cond)) throw ::minidl::Error(::minidl::detail::concat(__VA_ARGS__)); \
   } while (0)
 
@@ -49,9 +49,9 @@ std::string concat(const Args&... args) {
 #define MINIDL_FAIL(...) throw ::minidl::Error(::minidl::detail::concat(__VA_ARGS__))
 
 /// Our own invariants (not user input): aborts with the location when violated.
-#define MINIDL_ASSERT(cond, ...)                                                      \
-  do {                                                                                \
-    if (!(cond))                                                                      \
-      ::minidl::detail::assert_fail(#cond, __FILE__, __LINE__,                        \
+#define MINIDL_ASSERT(cond, ...)                                                              \
+  do {                                                                                        \
+    if (!(cond))                                                                              \
+      ::minidl::detail::assert_fail(#cond, __FILE__, __LINE__,                                \
                                     ::minidl::detail::concat("" __VA_OPT__(, ) __VA_ARGS__)); \
   } while (0)

@@ -23,8 +23,7 @@ bool verbose(std::string_view topic) {
   std::string key(1, ',');
   key.append(topic);
   key.push_back(',');
-  return topics.find(key) != std::string::npos ||
-         topics.find(",all,") != std::string::npos;
+  return topics.find(key) != std::string::npos || topics.find(",all,") != std::string::npos;
 }
 
 void log_line(std::string_view level, std::string_view text) {

@@ -8,7 +8,8 @@
 namespace minidl {
 
 Storage::Storage(std::size_t nbytes) : nbytes_(nbytes) {
-  std::size_t rounded = (std::max<std::size_t>(nbytes, 1) + kAlignment - 1) / kAlignment * kAlignment;
+  std::size_t rounded =
+      (std::max<std::size_t>(nbytes, 1) + kAlignment - 1) / kAlignment * kAlignment;
   data_ = std::aligned_alloc(kAlignment, rounded);
   if (data_ == nullptr) throw std::bad_alloc();
 }
@@ -18,7 +19,8 @@ Storage::~Storage() { std::free(data_); }
 Tensor Tensor::empty(Shape shape, DType dtype) {
   for (auto d : shape.dims()) MINIDL_CHECK(d >= 0, "negative dimension in shape ", shape);
   Tensor t;
-  t.storage_ = std::make_shared<Storage>(static_cast<std::size_t>(shape.numel()) * dtype_size(dtype));
+  t.storage_ =
+      std::make_shared<Storage>(static_cast<std::size_t>(shape.numel()) * dtype_size(dtype));
   t.data_ = t.storage_->data();
   t.shape_ = std::move(shape);
   t.dtype_ = dtype;
@@ -46,8 +48,8 @@ Tensor Tensor::view(void* data, Shape shape, DType dtype) {
 }
 
 Tensor Tensor::reshaped(Shape shape) const {
-  MINIDL_CHECK(shape.numel() == numel(), "cannot reshape ", shape_, " (", numel(),
-               " elements) to ", shape, " (", shape.numel(), " elements)");
+  MINIDL_CHECK(shape.numel() == numel(), "cannot reshape ", shape_, " (", numel(), " elements) to ",
+               shape, " (", shape.numel(), " elements)");
   Tensor t = *this;
   t.shape_ = std::move(shape);
   return t;

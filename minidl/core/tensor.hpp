@@ -61,8 +61,7 @@ class Tensor {
   /// Typed pointer; the dtype must match T.
   template <typename T>
   T* data() const {
-    MINIDL_ASSERT(dtype_of<T>() == dtype_, "tensor of dtype ", dtype_, " read as ",
-                  dtype_of<T>());
+    MINIDL_ASSERT(dtype_of<T>() == dtype_, "tensor of dtype ", dtype_, " read as ", dtype_of<T>());
     return static_cast<T*>(data_);
   }
   template <typename T>

@@ -20,9 +20,9 @@ void Sgd::apply(ir::Graph& g, const std::vector<ir::Value*>& params,
     const std::string& name = p->producer()->name();
     ir::Node* update;
     if (options_.momentum == 0.0) {
-      update = g.add_node(ops::op("sgd"), {p, grads[i]},
-                          {{"lr", options_.lr}, {"weight_decay", options_.weight_decay}},
-                          name + ".sgd");
+      update =
+          g.add_node(ops::op("sgd"), {p, grads[i]},
+                     {{"lr", options_.lr}, {"weight_decay", options_.weight_decay}}, name + ".sgd");
     } else {
       const std::string key = name + ".momentum_buffer";
       auto it = std::find_if(velocity_.begin(), velocity_.end(),

@@ -11,7 +11,7 @@ namespace minidl::optim {
 
 struct SgdOptions {
   double lr = 0.01;
-  double momentum = 0.0;      // 0: plain SGD, no state
+  double momentum = 0.0;  // 0: plain SGD, no state
   double weight_decay = 0.0;
 };
 

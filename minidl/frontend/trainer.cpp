@@ -77,8 +77,8 @@ Trainer::Program& Trainer::program(bool train, std::int64_t batch, std::int64_t 
   ir::PassManager pm;
   pm.add(std::make_unique<ir::DeadCodeElimination>());
   if (train && comm_.size() > 1) {
-    pm.add(std::make_unique<parallel::DataParallel>(comm_, static_cast<double>(batch) /
-                                                    static_cast<double>(global)));
+    pm.add(std::make_unique<parallel::DataParallel>(
+        comm_, static_cast<double>(batch) / static_cast<double>(global)));
   }
   pm.run(g);
   p->exe = std::make_unique<runtime::Executable>(g, options_.compile);
@@ -94,6 +94,7 @@ const ir::Graph& Trainer::training_graph(const Shape& sample) {
 }
 
 void Trainer::gather(const Dataset& d, const std::int64_t* idx, std::int64_t n, Program& p) {
+  MINIDL_ASSERT(n == p.x.shape()[0]);
   const std::int64_t row = d.images.numel() / d.size();
   const float* src = d.images.data<float>();
   const std::int32_t* lab = d.labels.data<std::int32_t>();
@@ -111,6 +112,21 @@ Shape sample_shape(const Dataset& d) {
   return Shape(std::vector<std::int64_t>(dims.begin() + 1, dims.end()));
 }
 
+}  // namespace
+
+// Loss and correct predictions summed over this rank's samples, then over the ranks.
+struct Trainer::Sums {
+  double loss = 0.0;
+  double correct = 0.0;
+  void reduce(parallel::Communicator& comm) {
+    double v[2] = {loss, correct};
+    comm.allreduce_sum(v, 2);
+    loss = v[0];
+    correct = v[1];
+  }
+};
+
+namespace {
 std::int64_t count_correct(const Tensor& probs, const Tensor& labels) {
   const std::int64_t n = probs.shape()[0], c = probs.shape()[1];
   const float* p = probs.data<float>();
@@ -121,11 +137,19 @@ std::int64_t count_correct(const Tensor& probs, const Tensor& labels) {
 }
 }  // namespace
 
+void Trainer::step(Program& p, const Dataset& d, const std::int64_t* idx, std::int64_t n,
+                   Sums& sums) {
+  gather(d, idx, n, p);
+  p.exe->run();
+  sums.loss += static_cast<double>(p.exe->value(p.loss).at(0)) * static_cast<double>(n);
+  sums.correct += static_cast<double>(count_correct(p.exe->value(p.probs), p.labels));
+}
+
 void Trainer::check_ranks_agree(const Dataset& d, const Shape& sample) {
   if (preflight_done_ || comm_.size() == 1) return;
-  std::string description = fmt::format(
-      "data {} samples of {}\nbatch {}\nseed {}\nshuffle {}\n", d.size(), sample,
-      options_.batch_size, options_.seed, options_.shuffle);
+  std::string description =
+      fmt::format("data {} samples of {}\nbatch {}\nseed {}\nshuffle {}\n", d.size(), sample,
+                  options_.batch_size, options_.seed, options_.shuffle);
   description += parallel::fingerprint(training_graph(sample));
   parallel::preflight(comm_, description);
   preflight_done_ = true;
@@ -145,8 +169,7 @@ EpochStats Trainer::train_epoch(const Dataset& d, int epoch) {
   }
   EpochStats s;
   s.epoch = epoch;
-  double loss_sum = 0.0;
-  std::int64_t correct = 0;
+  Sums sums;
   std::int64_t samples = 0;
   for (std::int64_t start = 0; start < d.size(); start += options_.batch_size) {
     const std::int64_t n = std::min(options_.batch_size, d.size() - start);
@@ -155,17 +178,13 @@ EpochStats Trainer::train_epoch(const Dataset& d, int epoch) {
     if (n < comm_.size()) break;
     const auto [begin, end] = share(start, n);
     Program& p = program(true, end - begin, n, sample);
-    gather(d, order.data() + begin, end - begin, p);
-    p.exe->run();
-    loss_sum += static_cast<double>(p.exe->value(p.loss).at(0)) * static_cast<double>(end - begin);
-    correct += count_correct(p.exe->value(p.probs), p.labels);
+    step(p, d, order.data() + begin, end - begin, sums);
     samples += n;
   }
-  double totals[2] = {loss_sum, static_cast<double>(correct)};
-  comm_.allreduce_sum(totals, 2);
+  sums.reduce(comm_);
   s.samples = samples;
-  s.loss = totals[0] / static_cast<double>(samples);
-  s.accuracy = totals[1] / static_cast<double>(samples);
+  s.loss = sums.loss / static_cast<double>(samples);
+  s.accuracy = sums.correct / static_cast<double>(samples);
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return s;
 }
@@ -177,22 +196,16 @@ EvalStats Trainer::evaluate(const Dataset& d) {
   std::iota(order.begin(), order.end(), 0);
   // Each rank evaluates its own contiguous shard; the sums are reduced.
   const auto [first, last] = share(0, d.size());
-  EvalStats s;
-  double loss_sum = 0.0;
-  std::int64_t correct = 0;
+  Sums sums;
   for (std::int64_t start = first; start < last; start += options_.eval_batch_size) {
     const std::int64_t n = std::min(options_.eval_batch_size, last - start);
-    Program& p = program(false, n, 0, sample);
-    gather(d, order.data() + start, n, p);
-    p.exe->run();
-    loss_sum += static_cast<double>(p.exe->value(p.loss).at(0)) * static_cast<double>(n);
-    correct += count_correct(p.exe->value(p.probs), p.labels);
+    step(program(false, n, 0, sample), d, order.data() + start, n, sums);
   }
-  double totals[2] = {loss_sum, static_cast<double>(correct)};
-  comm_.allreduce_sum(totals, 2);
+  sums.reduce(comm_);
+  EvalStats s;
   s.samples = d.size();
-  s.loss = totals[0] / static_cast<double>(d.size());
-  s.accuracy = totals[1] / static_cast<double>(d.size());
+  s.loss = sums.loss / static_cast<double>(d.size());
+  s.accuracy = sums.correct / static_cast<double>(d.size());
   return s;
 }
 

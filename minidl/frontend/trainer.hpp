@@ -29,7 +29,7 @@ struct EpochStats {
   double loss = 0.0;      // mean over the epoch's samples
   double accuracy = 0.0;  // fraction of the epoch's samples classified right (before each update)
   std::int64_t samples = 0;
-  double seconds = 0.0;   // wall time of the training steps, data gathering included
+  double seconds = 0.0;  // wall time of the training steps, data gathering included
 };
 
 struct EvalStats {
@@ -58,7 +58,10 @@ class Trainer {
   struct Program;
   /// The compiled graph for `local` samples of a global batch of `global` (evaluation: 0).
   Program& program(bool train, std::int64_t local, std::int64_t global, const Shape& sample);
+  struct Sums;
   static void gather(const Dataset& d, const std::int64_t* idx, std::int64_t n, Program& p);
+  /// Runs p on samples idx[0..n) of d and adds their loss and correct count to sums.
+  void step(Program& p, const Dataset& d, const std::int64_t* idx, std::int64_t n, Sums& sums);
 
   void check_ranks_agree(const Dataset& d, const Shape& sample);
 

@@ -11,8 +11,7 @@ std::string Node::describe() const {
   return fmt::format("{} '{}' (%{})", op(), name_, outputs_.empty() ? id_ : outputs_[0]->id());
 }
 
-Node* Graph::add_node(const OpDef& def, std::vector<Value*> inputs, Attrs attrs,
-                      std::string name) {
+Node* Graph::add_node(const OpDef& def, std::vector<Value*> inputs, Attrs attrs, std::string name) {
   return insert(def, std::move(inputs), std::move(attrs), std::move(name), Tensor());
 }
 
@@ -36,13 +35,13 @@ Node* Graph::insert(const OpDef& def, std::vector<Value*> inputs, Attrs attrs, s
 
   const std::string where = fmt::format("{} '{}'", def.name(), n->name_);
   MINIDL_CHECK(inputs.size() == def.input_names().size(), where, ": expected ",
-               def.input_names().size(), " inputs (", fmt::format("{}", fmt::join(def.input_names(), ", ")),
-               "), got ", inputs.size());
+               def.input_names().size(), " inputs (",
+               fmt::format("{}", fmt::join(def.input_names(), ", ")), "), got ", inputs.size());
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     MINIDL_CHECK(inputs[i] != nullptr, where, ": input ", i, " (", def.input_names()[i],
                  ") is null");
-    MINIDL_CHECK(&inputs[i]->graph() == this, where, ": input ", i, " (",
-                 def.input_names()[i], ") belongs to another graph");
+    MINIDL_CHECK(&inputs[i]->graph() == this, where, ": input ", i, " (", def.input_names()[i],
+                 ") belongs to another graph");
   }
   // Attributes: known names, right kinds, defaults filled in.
   for (const auto& [key, value] : attrs.items()) {
@@ -105,9 +104,8 @@ void Graph::add_output(Value* v) {
 }
 
 void Graph::replace_uses(Value* from, Value* to, const Node* except) {
-  MINIDL_CHECK(from->shape() == to->shape() && from->dtype() == to->dtype(),
-               "cannot replace ", from->ref(), " ", from->shape(), " by ", to->ref(), " ",
-               to->shape());
+  MINIDL_CHECK(from->shape() == to->shape() && from->dtype() == to->dtype(), "cannot replace ",
+               from->ref(), " ", from->shape(), " by ", to->ref(), " ", to->shape());
   std::vector<Node*> kept;
   for (Node* user : from->users_) {
     if (user == except) {
@@ -127,8 +125,7 @@ void Graph::remove(const std::vector<Node*>& nodes) {
   for (Node* n : nodes) {
     for (Value* out : n->outputs_) {
       for (Node* u : out->users_)
-        MINIDL_ASSERT(dead.count(u), "removing ", n->describe(), " still used by ",
-                      u->describe());
+        MINIDL_ASSERT(dead.count(u), "removing ", n->describe(), " still used by ", u->describe());
     }
     for (Value* in : n->inputs_) std::erase(in->users_, n);
   }

@@ -155,7 +155,7 @@ T InferCtx::attr(std::string_view name) const {
 }  // namespace minidl::ir
 
 /// Inside shape inference: fails with the node, op and input shapes when cond is false.
-#define MINIDL_CHECK_NODE(ctx, cond, ...) \
-  do {                                    \
+#define MINIDL_CHECK_NODE(ctx, cond, ...)                           \
+  do {                                                              \
     if (!(cond)) (ctx).fail(::minidl::detail::concat(__VA_ARGS__)); \
   } while (0)

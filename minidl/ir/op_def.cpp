@@ -6,8 +6,10 @@ namespace minidl::ir {
 
 std::string_view backend_name(Backend b) {
   switch (b) {
-    case Backend::Native: return "native";
-    case Backend::OneDnn: return "onednn";
+    case Backend::Native:
+      return "native";
+    case Backend::OneDnn:
+      return "onednn";
   }
   return "?";
 }
@@ -29,8 +31,7 @@ void InferCtx::fail(const std::string& msg) const {
   for (int i = 0; i < num_inputs(); ++i) {
     text += i == 0 ? "; " : " ";
     const Value* v = node_.input(i);
-    text += fmt::format("{}={}", i < static_cast<int>(names.size()) ? names[i] : "in",
-                        v->shape());
+    text += fmt::format("{}={}", i < static_cast<int>(names.size()) ? names[i] : "in", v->shape());
     if (v->dtype() != DType::F32) text += fmt::format(":{}", v->dtype());
   }
   throw Error(text);

@@ -72,7 +72,7 @@ using GradFn = void (*)(GradCtx&);
 
 struct AttrDecl {
   std::string name;
-  std::size_t kind = 0;              // index into AttrValue
+  std::size_t kind = 0;               // index into AttrValue
   std::optional<AttrValue> default_;  // empty: required
 };
 

@@ -31,7 +31,8 @@ bool PassManager::run(Graph& g) {
     }
     if (dump_after && (pass->name() == dump_after || std::string_view(dump_after) == "all")) {
       const bool dot = format && std::string_view(format) == "dot";
-      fmt::print(stderr, "// graph after pass '{}'\n{}", pass->name(), dot ? to_dot(g) : to_text(g));
+      fmt::print(stderr, "// graph after pass '{}'\n{}", pass->name(),
+                 dot ? to_dot(g) : to_text(g));
     }
   }
   return changed;

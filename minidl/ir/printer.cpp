@@ -33,7 +33,8 @@ std::string to_text(const Graph& g) {
     std::string args;
     for (const Value* v : n->inputs()) args += (args.empty() ? "" : ", ") + v->ref();
     std::string attrs;
-    for (const auto& [k, v] : n->attrs().items()) attrs += fmt::format(" {}={}", k, attr_to_string(v));
+    for (const auto& [k, v] : n->attrs().items())
+      attrs += fmt::format(" {}={}", k, attr_to_string(v));
     for (const auto& [k, v] : n->annotations().items())
       if (k != "phase") attrs += fmt::format(" @{}={}", k, attr_to_string(v));
     s += fmt::format("  {} = {}({}){} -> {}  # {} [{}]\n", lhs, n->op(), args, attrs,
@@ -46,7 +47,9 @@ std::string to_text(const Graph& g) {
 }
 
 std::string to_dot(const Graph& g) {
-  std::string s = "digraph minidl {\n  rankdir=TB;\n  node [shape=box, style=filled, fontname=\"Helvetica\"];\n";
+  std::string s =
+      "digraph minidl {\n  rankdir=TB;\n  node [shape=box, style=filled, "
+      "fontname=\"Helvetica\"];\n";
   for (const Node* n : g.nodes()) {
     const std::string phase = phase_of(*n);
     const char* color = phase == "source"     ? "#e8e8e8"

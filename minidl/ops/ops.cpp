@@ -13,8 +13,8 @@ Value* input(ir::Graph& g, const std::string& name, const Shape& shape, DType dt
 }
 
 Value* parameter(ir::Graph& g, const std::string& name, const Tensor& storage) {
-  return g.add_source(op("parameter"), source_attrs(storage.shape(), storage.dtype()), name,
-                      storage)
+  return g
+      .add_source(op("parameter"), source_attrs(storage.shape(), storage.dtype()), name, storage)
       ->output();
 }
 

@@ -30,6 +30,6 @@ ir::Value* apply(std::string_view name, std::vector<ir::Value*> inputs, ir::Attr
 }  // namespace minidl::ops
 
 /// Declares op `name` in namespace minidl::ops: MINIDL_OP(relu).inputs({"x"}).infer(...)...;
-#define MINIDL_OP(name)                               \
-  extern const ::minidl::ir::OpDef op_##name;         \
+#define MINIDL_OP(name)                       \
+  extern const ::minidl::ir::OpDef op_##name; \
   const ::minidl::ir::OpDef op_##name = ::minidl::ir::OpDef(#name)

@@ -26,15 +26,14 @@ ir::Kernel make_allreduce(const ir::Node& node) {
 }
 
 const ir::OpDef& allreduce_def() {
-  static const ir::OpDef def =
-      ir::OpDef("allreduce")
-          .inputs({"x"})
-          .attr<float>("scale", 1.0f)
-          .attr<int>("group", 0)
-          .infer(ops::infer_unary_f32)
-          .kernel_factory(ir::Backend::Native, "mpi", make_allreduce)
-          .inplace(0, 0)
-          .no_grad("communication is inserted after differentiation");
+  static const ir::OpDef def = ir::OpDef("allreduce")
+                                   .inputs({"x"})
+                                   .attr<float>("scale", 1.0f)
+                                   .attr<int>("group", 0)
+                                   .infer(ops::infer_unary_f32)
+                                   .kernel_factory(ir::Backend::Native, "mpi", make_allreduce)
+                                   .inplace(0, 0)
+                                   .no_grad("communication is inserted after differentiation");
   return def;
 }
 

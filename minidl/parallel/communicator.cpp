@@ -62,9 +62,7 @@ class MpiCommunicator final : public Communicator {
   std::string kind() const override { return "mpi"; }
   void allreduce_sum(float* data, std::int64_t n) override { reduce(data, n, MPI_FLOAT); }
   void allreduce_sum(double* data, std::int64_t n) override { reduce(data, n, MPI_DOUBLE); }
-  void allreduce_sum(std::int64_t* data, std::int64_t n) override {
-    reduce(data, n, MPI_INT64_T);
-  }
+  void allreduce_sum(std::int64_t* data, std::int64_t n) override { reduce(data, n, MPI_INT64_T); }
   void broadcast(void* data, std::int64_t bytes, int root) override {
     check_mpi(MPI_Bcast(data, static_cast<int>(bytes), MPI_BYTE, root, comm_), "MPI_Bcast");
   }

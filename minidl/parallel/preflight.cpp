@@ -63,7 +63,8 @@ void preflight(Communicator& comm, const std::string& description) {
     detail = fmt::format("; first difference at item {}: rank 0 has '{}', rank {} has '{}'", i + 1,
                          i < a.size() ? a[i] : "<end>", comm.rank(), i < b.size() ? b[i] : "<end>");
   }
-  MINIDL_FAIL("preflight: the training set-up of rank(s) ", ranks, " differs from rank 0's", detail);
+  MINIDL_FAIL("preflight: the training set-up of rank(s) ", ranks, " differs from rank 0's",
+              detail);
 }
 
 }  // namespace minidl::parallel

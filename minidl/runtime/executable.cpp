@@ -134,7 +134,8 @@ void Executable::plan_memory(const ir::Graph& g) {
       if (n->def().is_source() || last_use.at(r) == kForever) readable_.push_back(v);
     }
   }
-  log_verbose("memory", "planned {} transient bytes in {} buffers ({} without reuse), {} persistent",
+  log_verbose("memory",
+              "planned {} transient bytes in {} buffers ({} without reuse), {} persistent",
               plan_.planned_bytes, plan_.buffers, plan_.naive_bytes, plan_.persistent_bytes);
 }
 

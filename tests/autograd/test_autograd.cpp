@@ -83,16 +83,20 @@ TEST(Autograd, ParameterThatDoesNotReachTheLoss) {
   ir::Value* a = ops::parameter(g, "a", at);
   ir::Value* b = ops::parameter(g, "b", bt);
   ir::Value* loss = ops::sum(a);
-  EXPECT_THAT([&] { autograd::differentiate(g, loss, {a, b}); },
-              ::testing::ThrowsMessage<Error>(::testing::HasSubstr("parameter 'b'")));
+  EXPECT_THAT(
+      [&] {
+        autograd::differentiate(g, loss, {a, b});
+      },
+      ::testing::ThrowsMessage<Error>(::testing::HasSubstr("parameter 'b'")));
 }
 
 TEST(Autograd, LossMustBeScalar) {
   Tensor at = Tensor::zeros({2});
   ir::Graph g;
   ir::Value* a = ops::parameter(g, "a", at);
-  EXPECT_THAT([&] { autograd::differentiate(g, ops::relu(a), {a}); },
-              ::testing::ThrowsMessage<Error>(::testing::HasSubstr("must be a single f32 element")));
+  EXPECT_THAT(
+      [&] { autograd::differentiate(g, ops::relu(a), {a}); },
+      ::testing::ThrowsMessage<Error>(::testing::HasSubstr("must be a single f32 element")));
 }
 
 // The checker itself must be able to fail: a wrong analytic gradient is reported.
@@ -101,9 +105,8 @@ TEST(GradCheck, DetectsAWrongGradient) {
   Tensor wrong = Tensor::from(Shape{2}, std::vector<float>{2, 5});  // d(x0^2 + x1^2) = (2, 4)
   std::vector<Tensor> params{x};
   std::vector<Tensor> analytic{wrong};
-  auto r = autograd::check_gradients(params, analytic, [&] {
-    return double{x.at(0)} * x.at(0) + double{x.at(1)} * x.at(1);
-  });
+  auto r = autograd::check_gradients(
+      params, analytic, [&] { return double{x.at(0)} * x.at(0) + double{x.at(1)} * x.at(1); });
   EXPECT_FALSE(r.ok);
   EXPECT_THAT(r.report, ::testing::HasSubstr("element 1"));
   EXPECT_EQ(r.report.find("element 0"), std::string::npos);

@@ -88,7 +88,8 @@ TEST(Modules, LoadParametersSaysWhatDiffers) {
     FAIL();
   } catch (const Error& e) {
     EXPECT_THAT(e.what(), ::testing::HasSubstr("'ckpt.safetensors' does not match the model"));
-    EXPECT_THAT(e.what(), ::testing::HasSubstr("'fc1.bias' is [31] f32 in the file, the model has [32] f32"));
+    EXPECT_THAT(e.what(),
+                ::testing::HasSubstr("'fc1.bias' is [31] f32 in the file, the model has [32] f32"));
     EXPECT_THAT(e.what(), ::testing::HasSubstr("missing 'fc2.weight'"));
     EXPECT_THAT(e.what(), ::testing::HasSubstr("unexpected 'fc9.weight'"));
   }

@@ -40,8 +40,11 @@ TEST(Graph, WrongInputCountAndForeignValue) {
   ir::Value* y = ops::input(h, "y", {2, 2});
   EXPECT_THAT([&] { g.add_node(ops::op("add"), {x}); },
               ::testing::ThrowsMessage<Error>(HasSubstr("expected 2 inputs (a, b), got 1")));
-  EXPECT_THAT([&] { g.add_node(ops::op("add"), {x, y}); },
-              ::testing::ThrowsMessage<Error>(HasSubstr("belongs to another graph")));
+  EXPECT_THAT(
+      [&] {
+        g.add_node(ops::op("add"), {x, y});
+      },
+      ::testing::ThrowsMessage<Error>(HasSubstr("belongs to another graph")));
 }
 
 TEST(Verifier, CatchesUseBeforeDefinition) {
@@ -64,8 +67,7 @@ TEST(Verifier, CatchesInPlaceWriteBeforeARead) {
   g.add_node(ops::op("sgd"), {p, grad}, {{"lr", 0.1}}, "update");
   ir::Value* late = ops::relu(p);  // reads p after the update overwrote it
   (void)late;
-  EXPECT_THAT([&] { ir::verify(g); },
-              ::testing::ThrowsMessage<Error>(HasSubstr("overwrites %")));
+  EXPECT_THAT([&] { ir::verify(g); }, ::testing::ThrowsMessage<Error>(HasSubstr("overwrites %")));
 }
 
 TEST(Passes, DeadCodeEliminationKeepsOutputsAndSideEffects) {

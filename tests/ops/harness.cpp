@@ -26,7 +26,15 @@ DType dtype_at(const std::vector<DType>& d, std::size_t i) {
 Tensor random_input(const Shape& s, DType t, const OpCase& c, std::uint64_t stream) {
   Tensor x = Tensor::empty(s, t);
   const CounterRng rng(c.seed);
-  if (t == DType::F32) {
+  if (t == DType::F32 && c.distinct) {
+    const std::int64_t n = x.numel();
+    const double step = 4.0 / static_cast<double>(n);
+    const std::vector<std::int64_t> order = permutation(n, c.seed * 1000 + stream);
+    for (std::int64_t i = 0; i < n; ++i) {
+      x.data<float>()[i] =
+          static_cast<float>((static_cast<double>(order[i]) - 0.5 * (n - 1)) * step);
+    }
+  } else if (t == DType::F32) {
     rng.fill_normal(x, stream, 0.0f, 1.0f);
     float* p = x.data<float>();
     for (std::int64_t i = 0; i < x.numel(); ++i) {
@@ -35,8 +43,10 @@ Tensor random_input(const Shape& s, DType t, const OpCase& c, std::uint64_t stre
   } else {
     for (std::int64_t i = 0; i < x.numel(); ++i) {
       const auto v = static_cast<std::int64_t>(rng.bits(stream, i) % c.int_high);
-      if (t == DType::I32) x.data<std::int32_t>()[i] = static_cast<std::int32_t>(v);
-      else x.data<std::int64_t>()[i] = v;
+      if (t == DType::I32)
+        x.data<std::int32_t>()[i] = static_cast<std::int32_t>(v);
+      else
+        x.data<std::int64_t>()[i] = v;
     }
   }
   return x;
@@ -61,7 +71,8 @@ void build(const std::string& op, const OpCase& c, CaseGraph& cg) {
   std::vector<int> outs = c.outputs_in_loss;
   if (outs.empty()) {
     for (std::size_t i = 0; i < cg.node->outputs().size(); ++i)
-      if (cg.node->output(static_cast<int>(i))->dtype() == DType::F32) outs.push_back(static_cast<int>(i));
+      if (cg.node->output(static_cast<int>(i))->dtype() == DType::F32)
+        outs.push_back(static_cast<int>(i));
   }
   const CounterRng rng(c.seed + 7);
   for (int o : outs) {
@@ -157,10 +168,13 @@ void run_op_cases(const std::string& op, const std::vector<OpCase>& cases,
     for (int i : cg.diff_inputs) params.push_back(cg.inputs[i]);
     autograd::GradCheckOptions opt;
     opt.rtol = c.rtol;
-    const auto r = autograd::check_gradients(params, analytic, [&] {
-      native.run();
-      return host_loss(native, cg);
-    }, opt);
+    const auto r = autograd::check_gradients(
+        params, analytic,
+        [&] {
+          native.run();
+          return host_loss(native, cg);
+        },
+        opt);
     EXPECT_TRUE(r.ok) << op << ": gradient mismatch (max scaled error " << r.max_error << ")\n"
                       << r.report;
   }

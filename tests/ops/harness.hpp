@@ -20,21 +20,53 @@ struct OpCase {
   std::vector<Shape> in_shapes;
   std::vector<DType> in_dtypes;  // default f32 for every input
   ir::Attrs attributes;
-  std::int64_t int_high = 10;       // integer inputs are drawn from [0, int_high)
-  double kink_margin = 0.0;         // float inputs keep |x| >= margin (ReLU's kink at 0)
+  std::int64_t int_high = 10;        // integer inputs are drawn from [0, int_high)
+  double kink_margin = 0.0;          // float inputs keep |x| >= margin (ReLU's kink at 0)
+  bool distinct = false;             // float inputs are pairwise far apart (max pooling's ties)
   std::vector<int> outputs_in_loss;  // default: every f32 output
   std::vector<int> constant_inputs;  // float inputs not differentiated
   double rtol = 2e-2;
   std::uint64_t seed = 1;
 
-  OpCase& shapes(std::vector<Shape> s) { in_shapes = std::move(s); return *this; }
-  OpCase& dtypes(std::vector<DType> d) { in_dtypes = std::move(d); return *this; }
-  OpCase& attrs(ir::Attrs a) { attributes = std::move(a); return *this; }
-  OpCase& ints_below(std::int64_t high) { int_high = high; return *this; }
-  OpCase& avoid_kinks(double margin = 0.05) { kink_margin = margin; return *this; }
-  OpCase& loss_outputs(std::vector<int> o) { outputs_in_loss = std::move(o); return *this; }
-  OpCase& constants(std::vector<int> c) { constant_inputs = std::move(c); return *this; }
-  OpCase& tolerance(double r) { rtol = r; return *this; }
+  OpCase& shapes(std::vector<Shape> s) {
+    in_shapes = std::move(s);
+    return *this;
+  }
+  OpCase& dtypes(std::vector<DType> d) {
+    in_dtypes = std::move(d);
+    return *this;
+  }
+  OpCase& attrs(ir::Attrs a) {
+    attributes = std::move(a);
+    return *this;
+  }
+  OpCase& ints_below(std::int64_t high) {
+    int_high = high;
+    return *this;
+  }
+  OpCase& avoid_kinks(double margin = 0.05) {
+    kink_margin = margin;
+    return *this;
+  }
+  /// Float inputs become a random permutation of n evenly spaced values in (-2, 2): neighbours
+  /// differ by 4/n, more than the finite-difference step (at most 2e-3 there) while n < 2000, so
+  /// no perturbation changes which element of a window is largest.
+  OpCase& avoid_ties() {
+    distinct = true;
+    return *this;
+  }
+  OpCase& loss_outputs(std::vector<int> o) {
+    outputs_in_loss = std::move(o);
+    return *this;
+  }
+  OpCase& constants(std::vector<int> c) {
+    constant_inputs = std::move(c);
+    return *this;
+  }
+  OpCase& tolerance(double r) {
+    rtol = r;
+    return *this;
+  }
 };
 
 /// Inputs the op must refuse, and a piece of the message it must give.
@@ -54,7 +86,7 @@ bool register_op_test(const std::string& op, std::vector<OpCase> cases);
 }  // namespace minidl::testing
 
 /// MINIDL_OP_TEST(relu, {OpCase()...}, {BadCase{...}}): one test per op.
-#define MINIDL_OP_TEST(op, cases, bad)                                                   \
-  static const bool minidl_op_test_registered_##op =                                    \
-      ::minidl::testing::register_op_test(#op, cases);                                   \
+#define MINIDL_OP_TEST(op, cases, bad)                 \
+  static const bool minidl_op_test_registered_##op =   \
+      ::minidl::testing::register_op_test(#op, cases); \
   TEST(Op, op) { ::minidl::testing::run_op_cases(#op, cases, bad); }

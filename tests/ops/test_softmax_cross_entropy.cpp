@@ -27,7 +27,8 @@ std::pair<float, std::vector<float>> run_sce(const std::vector<float>& logits, s
   ir::Graph g;
   Tensor x = Tensor::from(Shape{n, c}, logits);
   Tensor l = Tensor::from(Shape{n}, y);
-  auto [loss, probs] = ops::softmax_cross_entropy(ops::parameter(g, "x", x), ops::parameter(g, "y", l));
+  auto [loss, probs] =
+      ops::softmax_cross_entropy(ops::parameter(g, "x", x), ops::parameter(g, "y", l));
   g.add_output(loss);
   g.add_output(probs);
   runtime::Executable exe(g);

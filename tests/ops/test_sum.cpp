@@ -26,7 +26,8 @@ MINIDL_OP_TEST(expand, kExpand, kExpandBad)
 // The sum of a large tensor is the same with 1 and 2 threads (fixed chunks, fixed order).
 TEST(Sum, SameResultForAnyThreadCount) {
   Tensor x = Tensor::empty({1 << 20});
-  for (std::int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = 1.0f / static_cast<float>(1 + i % 977);
+  for (std::int64_t i = 0; i < x.numel(); ++i)
+    x.data<float>()[i] = 1.0f / static_cast<float>(1 + i % 977);
   auto run = [&](int threads) {
     set_num_threads(threads);
     ir::Graph g;

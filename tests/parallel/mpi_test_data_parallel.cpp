@@ -1,5 +1,5 @@
-// TrainedModel under mpirun (ctest does, with 2 and 3 ranks): data-parallel training at a global batch
-// matches a serial run of the same batch inside the same process, every rank holds
+// TrainedModel under mpirun (ctest does, with 2 and 3 ranks): data-parallel training at a global
+// batch matches a serial run of the same batch inside the same process, every rank holds
 // bitwise-identical parameters, and a ragged last batch trains without a hang.
 #include <gtest/gtest.h>
 

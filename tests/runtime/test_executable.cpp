@@ -71,9 +71,8 @@ TEST(Executable, RunsAreRepeatable) {
 TEST(Executable, UnknownInputAndUnreadableValue) {
   Mlp m;
   runtime::Executable e(m.g);
-  EXPECT_THAT([&] { e.input("images"); },
-              ::testing::ThrowsMessage<Error>(
-                  ::testing::HasSubstr("no input 'images' (inputs: x, labels)")));
+  EXPECT_THAT([&] { e.input("images"); }, ::testing::ThrowsMessage<Error>(::testing::HasSubstr(
+                                              "no input 'images' (inputs: x, labels)")));
   const ir::Value* hidden = m.g.find("tanh")->output();
   EXPECT_THAT([&] { e.value(hidden); },
               ::testing::ThrowsMessage<Error>(::testing::HasSubstr("not readable after a run")));
