@@ -70,6 +70,13 @@ class MetricsWriter {
   std::string text_;
 };
 
+/// The values --backend accepts: onednn only in builds with oneDNN.
+std::vector<std::string> backends() {
+  std::vector<std::string> b{"native"};
+  if (MINIDL_WITH_ONEDNN) b.emplace_back("onednn");
+  return b;
+}
+
 int train(const std::string& program, AppConfig& c, const ModelBuilder& build) {
   if (c.threads > 0) set_num_threads(c.threads);
   parallel::Communicator& comm = parallel::world();
@@ -91,6 +98,7 @@ int train(const std::string& program, AppConfig& c, const ModelBuilder& build) {
   topt.batch_size = c.batch_size;
   topt.seed = c.seed;
   topt.shuffle = !c.no_shuffle;
+  topt.compile.backend = c.backend == "onednn" ? ir::Backend::OneDnn : ir::Backend::Native;
   Trainer trainer(*model, sgd, topt);
   if (!c.dump_graph.empty() && root) {
     ir::write_graph(trainer.training_graph(sample), c.dump_graph);
@@ -100,9 +108,11 @@ int train(const std::string& program, AppConfig& c, const ModelBuilder& build) {
   std::int64_t n_params = 0;
   for (const auto& [name, t] : model->parameters()) n_params += t.numel();
   if (root) {
-    fmt::print("{}: {} on {} ({} train, {} test samples), {} parameters, {} rank(s) x {} thread(s)\n",
-               program, model->describe(), c.dataset, train_set.size(), test_set.size(), n_params,
-               comm.size(), max_threads());
+    fmt::print(
+        "{}: {} on {} ({} train, {} test samples), {} parameters, {} rank(s) x {} thread(s), "
+        "{} kernels\n",
+        program, model->describe(), c.dataset, train_set.size(), test_set.size(), n_params,
+        comm.size(), max_threads(), c.backend);
     std::fflush(stdout);
   }
   for (int epoch = 1; epoch <= c.epochs; ++epoch) {
@@ -157,6 +167,10 @@ int run_training_app(int argc, char** argv, const std::string& description, AppC
   app.add_option("--threads", c.threads, "OpenMP threads (0: OMP_NUM_THREADS or all cores)")
       ->check(CLI::Range(0, 1024))
       ->capture_default_str();
+  app.add_option("--backend", c.backend,
+                 "preferred kernels; ops that the backend lacks fall back to native")
+      ->check(CLI::IsMember(backends()))
+      ->capture_default_str();
   app.add_option("--train-limit", c.train_limit, "use the first N training samples (0: all)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--test-limit", c.test_limit, "use the first N test samples (0: all)")
@@ -195,6 +209,7 @@ int run_training_app(int argc, char** argv, const std::string& description, AppC
   fmt::print(stderr, "{}: error on rank {}: {}\n", program, comm.rank(), error);
   std::fflush(stderr);
   comm.abort(1);
+  return 1;  // not reached: abort ends the job
 }
 
 }  // namespace minidl

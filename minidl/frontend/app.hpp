@@ -24,7 +24,8 @@ struct AppConfig {
   double lr = 0.01;
   double momentum = 0.0;
   std::uint64_t seed = 42;
-  int threads = 0;  // 0: OpenMP's default
+  int threads = 0;                 // 0: OpenMP's default
+  std::string backend = "native";  // preferred kernels: native or onednn (native is the fallback)
   std::int64_t train_limit = 0;
   std::int64_t test_limit = 0;
   std::string metrics;

@@ -1,5 +1,6 @@
 // relu: y = max(x, 0); relu_bwd(dy, y) -> dx.
 #include "minidl/ops/common.hpp"
+#include "minidl/ops/onednn/kernels.hpp"
 #include "minidl/ops/registry.hpp"
 
 namespace minidl::ops {
@@ -21,6 +22,9 @@ void grad(ir::GradCtx& g) { g.set_input_grad(0, g.op("relu_bwd", {g.out_grad(0),
 MINIDL_OP(relu)
     .inputs({"x"})
     .infer(infer_unary_f32)
+#if MINIDL_WITH_ONEDNN
+    .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::relu_kernel, onednn::eltwise_supports)
+#endif
     .kernel(ir::Backend::Native, relu_native)
     .grad(grad);
 
@@ -28,6 +32,10 @@ MINIDL_OP(relu_bwd)
     .inputs({"dy", "y"})
     .outputs({"dx"})
     .infer(infer_same_shapes)
+#if MINIDL_WITH_ONEDNN
+    .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::relu_bwd_kernel,
+                    onednn::eltwise_supports)
+#endif
     .kernel(ir::Backend::Native, relu_bwd_native)
     .no_grad("backward-only op; second derivatives are not supported");
 

@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include "minidl/ops/common.hpp"
+#include "minidl/ops/onednn/kernels.hpp"
 #include "minidl/ops/registry.hpp"
 
 namespace minidl::ops {
@@ -30,6 +31,9 @@ void grad(ir::GradCtx& g) {
 MINIDL_OP(sigmoid)
     .inputs({"x"})
     .infer(infer_unary_f32)
+#if MINIDL_WITH_ONEDNN
+    .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::sigmoid_kernel, onednn::eltwise_supports)
+#endif
     .kernel(ir::Backend::Native, sigmoid_native)
     .grad(grad);
 
@@ -37,6 +41,10 @@ MINIDL_OP(sigmoid_bwd)
     .inputs({"dy", "y"})
     .outputs({"dx"})
     .infer(infer_same_shapes)
+#if MINIDL_WITH_ONEDNN
+    .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::sigmoid_bwd_kernel,
+                    onednn::eltwise_supports)
+#endif
     .kernel(ir::Backend::Native, sigmoid_bwd_native)
     .no_grad("backward-only op; second derivatives are not supported");
 

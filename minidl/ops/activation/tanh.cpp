@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include "minidl/ops/common.hpp"
+#include "minidl/ops/onednn/kernels.hpp"
 #include "minidl/ops/registry.hpp"
 
 namespace minidl::ops {
@@ -23,6 +24,9 @@ void grad(ir::GradCtx& g) { g.set_input_grad(0, g.op("tanh_bwd", {g.out_grad(0),
 MINIDL_OP(tanh)
     .inputs({"x"})
     .infer(infer_unary_f32)
+#if MINIDL_WITH_ONEDNN
+    .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::tanh_kernel, onednn::eltwise_supports)
+#endif
     .kernel(ir::Backend::Native, tanh_native)
     .grad(grad);
 
@@ -30,6 +34,10 @@ MINIDL_OP(tanh_bwd)
     .inputs({"dy", "y"})
     .outputs({"dx"})
     .infer(infer_same_shapes)
+#if MINIDL_WITH_ONEDNN
+    .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::tanh_bwd_kernel,
+                    onednn::eltwise_supports)
+#endif
     .kernel(ir::Backend::Native, tanh_bwd_native)
     .no_grad("backward-only op; second derivatives are not supported");
 

@@ -1,6 +1,7 @@
 // matmul: y[M,N] = op(a) * op(b), op transposing when trans_a / trans_b. Linear layers store
 // weights [out, in] as PyTorch does, so their forward is matmul(x, w, trans_b=true).
 #include "minidl/ops/native/gemm.hpp"
+#include "minidl/ops/onednn/kernels.hpp"
 #include "minidl/ops/registry.hpp"
 
 namespace minidl::ops {
@@ -58,6 +59,9 @@ MINIDL_OP(matmul)
     .attr<bool>("trans_a", false)
     .attr<bool>("trans_b", false)
     .infer(infer)
+#if MINIDL_WITH_ONEDNN
+    .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::matmul_kernel, onednn::matmul_supports)
+#endif
     .kernel(ir::Backend::Native, matmul_native)
     .grad(grad);
 

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "minidl/ops/common.hpp"
+#include "minidl/ops/onednn/kernels.hpp"
 #include "minidl/ops/registry.hpp"
 
 namespace minidl::ops {
@@ -29,12 +30,31 @@ void check_labels(const ir::KernelArgs& k, const std::int32_t* labels, std::int6
   }
 }
 
-void softmax_cross_entropy_native(const ir::KernelArgs& k) {
+// loss [] from logits and labels: the mean in a fixed row order, so the loss does not depend on
+// the thread count. -log p is log-sum-exp minus the label's logit, from the logits themselves
+// (not from probs, which underflow), in double. Shared by every backend's kernel.
+void mean_nll(const ir::KernelArgs& k) {
   const std::int64_t n = k.in[0].shape()[0], classes = k.in[0].shape()[1];
   const float* x = k.in[0].data<float>();
   const std::int32_t* labels = k.in[1].data<std::int32_t>();
-  float* probs = k.out[1].data<float>();
   check_labels(k, labels, n, classes);
+  double total = 0.0;
+  for (std::int64_t r = 0; r < n; ++r) {
+    const float* xr = x + r * classes;
+    float mx = xr[0];
+    for (std::int64_t j = 1; j < classes; ++j) mx = std::max(mx, xr[j]);
+    double s = 0.0;
+    for (std::int64_t j = 0; j < classes; ++j) s += std::exp(static_cast<double>(xr[j] - mx));
+    total += std::log(s) - static_cast<double>(xr[labels[r]] - mx);
+  }
+  *k.out[0].data<float>() = static_cast<float>(total / static_cast<double>(n));
+}
+
+void softmax_cross_entropy_native(const ir::KernelArgs& k) {
+  const std::int64_t n = k.in[0].shape()[0], classes = k.in[0].shape()[1];
+  const float* x = k.in[0].data<float>();
+  float* probs = k.out[1].data<float>();
+  mean_nll(k);  // checks the labels first
   parallel_for(n, 4 * classes, [&](std::int64_t r0, std::int64_t r1) {
     for (std::int64_t r = r0; r < r1; ++r) {
       const float* xr = x + r * classes;
@@ -47,18 +67,6 @@ void softmax_cross_entropy_native(const ir::KernelArgs& k) {
       for (std::int64_t j = 0; j < classes; ++j) pr[j] *= inv;
     }
   });
-  // The mean in a fixed row order, so the loss does not depend on the thread count. -log p is
-  // log-sum-exp minus the label's logit, recomputed from the stored maximum-free form.
-  double total = 0.0;
-  for (std::int64_t r = 0; r < n; ++r) {
-    const float* xr = x + r * classes;
-    float mx = xr[0];
-    for (std::int64_t j = 1; j < classes; ++j) mx = std::max(mx, xr[j]);
-    double s = 0.0;
-    for (std::int64_t j = 0; j < classes; ++j) s += std::exp(static_cast<double>(xr[j] - mx));
-    total += std::log(s) - static_cast<double>(xr[labels[r]] - mx);
-  }
-  *k.out[0].data<float>() = static_cast<float>(total / static_cast<double>(n));
 }
 
 void infer_bwd(ir::InferCtx& c) {
@@ -99,6 +107,10 @@ MINIDL_OP(softmax_cross_entropy)
     .inputs({"logits", "labels"})
     .outputs({"loss", "probs"})
     .infer(infer)
+#if MINIDL_WITH_ONEDNN
+    .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::softmax_cross_entropy_kernel(mean_nll),
+                    onednn::softmax_cross_entropy_supports)
+#endif
     .kernel(ir::Backend::Native, softmax_cross_entropy_native)
     .grad(grad);
 

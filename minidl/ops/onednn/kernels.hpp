@@ -1,0 +1,41 @@
+// The oneDNN kernels, as the op files register them (before the native kernel):
+//
+//   #if MINIDL_WITH_ONEDNN
+//       .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::relu_kernel, eltwise_supports)
+//   #endif
+//
+// Each *_kernel is a factory: it runs once when an executable is compiled, creates the oneDNN
+// primitive for the node's shapes, and returns the per-step kernel that only binds buffers and
+// executes. Each *_supports declines, with a reason, what oneDNN cannot run. This header does
+// not include dnnl.hpp, so op files stay cheap to compile and build without oneDNN
+// (MINIDL_WITH_ONEDNN=0, where these functions do not exist and the lines above drop out).
+#pragma once
+
+#include <string>
+
+#include "minidl/ir/op_def.hpp"
+
+namespace minidl::ops::onednn {
+
+/// matmul: src a [M,K] (or [K,M] with trans_a), weights b [K,N] (or [N,K] with trans_b) -> dst
+/// [M,N]; the transposes are strides of the memory descriptors.
+ir::Kernel matmul_kernel(const ir::Node& n);
+bool matmul_supports(const ir::Node& n, std::string* why);
+
+/// Elementwise forward: src x -> dst y, any shape.
+ir::Kernel relu_kernel(const ir::Node& n);
+ir::Kernel sigmoid_kernel(const ir::Node& n);
+ir::Kernel tanh_kernel(const ir::Node& n);
+/// Elementwise backward from the forward output: diff_dst dy, dst y -> diff_src dx.
+ir::Kernel relu_bwd_kernel(const ir::Node& n);
+ir::Kernel sigmoid_bwd_kernel(const ir::Node& n);
+ir::Kernel tanh_bwd_kernel(const ir::Node& n);
+/// The forward and backward elementwise kernels' condition: f32 and non-empty.
+bool eltwise_supports(const ir::Node& n, std::string* why);
+
+/// softmax_cross_entropy: logits src [N,C], labels [N] -> loss [], probs dst [N,C]. probs come
+/// from oneDNN's softmax; `loss` (the op's own code) computes output 0 from the logits.
+ir::KernelFactory softmax_cross_entropy_kernel(ir::KernelFn loss);
+bool softmax_cross_entropy_supports(const ir::Node& n, std::string* why);
+
+}  // namespace minidl::ops::onednn

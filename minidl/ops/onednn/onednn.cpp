@@ -1,0 +1,116 @@
+#include "minidl/ops/onednn/onednn.hpp"
+
+namespace minidl::ops::onednn {
+
+using dnnl::memory;
+
+const dnnl::engine& engine() {
+  static const dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+
+dnnl::stream& stream() {
+  static dnnl::stream s(engine());
+  return s;
+}
+
+memory::dims dims_of(const Shape& s) {
+  if (s.rank() == 0) return {1};
+  return memory::dims(s.dims().begin(), s.dims().end());
+}
+
+memory::desc plain_desc(const Shape& s) {
+  const memory::dims d = dims_of(s);
+  memory::dims strides(d.size());
+  memory::dim stride = 1;
+  for (std::size_t i = d.size(); i-- > 0;) {
+    strides[i] = stride;
+    stride *= d[i];
+  }
+  return memory::desc(d, memory::data_type::f32, strides);
+}
+
+memory::desc matrix_desc(std::int64_t rows, std::int64_t cols, bool transposed) {
+  const memory::dims strides = transposed ? memory::dims{1, rows} : memory::dims{cols, 1};
+  return memory::desc({rows, cols}, memory::data_type::f32, strides);
+}
+
+memory::desc flat_desc(std::int64_t n) {
+  return memory::desc({n}, memory::data_type::f32, memory::format_tag::a);
+}
+
+std::string check_f32_nonempty(const ir::Node& n) {
+  auto check = [](const ir::Value* v, const char* what, std::size_t i) -> std::string {
+    if (v->dtype() != DType::F32) {
+      return fmt::format("{} {} is {}, the oneDNN kernels take f32 only", what, i, v->dtype());
+    }
+    if (v->shape().numel() == 0) return fmt::format("{} {} is empty ({})", what, i, v->shape());
+    return {};
+  };
+  for (std::size_t i = 0; i < n.inputs().size(); ++i) {
+    if (std::string why = check(n.inputs()[i], "input", i); !why.empty()) return why;
+  }
+  for (std::size_t i = 0; i < n.outputs().size(); ++i) {
+    if (std::string why = check(n.outputs()[i], "output", i); !why.empty()) return why;
+  }
+  return {};
+}
+
+std::string describe(const dnnl::error& e) {
+  const char* status = "error";
+  switch (e.status) {
+    case dnnl_out_of_memory:
+      status = "out of memory";
+      break;
+    case dnnl_invalid_arguments:
+      status = "invalid arguments";
+      break;
+    case dnnl_unimplemented:
+      status = "unimplemented";
+      break;
+    case dnnl_runtime_error:
+      status = "runtime error";
+      break;
+    default:
+      break;
+  }
+  return fmt::format("oneDNN: {} ({})", e.what(), status);
+}
+
+void fail(const ir::Node& n, const dnnl::error& e) { MINIDL_FAIL(n.describe(), ": ", describe(e)); }
+
+void Args::add(int arg, const memory::desc& md, Side side, int index) {
+  memory mem(md, engine(), DNNL_MEMORY_NONE);
+  const bool inserted = map_.emplace(arg, mem).second;
+  MINIDL_ASSERT(inserted, "oneDNN argument ", arg, " added twice");
+  slots_.push_back({side, index, mem, md.get_size(), nullptr});
+}
+
+void Args::rebind(Slot& s, const Tensor& t, const ir::KernelArgs& k) {
+  MINIDL_CHECK(t.nbytes() == s.bytes, k.node->describe(), ": oneDNN kernel compiled for ", s.bytes,
+               " bytes at ", s.side == Side::In ? "input " : "output ", s.index, ", got ",
+               t.shape(), " ", t.dtype());
+  s.mem.set_data_handle(t.raw());
+  s.bound = t.raw();
+}
+
+ir::Kernel primitive_kernel(dnnl::primitive p, Args args, ir::KernelFn then) {
+  // Shared: std::function copies its target, and one primitive with its bound memory suffices.
+  struct State {
+    dnnl::primitive p;
+    Args args;
+  };
+  auto st = std::make_shared<State>(State{std::move(p), std::move(args)});
+  return [st, then](const ir::KernelArgs& k) {
+    st->args.bind(k);
+    try {
+      st->p.execute(stream(), st->args.map());
+      stream().wait();
+    } catch (const dnnl::error& e) {
+      fail(*k.node, e);
+    }
+    if (then != nullptr) then(k);
+  };
+}
+
+}  // namespace minidl::ops::onednn

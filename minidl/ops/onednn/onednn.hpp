@@ -1,0 +1,89 @@
+// What every oneDNN kernel shares: the process-wide CPU engine and stream, memory descriptors of
+// minidl shapes, and memory objects that wrap the runtime's buffers without copying. Only the
+// files under ops/onednn/ include this header (it pulls in dnnl.hpp); op files include
+// kernels.hpp.
+#pragma once
+
+#include <oneapi/dnnl/dnnl.hpp>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "minidl/ir/graph.hpp"
+
+namespace minidl::ops::onednn {
+
+/// The CPU engine, created on first use (thread-safe) and kept for the process.
+const dnnl::engine& engine();
+/// The in-order stream on engine(), created on first use (thread-safe). On the CPU runtime a
+/// primitive runs in the calling thread, so every kernel submits to this one stream.
+dnnl::stream& stream();
+
+/// Dimensions of s; a scalar (rank 0) is one element, [1].
+dnnl::memory::dims dims_of(const Shape& s);
+/// Dense row-major f32 descriptor of s: [N,C] is ab, [N,C,H,W] is nchw (abcd).
+dnnl::memory::desc plain_desc(const Shape& s);
+/// Row-major f32 [rows, cols] descriptor over memory stored transposed ([cols, rows] row-major)
+/// when transposed: the transpose is only a stride, nothing is copied.
+dnnl::memory::desc matrix_desc(std::int64_t rows, std::int64_t cols, bool transposed);
+/// All n elements as one dimension: elementwise primitives do not care about the shape.
+dnnl::memory::desc flat_desc(std::int64_t n);
+
+/// Why a oneDNN kernel cannot take node n, or empty: every input and output must be f32 and
+/// non-empty (oneDNN's zero-volume tensors are not worth a special case here).
+std::string check_f32_nonempty(const ir::Node& n);
+
+/// "oneDNN: could not create ... (unimplemented)", for errors and declined-kernel reasons.
+std::string describe(const dnnl::error& e);
+/// Throws minidl::Error naming node n and what failed.
+[[noreturn]] void fail(const ir::Node& n, const dnnl::error& e);
+
+/// A primitive's arguments bound to a node's tensors. The memory objects are created once, at
+/// compile time, with no buffer of their own; each step bind() points them at the step's tensors.
+/// A compiled executable passes the same buffers every step, so set_data_handle runs only on the
+/// first step, but a changed pointer is noticed and rebound rather than assumed away.
+class Args {
+ public:
+  enum class Side { In, Out };
+
+  /// Argument `arg` (DNNL_ARG_SRC, ...) described by md, taken from the kernel's input or
+  /// output `index`.
+  void add(int arg, const dnnl::memory::desc& md, Side side, int index);
+  /// Points every argument at this step's tensor.
+  void bind(const ir::KernelArgs& k) {
+    for (Slot& s : slots_) {
+      const Tensor& t = s.side == Side::In ? k.in[s.index] : k.out[s.index];
+      if (t.raw() != s.bound) rebind(s, t, k);
+    }
+  }
+  const std::unordered_map<int, dnnl::memory>& map() const { return map_; }
+
+ private:
+  struct Slot {
+    Side side;
+    int index;
+    dnnl::memory mem;  // a handle shared with the map's entry
+    std::size_t bytes;
+    const void* bound;
+  };
+  void rebind(Slot& s, const Tensor& t, const ir::KernelArgs& k);
+  std::vector<Slot> slots_;
+  std::unordered_map<int, dnnl::memory> map_;
+};
+
+/// The per-step kernel of primitive p: bind args, execute on stream() and wait, then run `then`
+/// (work the primitive does not do, e.g. the loss next to a softmax) if given.
+ir::Kernel primitive_kernel(dnnl::primitive p, Args args, ir::KernelFn then = nullptr);
+
+/// Runs make() (primitive creation at compile time), turning a dnnl::error into a minidl::Error
+/// that names node n.
+template <typename Make>
+ir::Kernel create(const ir::Node& n, Make&& make) {
+  try {
+    return make();
+  } catch (const dnnl::error& e) {
+    fail(n, e);
+  }
+}
+
+}  // namespace minidl::ops::onednn

@@ -1,0 +1,173 @@
+// Kernel dispatch across backends: the preferred backend's kernel when it accepts the node,
+// native where oneDNN has no kernel, a node's "backend" annotation over the global choice, and
+// the same training on both backends.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <sstream>
+
+#include "minidl/core/rng.hpp"
+#include "minidl/frontend/trainer.hpp"
+#include "minidl/ops/ops.hpp"
+#include "minidl/runtime/executable.hpp"
+#include "support/synthetic.hpp"
+
+using namespace minidl;
+
+namespace {
+
+#if !MINIDL_WITH_ONEDNN
+#define SKIP_WITHOUT_ONEDNN() GTEST_SKIP() << "built without oneDNN (MINIDL_WITH_ONEDNN=OFF)"
+#else
+#define SKIP_WITHOUT_ONEDNN() (void)0
+#endif
+
+// x [8,20] -> relu(bias_add(matmul(x, w^T), b)) [8,16]
+struct Layer {
+  Tensor w = Tensor::empty({16, 20}), b = Tensor::zeros({16});
+  ir::Graph g;
+  ir::Node* matmul = nullptr;
+  ir::Value* y = nullptr;
+  Layer() {
+    CounterRng(5).fill_normal(w, 1, 0.0f, 0.3f);
+    ir::Value* x = ops::input(g, "x", {8, 20});
+    ir::Value* h = ops::matmul(x, ops::parameter(g, "w", w), false, true);
+    matmul = h->producer();
+    y = ops::relu(ops::bias_add(h, ops::parameter(g, "b", b)));
+    g.add_output(y);
+  }
+};
+
+// The kernel chosen for the (only) node of op `op` in an executable's kernel table.
+std::string kernel_of(const runtime::Executable& exe, const std::string& op) {
+  std::istringstream lines(exe.kernel_table());
+  std::string line, found;
+  while (std::getline(lines, line)) {
+    if (line.rfind(op + " ", 0) != 0) continue;
+    EXPECT_TRUE(found.empty()) << "two " << op << " nodes in\n" << exe.kernel_table();
+    found = line.substr(line.rfind(" -> ") + 4);
+  }
+  EXPECT_FALSE(found.empty()) << "no " << op << " node in\n" << exe.kernel_table();
+  return found;
+}
+
+}  // namespace
+
+TEST(Dispatch, NativeBackendPicksNativeKernels) {
+  Layer l;
+  runtime::Executable exe(l.g, {.backend = ir::Backend::Native});
+  EXPECT_EQ(kernel_of(exe, "matmul"), "native");
+  EXPECT_EQ(kernel_of(exe, "bias_add"), "native");
+  EXPECT_EQ(kernel_of(exe, "relu"), "native");
+}
+
+TEST(Dispatch, OneDnnBackendPicksOneDnnAndFallsBackToNative) {
+  SKIP_WITHOUT_ONEDNN();
+  Layer l;
+  runtime::Executable exe(l.g, {.backend = ir::Backend::OneDnn});
+  EXPECT_EQ(kernel_of(exe, "matmul"), "onednn");
+  EXPECT_EQ(kernel_of(exe, "bias_add"), "native");  // oneDNN has no bias_add kernel here
+  EXPECT_EQ(kernel_of(exe, "relu"), "onednn");
+}
+
+TEST(Dispatch, NodeAnnotationOverridesTheGlobalBackend) {
+  SKIP_WITHOUT_ONEDNN();
+  Layer l;
+  l.matmul->annotations().set("backend", std::string("native"));
+  runtime::Executable exe(l.g, {.backend = ir::Backend::OneDnn});
+  EXPECT_EQ(kernel_of(exe, "matmul"), "native");
+  EXPECT_EQ(kernel_of(exe, "relu"), "onednn");
+
+  Layer l2;
+  l2.matmul->annotations().set("backend", std::string("onednn"));
+  runtime::Executable exe2(l2.g, {.backend = ir::Backend::Native});
+  EXPECT_EQ(kernel_of(exe2, "matmul"), "onednn");
+  EXPECT_EQ(kernel_of(exe2, "relu"), "native");
+}
+
+TEST(Dispatch, BothBackendsComputeTheSameLayer) {
+  SKIP_WITHOUT_ONEDNN();
+  Layer l;
+  runtime::Executable native(l.g, {.backend = ir::Backend::Native});
+  runtime::Executable onednn(l.g, {.backend = ir::Backend::OneDnn});
+  for (runtime::Executable* e : {&native, &onednn}) {
+    Tensor x = e->input("x");
+    CounterRng(8).fill_uniform(x, 0, -1.0f, 1.0f);
+    e->run();
+    e->run();  // a second step reuses the bound buffers
+  }
+  const Tensor& a = native.value(l.y);
+  const Tensor& b = onednn.value(l.y);
+  for (std::int64_t i = 0; i < a.numel(); ++i) ASSERT_NEAR(a.at(i), b.at(i), 1e-5) << i;
+}
+
+// Kernels are created once for a node; when the tensors they are given move, they follow.
+TEST(Dispatch, OneDnnKernelRebindsWhenBuffersMove) {
+  SKIP_WITHOUT_ONEDNN();
+  ir::Graph g;
+  ir::Node* relu = ops::relu(ops::input(g, "x", {4, 9}))->producer();
+  const ir::KernelDef* def = nullptr;
+  for (const ir::KernelDef& k : relu->def().kernels())
+    if (k.backend == ir::Backend::OneDnn) def = &k;
+  ASSERT_NE(def, nullptr);
+  const ir::Kernel kernel = def->make(*relu);
+  auto run = [&](float value) {
+    std::vector<Tensor> in{Tensor::full({4, 9}, value)}, out{Tensor::zeros({4, 9})};
+    kernel(ir::KernelArgs{relu, in, out});
+    return out[0];
+  };
+  const Tensor first = run(2.0f);
+  const Tensor second = run(-3.0f);
+  const Tensor third = run(5.0f);
+  EXPECT_EQ(first.at(0), 2.0f);
+  EXPECT_EQ(second.at(35), 0.0f);
+  EXPECT_EQ(third.at(17), 5.0f);
+  EXPECT_EQ(first.at(0), 2.0f);  // not overwritten by the later calls
+
+  std::vector<Tensor> in{Tensor::full({4, 8}, 1.0f)}, out{Tensor::zeros({4, 8})};
+  try {
+    kernel(ir::KernelArgs{relu, in, out});
+    FAIL() << "a kernel compiled for [4,9] ran on [4,8]";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("relu"));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("compiled for 144 bytes"));
+  }
+}
+
+// One model per activation, trained for a few steps from the same initialisation with each
+// backend: the losses agree to 1e-5 relative and so do the trained weights.
+TEST(Dispatch, TrainingGivesTheSameLossOnBothBackends) {
+  SKIP_WITHOUT_ONEDNN();
+  const Dataset train = minidl::testing::blobs(96, 21);
+  for (const std::string act : {"relu", "sigmoid", "tanh"}) {
+    SCOPED_TRACE(act);
+    auto run = [&](ir::Backend backend) {
+      auto m = std::make_unique<nn::Sequential>();
+      m->emplace<nn::Flatten>("flatten");
+      m->emplace<nn::Linear>("fc1", 64, 32, nn::Init::He);
+      m->add(nn::make_activation(act), "act1");
+      m->emplace<nn::Linear>("fc2", 32, 16, nn::Init::Xavier);
+      m->add(nn::make_activation(act), "act2");
+      m->emplace<nn::Linear>("fc3", 16, 10, nn::Init::Xavier);
+      m->reset(3);
+      optim::Sgd sgd({.lr = 0.1, .momentum = 0.5});
+      TrainerOptions opt;
+      opt.batch_size = 32;  // three steps per epoch
+      opt.seed = 4;
+      opt.compile.backend = backend;
+      Trainer t(*m, sgd, opt);
+      std::vector<double> losses;
+      for (int epoch = 1; epoch <= 2; ++epoch) losses.push_back(t.train_epoch(train, epoch).loss);
+      return std::make_pair(losses, m->parameters()[0].second.clone());
+    };
+    const auto [native_loss, native_w] = run(ir::Backend::Native);
+    const auto [onednn_loss, onednn_w] = run(ir::Backend::OneDnn);
+    for (std::size_t e = 0; e < native_loss.size(); ++e) {
+      EXPECT_NEAR(onednn_loss[e], native_loss[e], 1e-5 * std::fabs(native_loss[e]))
+          << "epoch " << e + 1;
+    }
+    for (std::int64_t i = 0; i < native_w.numel(); ++i)
+      ASSERT_NEAR(onednn_w.at(i), native_w.at(i), 1e-5 * (1.0 + std::fabs(native_w.at(i)))) << i;
+  }
+}
