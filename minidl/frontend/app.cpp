@@ -120,8 +120,10 @@ int train(const std::string& program, AppConfig& c, const ModelBuilder& build) {
     const EvalStats e = trainer.evaluate(test_set);
     const double sps = static_cast<double>(s.samples) / s.seconds;
     if (!root) continue;
-    fmt::print("epoch {:>2}/{}  loss {:.4f}  train acc {:6.2f}%  test acc {:6.2f}%  {:.2f} s  {:.0f} samples/s\n",
-               epoch, c.epochs, s.loss, 100.0 * s.accuracy, 100.0 * e.accuracy, s.seconds, sps);
+    fmt::print(
+        "epoch {:>2}/{}  loss {:.4f}  train acc {:6.2f}%  test acc {:6.2f}%  {:.2f} s  {:.0f} "
+        "samples/s\n",
+        epoch, c.epochs, s.loss, 100.0 * s.accuracy, 100.0 * e.accuracy, s.seconds, sps);
     std::fflush(stdout);
     metrics.add({{"epoch", epoch},
                  {"train_loss", s.loss},
@@ -152,7 +154,9 @@ int run_training_app(int argc, char** argv, const std::string& description, AppC
   app.add_option("--activation", c.activation, "hidden activation")
       ->check(CLI::IsMember({"relu", "sigmoid", "tanh"}))
       ->capture_default_str();
-  app.add_option("--epochs", c.epochs, "epochs")->check(CLI::Range(1, 100000))->capture_default_str();
+  app.add_option("--epochs", c.epochs, "epochs")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
   app.add_option("--batch-size", c.batch_size, "batch size")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20))
       ->capture_default_str();

@@ -17,8 +17,8 @@ void infer(ir::InferCtx& c) {
   const bool tb = c.attr<bool>("trans_b");
   const std::int64_t m = ta ? a[1] : a[0], ka = ta ? a[0] : a[1];
   const std::int64_t kb = tb ? b[1] : b[0], n = tb ? b[0] : b[1];
-  MINIDL_CHECK_NODE(c, ka == kb, "inner dimensions differ: ", ka, " vs ", kb,
-                    " (trans_a=", ta, ", trans_b=", tb, ")");
+  MINIDL_CHECK_NODE(c, ka == kb, "inner dimensions differ: ", ka, " vs ", kb, " (trans_a=", ta,
+                    ", trans_b=", tb, ")");
   c.set_output(0, Shape{m, n});
 }
 

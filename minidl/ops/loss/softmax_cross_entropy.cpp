@@ -25,8 +25,8 @@ void infer(ir::InferCtx& c) {
 void check_labels(const ir::KernelArgs& k, const std::int32_t* labels, std::int64_t n,
                   std::int64_t classes) {
   for (std::int64_t i = 0; i < n; ++i) {
-    MINIDL_CHECK(labels[i] >= 0 && labels[i] < classes, k.node->describe(), ": label ",
-                 labels[i], " of sample ", i, " is out of range [0, ", classes, ")");
+    MINIDL_CHECK(labels[i] >= 0 && labels[i] < classes, k.node->describe(), ": label ", labels[i],
+                 " of sample ", i, " is out of range [0, ", classes, ")");
   }
 }
 
@@ -97,8 +97,7 @@ void grad(ir::GradCtx& g) {
   if (g.out_grad(1) != nullptr) {
     MINIDL_FAIL(g.node().describe(), ": the probs output cannot be differentiated; use the loss");
   }
-  g.set_input_grad(
-      0, g.op("softmax_cross_entropy_bwd", {g.out_grad(0), g.output(1), g.input(1)}));
+  g.set_input_grad(0, g.op("softmax_cross_entropy_bwd", {g.out_grad(0), g.output(1), g.input(1)}));
 }
 
 }  // namespace
