@@ -63,8 +63,8 @@ struct Case {
 
 std::string describe(const Case& c) {
   return detail::concat("ta=", c.trans_a, " tb=", c.trans_b, " M=", c.M, " N=", c.N, " K=", c.K,
-                        " alpha=", c.alpha, " beta=", c.beta, " pads=", c.pad_a, "/", c.pad_b,
-                        "/", c.pad_c, " bias=", c.bias, " relu=", c.relu);
+                        " alpha=", c.alpha, " beta=", c.beta, " pads=", c.pad_a, "/", c.pad_b, "/",
+                        c.pad_c, " bias=", c.bias, " relu=", c.relu);
 }
 
 /// Runs one case through sgemm and checks every element of C, padding included, against a double
@@ -125,8 +125,8 @@ void check_case(const Case& c, std::uint32_t seed = 1) {
       if (c.relu) want = want > 0.0 ? want : 0.0;
       const double tol = 2.0 * eps * static_cast<double>(c.K + 4) * magnitude + 1e-30;
       if (!(std::abs(got - want) <= tol) && ++failures <= 5) {
-        ADD_FAILURE() << "C[" << i << "," << j << "] = " << got << ", want " << want
-                      << " (tol " << tol << ")";
+        ADD_FAILURE() << "C[" << i << "," << j << "] = " << got << ", want " << want << " (tol "
+                      << tol << ")";
       }
     }
   }
@@ -149,8 +149,8 @@ struct Shape3 {
 };
 
 // Odd sizes, sizes around the tile widths (MR is 4/6/8, NR 16/32) and the MLP training shapes.
-const Shape3 kShapes[] = {{1, 1, 1},     {7, 13, 5},   {33, 65, 17},  {8, 32, 16},   {9, 33, 3},
-                          {6, 16, 1},    {5, 17, 31},  {64, 10, 128}, {64, 128, 10}, {10, 128, 64},
+const Shape3 kShapes[] = {{1, 1, 1},      {7, 13, 5},  {33, 65, 17},  {8, 32, 16},   {9, 33, 3},
+                          {6, 16, 1},     {5, 17, 31}, {64, 10, 128}, {64, 128, 10}, {10, 128, 64},
                           {17, 100, 300}, {1, 257, 9}, {95, 1, 40},   {48, 47, 129}};
 
 TEST(Gemm, MatchesReferenceOnEveryIsa) {

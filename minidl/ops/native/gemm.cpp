@@ -42,8 +42,8 @@ int64_t balanced_block(int64_t n, int64_t max_block, int64_t unit) {
 /// How a finished tile is written back: C = relu?(alpha * acc + beta * C + bias).
 struct TileStore {
   float alpha;
-  float beta;          // 0 means C is not read
-  const float* bias;   // first column of this tile, or nullptr
+  float beta;         // 0 means C is not read
+  const float* bias;  // first column of this tile, or nullptr
   bool relu;
 };
 
@@ -124,8 +124,8 @@ void kernel_generic(int64_t kc, const float* pa, const float* pb, float* c, int6
 /// dst[k * dst_ld + r] = src[r * ld + k] for an 8 x 8 block. Loading 128-bit halves straight into
 /// the two lanes does the cross-lane step with loads, leaving 16 in-lane shuffles.
 MINIDL_TARGET_AVX2 inline __m256 load_rows_r_r4(const float* src, int64_t ld) {
-  return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(src)),
-                              _mm_loadu_ps(src + 4 * ld), 1);
+  return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(src)), _mm_loadu_ps(src + 4 * ld),
+                              1);
 }
 
 MINIDL_TARGET_AVX2 inline void transpose_8x8(const float* src, int64_t ld, float* dst,
@@ -262,7 +262,8 @@ MINIDL_TARGET_AVX512 void kernel_avx512(int64_t kc, const float* pa, const float
   for (int i = 0; i < MR; ++i) {
     if (i >= mr) break;
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc + 16 * v), _MM_HINT_T0);
+    for (int v = 0; v < NV; ++v)
+      _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc + 16 * v), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc + NR - 1), _MM_HINT_T0);
   }
 #endif
@@ -325,12 +326,13 @@ MINIDL_TARGET_AVX512 void kernel_avx512(int64_t kc, const float* pa, const float
 #define XKC 256
 #define XNC 2048
 #endif
-constexpr Kernels kAvx512 = {"avx512",        XMR,   XNV*16, XMC, XKC, XNC, kernel_avx512<XMR, XNV>,
-                             pack_generic<XMR>, pack_avx2<XNV*16>};
-constexpr Kernels kAvx2 = {"avx2",         6,  16, 192, 256, 2048, kernel_avx2<6, 2>,
-                           pack_generic<6>, pack_avx2<16>};
-constexpr Kernels kGeneric = {"generic",         4,  16, 128, 256, 1024, kernel_generic<4, 16>,
-                              pack_generic<4>, pack_generic<16>};
+constexpr Kernels kAvx512 = {
+    "avx512",           XMR, XNV * 16, XMC, XKC, XNC, kernel_avx512<XMR, XNV>, pack_generic<XMR>,
+    pack_avx2<XNV * 16>};
+constexpr Kernels kAvx2 = {"avx2",       6, 16, 192, 256, 2048, kernel_avx2<6, 2>, pack_generic<6>,
+                           pack_avx2<16>};
+constexpr Kernels kGeneric = {
+    "generic", 4, 16, 128, 256, 1024, kernel_generic<4, 16>, pack_generic<4>, pack_generic<16>};
 
 bool cpu_has_avx512() {
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") &&
@@ -541,7 +543,7 @@ void sgemm_impl(const GemmArgs& g) {
   }
   const Partition part = choose_partition(kn, g.M, g.N, g.K, threads);
   std::exception_ptr error;
-#pragma omp parallel num_threads(part.tm * part.tn)
+#pragma omp parallel num_threads(part.tm* part.tn)
   {
     const int t = omp_get_thread_num();
     const int64_t i0 = (t / part.tn) * part.rows;
@@ -560,16 +562,15 @@ void sgemm_impl(const GemmArgs& g) {
 
 }  // namespace
 
-void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-           const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
-           int64_t ldc, const GemmEpilogue& epilogue) {
+void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc,
+           const GemmEpilogue& epilogue) {
   sgemm_impl({trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, epilogue.bias,
               epilogue.relu});
 }
 
-void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-           const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
-           int64_t ldc) {
+void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   sgemm_impl({trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, nullptr, false});
 }
 
