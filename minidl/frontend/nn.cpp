@@ -15,8 +15,8 @@ std::uint64_t name_hash(std::string_view s) {
 }
 }  // namespace
 
-void initialize(Tensor& t, Init init, std::int64_t fan_in, std::int64_t fan_out,
-                std::uint64_t seed, std::string_view name) {
+void initialize(Tensor& t, Init init, std::int64_t fan_in, std::int64_t fan_out, std::uint64_t seed,
+                std::string_view name) {
   const CounterRng rng(seed);
   const std::uint64_t stream = name_hash(name);
   switch (init) {
@@ -72,6 +72,97 @@ void Linear::reset_parameters(std::uint64_t seed, const std::string& prefix) {
 
 std::string Linear::describe() const {
   return fmt::format("Linear({} -> {}, {})", in_, out_, init_ == Init::He ? "he" : "xavier");
+}
+
+Conv2d::Conv2d(std::int64_t in_channels, std::int64_t out_channels, std::int64_t kernel,
+               std::int64_t stride, std::int64_t pad, Init init, bool bias)
+    : in_(in_channels),
+      out_(out_channels),
+      kernel_(kernel),
+      stride_(stride),
+      pad_(pad),
+      init_(init) {
+  MINIDL_CHECK(in_ > 0 && out_ > 0 && kernel_ > 0 && stride_ > 0 && pad_ >= 0, "Conv2d(", in_,
+               " -> ", out_, ", kernel ", kernel_, ", stride ", stride_, ", pad ", pad_,
+               "): sizes, kernel and stride must be positive and pad non-negative");
+  weight_ = Tensor::zeros({out_, in_, kernel_, kernel_});
+  if (bias) bias_ = Tensor::zeros({out_});
+}
+
+ir::Value* Conv2d::forward(ir::Value* x) {
+  ir::Graph& g = x->graph();
+  MINIDL_CHECK(x->shape().rank() == 4 && x->shape()[1] == in_, describe(), " '", name_,
+               "': expected input [N,", in_, ",H,W], got ", x->shape());
+  ir::NameScope scope(g, name_);
+  ir::Value* y =
+      ops::apply("conv2d", {x, param_value(g, join(name_, "weight"), weight_)},
+                 {{"stride", ir::Ints{stride_, stride_}}, {"pad", ir::Ints{pad_, pad_}}});
+  if (bias_.raw() != nullptr) y = ops::bias_add(y, param_value(g, join(name_, "bias"), bias_));
+  return y;
+}
+
+void Conv2d::collect_parameters(const std::string& prefix, NamedTensors& out) {
+  out.emplace_back(prefix + "weight", weight_);
+  if (bias_.raw() != nullptr) out.emplace_back(prefix + "bias", bias_);
+}
+
+void Conv2d::reset_parameters(std::uint64_t seed, const std::string& prefix) {
+  const std::int64_t taps = kernel_ * kernel_;
+  initialize(weight_, init_, in_ * taps, out_ * taps, seed, prefix + "weight");
+  if (bias_.raw() != nullptr) initialize(bias_, Init::Zeros, 0, 0, seed, prefix + "bias");
+}
+
+std::string Conv2d::describe() const {
+  return fmt::format("Conv2d({} -> {}, {}x{}, stride {}, pad {}, {})", in_, out_, kernel_, kernel_,
+                     stride_, pad_, init_ == Init::He ? "he" : "xavier");
+}
+
+namespace {
+/// The attributes of a pooling node with a square window.
+ir::Attrs pool_attrs(std::int64_t kernel, std::int64_t stride, std::int64_t pad) {
+  return {{"kernel", ir::Ints{kernel, kernel}},
+          {"stride", ir::Ints{stride, stride}},
+          {"pad", ir::Ints{pad, pad}}};
+}
+}  // namespace
+
+MaxPool2d::MaxPool2d(std::int64_t kernel, std::int64_t stride, std::int64_t pad)
+    : kernel_(kernel), stride_(stride == 0 ? kernel : stride), pad_(pad) {
+  MINIDL_CHECK(kernel_ > 0 && stride_ > 0 && pad_ >= 0 && 2 * pad_ <= kernel_, "MaxPool2d(", kernel,
+               ", stride ", stride, ", pad ", pad,
+               "): kernel and stride must be positive, pad in [0, kernel / 2]");
+}
+
+ir::Value* MaxPool2d::forward(ir::Value* x) {
+  ir::NameScope scope(x->graph(), name_);
+  return ops::apply("max_pool2d", {x}, pool_attrs(kernel_, stride_, pad_));
+}
+
+std::string MaxPool2d::describe() const {
+  return fmt::format("MaxPool2d({}x{}, stride {}, pad {})", kernel_, kernel_, stride_, pad_);
+}
+
+AvgPool2d::AvgPool2d(std::int64_t kernel, std::int64_t stride, std::int64_t pad,
+                     bool count_include_pad)
+    : kernel_(kernel),
+      stride_(stride == 0 ? kernel : stride),
+      pad_(pad),
+      count_include_pad_(count_include_pad) {
+  MINIDL_CHECK(kernel_ > 0 && stride_ > 0 && pad_ >= 0 && 2 * pad_ <= kernel_, "AvgPool2d(", kernel,
+               ", stride ", stride, ", pad ", pad,
+               "): kernel and stride must be positive, pad in [0, kernel / 2]");
+}
+
+ir::Value* AvgPool2d::forward(ir::Value* x) {
+  ir::NameScope scope(x->graph(), name_);
+  ir::Attrs a = pool_attrs(kernel_, stride_, pad_);
+  a.set("count_include_pad", count_include_pad_);
+  return ops::apply("avg_pool2d", {x}, a);
+}
+
+std::string AvgPool2d::describe() const {
+  return fmt::format("AvgPool2d({}x{}, stride {}, pad {}{})", kernel_, kernel_, stride_, pad_,
+                     count_include_pad_ ? "" : ", count_include_pad false");
 }
 
 ir::Value* ReLU::forward(ir::Value* x) {
@@ -136,8 +227,8 @@ void load_parameters(Module& m, const NamedTensors& values, const std::string& s
   NamedTensors params = m.parameters();
   std::string problems;
   for (auto& [name, t] : params) {
-    auto it = std::find_if(values.begin(), values.end(),
-                           [&](const auto& v) { return v.first == name; });
+    auto it =
+        std::find_if(values.begin(), values.end(), [&](const auto& v) { return v.first == name; });
     if (it == values.end()) {
       problems += fmt::format("; missing '{}' {}", name, t.shape());
     } else if (it->second.shape() != t.shape() || it->second.dtype() != t.dtype()) {
@@ -146,8 +237,8 @@ void load_parameters(Module& m, const NamedTensors& values, const std::string& s
     }
   }
   for (const auto& [name, t] : values) {
-    auto it = std::find_if(params.begin(), params.end(),
-                           [&](const auto& p) { return p.first == name; });
+    auto it =
+        std::find_if(params.begin(), params.end(), [&](const auto& p) { return p.first == name; });
     if (it == params.end()) problems += fmt::format("; unexpected '{}' {}", name, t.shape());
   }
   MINIDL_CHECK(problems.empty(), "'", source, "' does not match the model", problems);

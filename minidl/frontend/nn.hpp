@@ -20,8 +20,8 @@ enum class Init {
   Xavier,  // uniform in +-sqrt(6 / (fan_in + fan_out)): for the output layer and sigmoid/tanh
   Zeros,
 };
-void initialize(Tensor& t, Init init, std::int64_t fan_in, std::int64_t fan_out,
-                std::uint64_t seed, std::string_view name);
+void initialize(Tensor& t, Init init, std::int64_t fan_in, std::int64_t fan_out, std::uint64_t seed,
+                std::string_view name);
 
 class Module {
  public:
@@ -75,6 +75,52 @@ class Linear final : public Module {
   std::int64_t in_, out_;
   Init init_;
   Tensor weight_, bias_;
+};
+
+/// 2-D convolution over x [N, in, H, W] as PyTorch's Conv2d: weight [out, in, kernel, kernel],
+/// bias [out] (added by a separate bias_add node), zero padding `pad` on each side. He and
+/// Xavier take fan_in = in * kernel * kernel and fan_out = out * kernel * kernel.
+class Conv2d final : public Module {
+ public:
+  Conv2d(std::int64_t in_channels, std::int64_t out_channels, std::int64_t kernel,
+         std::int64_t stride = 1, std::int64_t pad = 0, Init init = Init::He, bool bias = true);
+  ir::Value* forward(ir::Value* x) override;
+  void collect_parameters(const std::string& prefix, NamedTensors& out) override;
+  void reset_parameters(std::uint64_t seed, const std::string& prefix) override;
+  std::string describe() const override;
+  const Tensor& weight() const { return weight_; }
+  const Tensor& bias() const { return bias_; }
+
+ private:
+  std::int64_t in_, out_, kernel_, stride_, pad_;
+  Init init_;
+  Tensor weight_, bias_;
+};
+
+/// Max pooling over kernel x kernel windows of x [N, C, H, W]; stride 0 means the kernel.
+class MaxPool2d final : public Module {
+ public:
+  explicit MaxPool2d(std::int64_t kernel, std::int64_t stride = 0, std::int64_t pad = 0);
+  ir::Value* forward(ir::Value* x) override;
+  std::string describe() const override;
+
+ private:
+  std::int64_t kernel_, stride_, pad_;
+};
+
+/// Average pooling over kernel x kernel windows of x [N, C, H, W]; stride 0 means the kernel.
+/// count_include_pad (PyTorch's default, true) divides every window by kernel * kernel, padding
+/// included; false divides by the number of input elements the window covers.
+class AvgPool2d final : public Module {
+ public:
+  explicit AvgPool2d(std::int64_t kernel, std::int64_t stride = 0, std::int64_t pad = 0,
+                     bool count_include_pad = true);
+  ir::Value* forward(ir::Value* x) override;
+  std::string describe() const override;
+
+ private:
+  std::int64_t kernel_, stride_, pad_;
+  bool count_include_pad_;
 };
 
 class ReLU final : public Module {

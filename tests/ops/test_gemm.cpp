@@ -37,7 +37,7 @@ std::vector<std::string> runnable_isas() {
     try {
       ForceIsa force(isa);
       isas.emplace_back(isa);
-    } catch (const Error&) {
+    } catch (const Error&) {  // not on this CPU
     }
   }
   return isas;
@@ -148,10 +148,11 @@ struct Shape3 {
   int64_t M, N, K;
 };
 
-// Odd sizes, sizes around the tile widths (MR is 4/6/8, NR 16/32) and the MLP training shapes.
-const Shape3 kShapes[] = {{1, 1, 1},      {7, 13, 5},  {33, 65, 17},  {8, 32, 16},   {9, 33, 3},
-                          {6, 16, 1},     {5, 17, 31}, {64, 10, 128}, {64, 128, 10}, {10, 128, 64},
-                          {17, 100, 300}, {1, 257, 9}, {95, 1, 40},   {48, 47, 129}};
+// Odd sizes, sizes around the tile widths (MR is 4/6/8, NR 16/48) and the MLP training shapes.
+const Shape3 kShapes[] = {{1, 1, 1},     {7, 13, 5},    {33, 65, 17},  {8, 32, 16}, {9, 33, 3},
+                          {8, 48, 16},   {9, 49, 3},    {16, 97, 8},   {6, 16, 1},  {5, 17, 31},
+                          {64, 10, 128}, {64, 128, 10}, {10, 128, 64}, {1, 257, 9}, {95, 1, 40},
+                          {48, 47, 129}, {17, 100, 300}};
 
 TEST(Gemm, MatchesReferenceOnEveryIsa) {
   for (const std::string& isa : runnable_isas()) {
@@ -176,7 +177,7 @@ TEST(Gemm, AlphaBetaAndStrides) {
       for (const float beta : {0.0f, 1.0f, -1.5f}) {
         Case c;
         c.M = 37;
-        c.N = 45;
+        c.N = 100;  // two full panels of 48 (read in place by the first tile) and an edge
         c.K = 23;
         c.alpha = alpha;
         c.beta = beta;
@@ -189,15 +190,22 @@ TEST(Gemm, AlphaBetaAndStrides) {
   }
 }
 
-// Sizes past the cache blocks (MC <= 256, KC <= 256, NC <= 2048) exercise every loop of the
-// driver, beta on the first K block only, and the thread split.
+// Sizes past the cache blocks (MC <= 256, KC <= 256, NC <= 2048 on every ISA) exercise every loop
+// of the driver, both macro-kernel loop orders, beta on the first K block only, and the threads.
 TEST(Gemm, LargerThanCacheBlocks) {
   for (const std::string& isa : runnable_isas()) {
     ForceIsa force(isa.c_str());
     SCOPED_TRACE("isa=" + isa);
-    check_case({false, true, 270, 70, 530, 1.0f, 0.5f, 1, 2, 3});
-    check_case({true, false, 40, 2100, 300, -1.0f, 0.0f, 0, 0, 5});
-    check_case({true, true, 300, 33, 260, 0.75f, 1.0f});
+    Case c;
+    c.M = 270;
+    c.N = 60;
+    c.K = 300;
+    c.beta = 0.5f;
+    c.pad_a = 1;
+    c.pad_b = 2;
+    c.pad_c = 3;
+    check_all_transposes(c);
+    check_case({true, false, 20, 2100, 100, -1.0f, 0.0f, 0, 0, 5});
   }
 }
 
@@ -253,6 +261,15 @@ TEST(Gemm, Epilogue) {
         }
       }
     }
+    // Several A blocks switch the driver to its other loop order; K spans two blocks.
+    Case c;
+    c.M = 270;
+    c.N = 50;
+    c.K = 300;
+    c.beta = 1.0f;
+    c.bias = true;
+    c.relu = true;
+    check_all_transposes(c);
   }
 }
 
@@ -273,17 +290,29 @@ TEST(Gemm, InsideParallelRegionRunsSerially) {
 
 TEST(Gemm, ThreadCountDoesNotChangeResult) {
   // Threads split C into disjoint tiles and never split K, so results are bitwise identical.
-  const int64_t M = 130, N = 300, K = 700;
-  std::mt19937 rng(4);
-  const std::vector<float> A = random_vector(M * K, rng), B = random_vector(N * K, rng);
+  // The shapes make the partition split columns (wide C) and rows (tall, narrow C).
   const int saved = omp_get_max_threads();
-  std::vector<float> one(M * N), two(M * N);
-  omp_set_num_threads(1);
-  sgemm(false, true, M, N, K, 1.0f, A.data(), K, B.data(), K, 0.0f, one.data(), N);
-  omp_set_num_threads(2);
-  sgemm(false, true, M, N, K, 1.0f, A.data(), K, B.data(), K, 0.0f, two.data(), N);
+  for (const Shape3& s : {Shape3{130, 300, 700}, Shape3{600, 20, 300}, Shape3{64, 256, 128}}) {
+    for (const bool trans_a : {false, true}) {
+      for (const bool trans_b : {false, true}) {
+        SCOPED_TRACE(
+            detail::concat("M=", s.M, " N=", s.N, " K=", s.K, " ta=", trans_a, " tb=", trans_b));
+        std::mt19937 rng(4);
+        const std::vector<float> A = random_vector(s.M * s.K, rng);
+        const std::vector<float> B = random_vector(s.K * s.N, rng);
+        const int64_t lda = trans_a ? s.M : s.K, ldb = trans_b ? s.K : s.N;
+        std::vector<float> one(s.M * s.N), two(s.M * s.N, kNaN);
+        omp_set_num_threads(1);
+        sgemm(trans_a, trans_b, s.M, s.N, s.K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, one.data(),
+              s.N);
+        omp_set_num_threads(2);
+        sgemm(trans_a, trans_b, s.M, s.N, s.K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, two.data(),
+              s.N);
+        EXPECT_EQ(one, two);
+      }
+    }
+  }
   omp_set_num_threads(saved);
-  EXPECT_EQ(one, two);
 }
 
 TEST(Gemm, RejectsBadArguments) {

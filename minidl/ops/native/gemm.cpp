@@ -1,23 +1,28 @@
 // Native SGEMM in the BLIS/GotoBLAS layout: cache-blocked loops around packed panels and a
 // register-blocked micro-kernel per ISA (AVX-512, AVX2+FMA, portable C++), picked at run time.
 //
-// Loop nest for one thread's block of C (jc -> pc -> ic -> jr -> ir):
-//   jc: NC columns of C      op(B)[pc:pc+kc, jc:jc+nc] packed into NR-wide panels (L2/L3)
+// Loop nest for one thread's block of C:
+//   jc: NC columns of C      bounds the packed B block (kc x nc) so that it stays in L2
 //   pc: KC of the K axis     one pass over C per kc block; beta on the first, epilogue on the last
-//   ic: MC rows of C         op(A)[ic:ic+mc, pc:pc+kc] packed into MR-wide panels (L2)
-//   jr, ir: micro-tiles      an NR x kc B panel stays in L1 while the MR x kc A panels stream by
-// Both packers write "k outer, panel width inner", so the micro-kernel reads a single layout
-// whatever the transposes are, and zero padding makes edge tiles compute like full ones; only
-// the store to C is masked.
+//   ic: MC rows of C         op(A)[ic:ic+mc, pc:pc+kc] packed into MR-row panels (L2)
+//   jr, ir: micro-tiles      MR x NR accumulators in registers, one FMA per (row, vector) per k,
+//                            A broadcast from its panel, B loaded as vectors from its panel
+// With one A block (the usual M <= MC, e.g. batch 64) jr is outside ir: each B panel is packed
+// right before its first use and stays in L1 while the A panels stream from L2. With several A
+// blocks the B block is reused from L2 anyway, so ir goes outside and the A panel stays in L1.
+//
+// Both packers write "k outer, panel width inner", so the micro-kernel reads one layout whatever
+// the transposes are. Zero padding lets edge tiles run the full-width loop; only the C store is
+// masked, and narrow edges pick a kernel instance with fewer rows or vectors.
 #include "minidl/ops/native/gemm.hpp"
 
 #include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdlib>
-#include <cstring>
 #include <exception>
 #include <new>
 #include <string_view>
@@ -39,6 +44,24 @@ int64_t balanced_block(int64_t n, int64_t max_block, int64_t unit) {
   return std::min(round_up(ceil_div(n, blocks), unit), round_up(n, unit));
 }
 
+/// One micro-kernel call: C[0:mr, 0:nr] (row stride ldc) <- store(sum_k pa[k * MR + i] *
+/// pb[k * ldpb + j]). B rows are ldpb apart: a packed panel has ldpb = its width, the rows of an
+/// untransposed B read in place have ldpb = ldb. When pb_out is set the kernel also stores the B
+/// rows it reads there, packed NR wide: the first tile of a column panel packs it for the others
+/// while its strided loads overlap the FMAs, instead of a separate copy that would stall on them.
+struct Tile {
+  int64_t kc;
+  const float* pa;
+  const float* pb;
+  int64_t ldpb;
+  float* pb_out;
+  float* c;
+  int64_t ldc;
+  int mr;
+  int nr;
+  bool prefetch_b;  // B is not in L1: read from its source, or streamed from the L2 block
+};
+
 /// How a finished tile is written back: C = relu?(alpha * acc + beta * C + bias).
 struct TileStore {
   float alpha;
@@ -47,87 +70,100 @@ struct TileStore {
   bool relu;
 };
 
-/// C[mr, nr] (row stride ldc) <- store(sum_k pa[k][0:MR] (x) pb[k][0:NR]), mr <= MR, nr <= NR.
-using MicroKernel = void (*)(int64_t kc, const float* pa, const float* pb, float* c, int64_t ldc,
-                             int mr, int nr, const TileStore& st);
+using MicroKernel = void (*)(const Tile& t, const TileStore& st);
 
-/// Packs an n x kc block into ceil(n / W) panels; panel p holds element (p * W + w, k) at
-/// dst[p * W * kc + k * W + w] and zeros for w past n. Element (w, k) is src[k * ld + w] when
-/// w_contig, else src[w * ld + k], which covers A (w = row of C) and B (w = column of C) with
-/// either transpose.
-using PackFn = void (*)(const float* src, int64_t ld, bool w_contig, int64_t n, int64_t kc,
-                        float* dst);
+/// Packs one panel: element (i, k) for i < w goes to dst[k * W + i], zeros fill i in [w, W).
+/// Element (i, k) is src[k * ld + i] when i_contig, else src[i * ld + k]; that covers A (i = row
+/// of C) and B (i = column of C) under either transpose.
+using PackFn = void (*)(const float* src, int64_t ld, bool i_contig, int64_t w, int64_t kc,
+                        int64_t W, float* dst);
+
+constexpr int kMaxMr = 8;  // bounds of the micro-kernel table below
+constexpr int kMaxNv = 3;
+using MicroTable = std::array<std::array<MicroKernel, kMaxNv>, kMaxMr>;
 
 struct Kernels {
   const char* name;
-  int mr;
-  int nr;
+  int mr;      // rows of the A panel (and of the largest tile)
+  int vl;      // floats per vector; B panels are padded to a multiple of it
+  int nv;      // vectors per tile row: NR = nv * vl
   int64_t mc;  // upper bounds of the cache blocks; the driver balances them per problem
   int64_t kc;
   int64_t nc;
-  MicroKernel micro;
-  PackFn pack_a;
-  PackFn pack_b;
+  MicroTable micro;  // [rows - 1][vectors - 1]: edge tiles run an instance that skips padding
+  PackFn pack_a;     // W = mr
+  PackFn pack_b;     // W = a multiple of vl
+  int nr() const { return vl * nv; }
 };
+
+// How many k steps ahead the AVX-512 kernel prefetches a B not in L1: 24 steps are ~300 cycles of
+// FMAs, enough to cover an L3 hit.
+constexpr int64_t kPrefetchRows = 24;
 
 // ---------------------------------------------------------------------------------------------
 // Portable fallback: plain loops that the compiler vectorises for the baseline ISA.
 
-template <int W>
-void pack_generic(const float* src, int64_t ld, bool w_contig, int64_t n, int64_t kc, float* dst) {
-  for (int64_t p = 0; p < n; p += W, dst += W * kc) {
-    const int64_t w = std::min<int64_t>(W, n - p);
-    for (int64_t k = 0; k < kc; ++k) {
-      float* d = dst + k * W;
-      if (w_contig) {
-        const float* s = src + k * ld + p;
-        for (int64_t i = 0; i < w; ++i) d[i] = s[i];
-      } else {
-        const float* s = src + p * ld + k;
-        for (int64_t i = 0; i < w; ++i) d[i] = s[i * ld];
-      }
-      for (int64_t i = w; i < W; ++i) d[i] = 0.0f;
+void pack_generic(const float* src, int64_t ld, bool i_contig, int64_t w, int64_t kc, int64_t W,
+                  float* dst) {
+  for (int64_t k = 0; k < kc; ++k, dst += W) {
+    if (i_contig) {
+      const float* s = src + k * ld;
+      for (int64_t i = 0; i < w; ++i) dst[i] = s[i];
+    } else {
+      const float* s = src + k;
+      for (int64_t i = 0; i < w; ++i) dst[i] = s[i * ld];
     }
+    for (int64_t i = w; i < W; ++i) dst[i] = 0.0f;
   }
 }
 
-float apply_store(float acc, float* c, const TileStore& st, int64_t j) {
+float apply_store(float acc, float c, const TileStore& st, int64_t j) {
   float x = st.alpha * acc;
-  if (st.beta != 0.0f) x += st.beta * *c;
+  if (st.beta != 0.0f) x += st.beta * c;
   if (st.bias != nullptr) x += st.bias[j];
-  // (x > 0 ? x : 0), not std::max: NaN maps to 0, matching _mm*_max_ps(x, 0) in the SIMD paths.
+  // (x > 0 ? x : 0), not std::max: NaN maps to 0, as the masked compare in the SIMD paths does.
   if (st.relu) x = x > 0.0f ? x : 0.0f;
   return x;
 }
 
 template <int MR, int NR>
-void kernel_generic(int64_t kc, const float* pa, const float* pb, float* c, int64_t ldc, int mr,
-                    int nr, const TileStore& st) {
+void kernel_generic(const Tile& t, const TileStore& st) {
   float acc[MR][NR] = {};
-  for (int64_t k = 0; k < kc; ++k, pa += MR, pb += NR) {
+  const float* pa = t.pa;
+  const float* pb = t.pb;
+  for (int64_t k = 0; k < t.kc; ++k, pa += MR, pb += t.ldpb) {
+    if (t.pb_out != nullptr) std::copy(pb, pb + NR, t.pb_out + k * NR);
     for (int i = 0; i < MR; ++i) {
       for (int j = 0; j < NR; ++j) acc[i][j] += pa[i] * pb[j];
     }
   }
-  for (int i = 0; i < mr; ++i) {
-    float* row = c + i * ldc;
-    for (int j = 0; j < nr; ++j) row[j] = apply_store(acc[i][j], row + j, st, j);
+  for (int i = 0; i < t.mr; ++i) {
+    float* row = t.c + i * t.ldc;
+    for (int j = 0; j < t.nr; ++j) row[j] = apply_store(acc[i][j], row[j], st, j);
   }
 }
 
 // ---------------------------------------------------------------------------------------------
-// AVX2 + FMA. Packing uses only AVX, so the AVX-512 kernel set reuses these packers.
+// AVX2 + FMA. Packing needs only AVX2, so the AVX-512 set reuses this packer.
 
 #define MINIDL_TARGET_AVX2 __attribute__((target("avx2,fma")))
 #define MINIDL_TARGET_AVX512 __attribute__((target("avx512f,avx2,fma")))
 
-/// dst[k * dst_ld + r] = src[r * ld + k] for an 8 x 8 block. Loading 128-bit halves straight into
-/// the two lanes does the cross-lane step with loads, leaving 16 in-lane shuffles.
+/// Lane masks for maskload/maskstore: kLaneMask + 8 - n enables the first n of 8 lanes.
+alignas(64) constexpr int kLaneMask[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+
+MINIDL_TARGET_AVX2 inline __m256i lane_mask(int64_t n) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kLaneMask + 8 - n));
+}
+
+/// Rows r and r + 4 of a block, columns [0, 4) each, as the low and high 128-bit lanes.
 MINIDL_TARGET_AVX2 inline __m256 load_rows_r_r4(const float* src, int64_t ld) {
   return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(src)), _mm_loadu_ps(src + 4 * ld),
                               1);
 }
 
+/// dst[k * dst_ld + r] = src[r * ld + k] for an 8 x 8 block. Loading 128-bit halves straight into
+/// the two lanes does the cross-lane step with loads, leaving 16 in-lane shuffles.
 MINIDL_TARGET_AVX2 inline void transpose_8x8(const float* src, int64_t ld, float* dst,
                                              int64_t dst_ld) {
   for (int col = 0; col < 8; col += 4) {
@@ -144,70 +180,104 @@ MINIDL_TARGET_AVX2 inline void transpose_8x8(const float* src, int64_t ld, float
   }
 }
 
-template <int W>
-MINIDL_TARGET_AVX2 void pack_avx2(const float* src, int64_t ld, bool w_contig, int64_t n,
-                                  int64_t kc, float* dst) {
-  static_assert(W % 8 == 0, "panel width must be whole AVX vectors");
-  for (int64_t p = 0; p < n; p += W, dst += W * kc) {
-    const int64_t w = std::min<int64_t>(W, n - p);
-    if (w_contig) {
-      const float* s = src + p;
-      if (w == W) {
-        for (int64_t k = 0; k < kc; ++k) {
+/// transpose_8x8 of the last, partial block of rows: rows [rows, 8) read as zeros.
+MINIDL_TARGET_AVX2 inline void transpose_rows_8x8(const float* src, int64_t ld, int64_t rows,
+                                                  float* dst, int64_t dst_ld) {
+  alignas(32) float block[8][8] = {};
+  for (int64_t r = 0; r < rows; ++r) _mm256_store_ps(block[r], _mm256_loadu_ps(src + r * ld));
+  transpose_8x8(&block[0][0], 8, dst, dst_ld);
+}
+
+/// The common full-width copy: NV8 vectors per k, no masks or zero fill.
+template <int NV8>
+MINIDL_TARGET_AVX2 void copy_panel(const float* src, int64_t ld, int64_t kc, float* dst) {
+  for (int64_t k = 0; k < kc; ++k, src += ld, dst += 8 * NV8) {
 #pragma GCC unroll 8
-          for (int i = 0; i < W; i += 8) {
-            _mm256_store_ps(dst + k * W + i, _mm256_loadu_ps(s + k * ld + i));
-          }
-        }
-      } else {
-        for (int64_t k = 0; k < kc; ++k) {
-          float* d = dst + k * W;
-          int64_t i = 0;
-          for (; i < w; ++i) d[i] = s[k * ld + i];
-          for (; i < W; ++i) d[i] = 0.0f;
-        }
-      }
-      continue;
-    }
-    // w_contig == false: each of the w source rows is contiguous along k, so transpose 8x8 blocks
-    // and mop up the ragged edges element by element.
-    const float* s = src + p * ld;
-    const int64_t w8 = w / 8 * 8;
-    const int64_t k8 = kc / 8 * 8;
-    for (int64_t i = 0; i < w8; i += 8) {
-      for (int64_t k = 0; k < k8; k += 8) transpose_8x8(s + i * ld + k, ld, dst + k * W + i, W);
-      for (int64_t k = k8; k < kc; ++k) {
-        for (int64_t r = i; r < i + 8; ++r) dst[k * W + r] = s[r * ld + k];
-      }
-    }
-    for (int64_t r = w8; r < w; ++r) {
-      for (int64_t k = 0; k < kc; ++k) dst[k * W + r] = s[r * ld + k];
-    }
-    if (w < W) {
-      for (int64_t k = 0; k < kc; ++k) std::fill(dst + k * W + w, dst + k * W + W, 0.0f);
-    }
+    for (int v = 0; v < NV8; ++v) _mm256_storeu_ps(dst + 8 * v, _mm256_loadu_ps(src + 8 * v));
   }
 }
 
-/// Lane masks for maskload/maskstore: kLaneMask + 8 - n enables the first n of 8 lanes.
-alignas(64) constexpr int kLaneMask[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+/// PackFn for W a multiple of 8.
+MINIDL_TARGET_AVX2 void pack_avx2(const float* src, int64_t ld, bool i_contig, int64_t w,
+                                  int64_t kc, int64_t W, float* dst) {
+  const int64_t w8 = w / 8 * 8;
+  const int64_t w_up = round_up(w, 8);
+  if (i_contig) {
+    if (w == W) {
+      switch (W) {
+        case 8:
+          return copy_panel<1>(src, ld, kc, dst);
+        case 16:
+          return copy_panel<2>(src, ld, kc, dst);
+        case 32:
+          return copy_panel<4>(src, ld, kc, dst);
+        case 48:
+          return copy_panel<6>(src, ld, kc, dst);
+        default:
+          break;
+      }
+    }
+    const __m256i tail = lane_mask(w - w8);
+    for (int64_t k = 0; k < kc; ++k) {
+      const float* s = src + k * ld;
+      float* d = dst + k * W;
+      int64_t i = 0;
+      for (; i < w8; i += 8) _mm256_storeu_ps(d + i, _mm256_loadu_ps(s + i));
+      // maskload reads only the w - w8 valid floats and zeroes the rest of the vector.
+      if (i < w) _mm256_storeu_ps(d + i, _mm256_maskload_ps(s + i, tail));
+      for (i = w_up; i < W; i += 8) _mm256_storeu_ps(d + i, _mm256_setzero_ps());
+    }
+    return;
+  }
+  // Each of the w source rows is contiguous along k: transpose 8 x 8 blocks (the last one padded
+  // with zero rows), then the k tail element by element.
+  const int64_t k8 = kc / 8 * 8;
+  for (int64_t i = 0; i < w_up; i += 8) {
+    const int64_t rows = std::min<int64_t>(8, w - i);
+    const float* s = src + i * ld;
+    for (int64_t k = 0; k < k8; k += 8) {
+      if (rows == 8) {
+        transpose_8x8(s + k, ld, dst + k * W + i, W);
+      } else {
+        transpose_rows_8x8(s + k, ld, rows, dst + k * W + i, W);
+      }
+    }
+    for (int64_t k = k8; k < kc; ++k) {
+      for (int64_t r = 0; r < 8; ++r) dst[k * W + i + r] = r < rows ? s[r * ld + k] : 0.0f;
+    }
+  }
+  for (int64_t k = 0; k < kc; ++k) {
+    for (int64_t i = w_up; i < W; i += 8) _mm256_storeu_ps(dst + k * W + i, _mm256_setzero_ps());
+  }
+}
 
-template <int MR, int NV>
-MINIDL_TARGET_AVX2 void kernel_avx2(int64_t kc, const float* pa, const float* pb, float* c,
-                                    int64_t ldc, int mr, int nr, const TileStore& st) {
-  constexpr int NR = 8 * NV;
-  __m256 acc[MR][NV];
+template <int MR, int ROWS, int NV>
+MINIDL_TARGET_AVX2 void kernel_avx2(const Tile& t, const TileStore& st) {
+  __m256 acc[ROWS][NV];
 #pragma GCC unroll 16
-  for (int i = 0; i < MR; ++i) {
+  for (int i = 0; i < ROWS; ++i) {
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) acc[i][v] = _mm256_setzero_ps();
   }
-  for (int64_t k = 0; k < kc; ++k, pa += MR, pb += NR) {
+#pragma GCC unroll 16
+  for (int i = 0; i < ROWS; ++i) {
+    _mm_prefetch(reinterpret_cast<const char*>(t.c + i * t.ldc), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(t.c + i * t.ldc + 8 * NV - 1), _MM_HINT_T0);
+  }
+  const float* pa = t.pa;
+  const float* pb = t.pb;
+  float* pb_out = t.pb_out;
+  for (int64_t k = 0; k < t.kc; ++k, pa += MR, pb += t.ldpb) {
     __m256 b[NV];
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) b[v] = _mm256_load_ps(pb + 8 * v);
+    for (int v = 0; v < NV; ++v) b[v] = _mm256_loadu_ps(pb + 8 * v);
+    if (pb_out != nullptr) {
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) _mm256_storeu_ps(pb_out + 8 * v, b[v]);
+      pb_out += 8 * NV;
+    }
 #pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) {
+    for (int i = 0; i < ROWS; ++i) {
       const __m256 a = _mm256_broadcast_ss(pa + i);
 #pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) acc[i][v] = _mm256_fmadd_ps(a, b[v], acc[i][v]);
@@ -216,9 +286,14 @@ MINIDL_TARGET_AVX2 void kernel_avx2(int64_t kc, const float* pa, const float* pb
 
   __m256i mask[NV];
 #pragma GCC unroll 4
-  for (int v = 0; v < NV; ++v) {
-    const int lanes = std::clamp(nr - 8 * v, 0, 8);
-    mask[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kLaneMask + 8 - lanes));
+  for (int v = 0; v < NV; ++v) mask[v] = lane_mask(std::clamp(t.nr - 8 * v, 0, 8));
+  if (st.alpha == 1.0f && st.beta == 0.0f && st.bias == nullptr && !st.relu) {
+#pragma GCC unroll 16
+    for (int i = 0; i < ROWS; ++i) {
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) _mm256_maskstore_ps(t.c + i * t.ldc + 8 * v, mask[v], acc[i][v]);
+    }
+    return;
   }
   const __m256 alpha = _mm256_set1_ps(st.alpha);
   const __m256 beta = _mm256_set1_ps(st.beta);
@@ -229,15 +304,14 @@ MINIDL_TARGET_AVX2 void kernel_avx2(int64_t kc, const float* pa, const float* pb
     bias[v] = st.bias != nullptr ? _mm256_maskload_ps(st.bias + 8 * v, mask[v]) : zero;
   }
 #pragma GCC unroll 16
-  for (int i = 0; i < MR; ++i) {
-    if (i >= mr) break;
-    float* row = c + i * ldc;
+  for (int i = 0; i < ROWS; ++i) {
+    float* row = t.c + i * t.ldc;
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) {
       __m256 x = _mm256_mul_ps(acc[i][v], alpha);
       if (st.beta != 0.0f) x = _mm256_fmadd_ps(_mm256_maskload_ps(row + 8 * v, mask[v]), beta, x);
-      x = _mm256_add_ps(x, bias[v]);
-      if (st.relu) x = _mm256_max_ps(x, zero);
+      if (st.bias != nullptr) x = _mm256_add_ps(x, bias[v]);
+      if (st.relu) x = _mm256_and_ps(x, _mm256_cmp_ps(x, zero, _CMP_GT_OQ));
       _mm256_maskstore_ps(row + 8 * v, mask[v], x);
     }
   }
@@ -246,47 +320,77 @@ MINIDL_TARGET_AVX2 void kernel_avx2(int64_t kc, const float* pa, const float* pb
 // ---------------------------------------------------------------------------------------------
 // AVX-512.
 
-template <int MR, int NV>
-MINIDL_TARGET_AVX512 void kernel_avx512(int64_t kc, const float* pa, const float* pb, float* c,
-                                        int64_t ldc, int mr, int nr, const TileStore& st) {
-  constexpr int NR = 16 * NV;
-  __m512 acc[MR][NV];
-#pragma GCC unroll 16
-  for (int i = 0; i < MR; ++i) {
+/// The k loop: acc += A panel x B rows, plus the optional B copy and prefetches (see Tile).
+template <int MR, int ROWS, int NV, bool kCopyB, bool kPrefetchB>
+MINIDL_TARGET_AVX512 __attribute__((always_inline)) inline void k_loop_avx512(
+    __m512 (&acc)[ROWS][NV], const Tile& t) {
+  const float* pa = t.pa;
+  const float* pb = t.pb;
+  float* pb_out = t.pb_out;
+  for (int64_t k = 0; k < t.kc; ++k, pa += MR, pb += t.ldpb) {
+    // A panels usually stream from L2; a line holds two steps, 16 steps ahead hides the latency.
+    if ((k & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(pa + 16 * MR), _MM_HINT_T0);
+    if constexpr (kPrefetchB) {
+      // Every line of the row kPrefetchRows ahead, whatever the alignment of a strided source.
+      const float* ahead = pb + kPrefetchRows * t.ldpb;
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_setzero_ps();
-  }
-#ifdef XPFC
-  // C is read only after the k loop; start its (likely L2/L3) lines coming now.
-#pragma GCC unroll 16
-  for (int i = 0; i < MR; ++i) {
-    if (i >= mr) break;
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v)
-      _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc + 16 * v), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc + NR - 1), _MM_HINT_T0);
-  }
-#endif
-  for (int64_t k = 0; k < kc; ++k, pa += MR, pb += NR) {
+      for (int v = 0; v < NV; ++v)
+        _mm_prefetch(reinterpret_cast<const char*>(ahead + 16 * v), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(ahead + 16 * NV - 1), _MM_HINT_T0);
+    }
     __m512 b[NV];
-#ifdef XPFA
-    if ((k & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(pa + XPFA), _MM_HINT_T0);
-#endif
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) b[v] = _mm512_load_ps(pb + 16 * v);
+    for (int v = 0; v < NV; ++v) b[v] = _mm512_loadu_ps(pb + 16 * v);
+    if constexpr (kCopyB) {
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) _mm512_store_ps(pb_out + 16 * v, b[v]);
+      pb_out += 16 * NV;
+    }
 #pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) {
+    for (int i = 0; i < ROWS; ++i) {
       const __m512 a = _mm512_set1_ps(pa[i]);
 #pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_fmadd_ps(a, b[v], acc[i][v]);
     }
   }
+}
+
+template <int MR, int ROWS, int NV>
+MINIDL_TARGET_AVX512 void kernel_avx512(const Tile& t, const TileStore& st) {
+  __m512 acc[ROWS][NV];
+#pragma GCC unroll 16
+  for (int i = 0; i < ROWS; ++i) {
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_setzero_ps();
+  }
+  // C is read only after the k loop, but its lines are likely in L2 or L3: start them now.
+#pragma GCC unroll 16
+  for (int i = 0; i < ROWS; ++i) {
+    _mm_prefetch(reinterpret_cast<const char*>(t.c + i * t.ldc), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(t.c + i * t.ldc + 16 * NV - 1), _MM_HINT_T0);
+  }
+  if (t.pb_out != nullptr) {
+    k_loop_avx512<MR, ROWS, NV, true, true>(acc, t);
+  } else if (t.prefetch_b) {
+    k_loop_avx512<MR, ROWS, NV, false, true>(acc, t);
+  } else {
+    k_loop_avx512<MR, ROWS, NV, false, false>(acc, t);
+  }
 
   __mmask16 mask[NV];
 #pragma GCC unroll 4
   for (int v = 0; v < NV; ++v) {
-    const int lanes = std::clamp(nr - 16 * v, 0, 16);
-    mask[v] = static_cast<__mmask16>((1u << lanes) - 1u);
+    mask[v] = static_cast<__mmask16>((1u << std::clamp(t.nr - 16 * v, 0, 16)) - 1u);
+  }
+  if (st.alpha == 1.0f && st.beta == 0.0f && st.bias == nullptr && !st.relu) {
+    // The plain C = A * B store; it matters when a short K leaves the store a large share.
+#pragma GCC unroll 16
+    for (int i = 0; i < ROWS; ++i) {
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v)
+        _mm512_mask_storeu_ps(t.c + i * t.ldc + 16 * v, mask[v], acc[i][v]);
+    }
+    return;
   }
   const __m512 alpha = _mm512_set1_ps(st.alpha);
   const __m512 beta = _mm512_set1_ps(st.beta);
@@ -297,16 +401,15 @@ MINIDL_TARGET_AVX512 void kernel_avx512(int64_t kc, const float* pa, const float
     bias[v] = st.bias != nullptr ? _mm512_maskz_loadu_ps(mask[v], st.bias + 16 * v) : zero;
   }
 #pragma GCC unroll 16
-  for (int i = 0; i < MR; ++i) {
-    if (i >= mr) break;
-    float* row = c + i * ldc;
+  for (int i = 0; i < ROWS; ++i) {
+    float* row = t.c + i * t.ldc;
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) {
       __m512 x = _mm512_mul_ps(acc[i][v], alpha);
       if (st.beta != 0.0f) {
         x = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask[v], row + 16 * v), beta, x);
       }
-      x = _mm512_add_ps(x, bias[v]);
+      if (st.bias != nullptr) x = _mm512_add_ps(x, bias[v]);
       // maskz_mov on (x > 0) rather than max_ps, whose GCC 12 header trips -Wmaybe-uninitialized.
       if (st.relu) x = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, zero, _CMP_GT_OQ), x);
       _mm512_mask_storeu_ps(row + 16 * v, mask[v], x);
@@ -315,24 +418,59 @@ MINIDL_TARGET_AVX512 void kernel_avx512(int64_t kc, const float* pa, const float
 }
 
 // ---------------------------------------------------------------------------------------------
-// Kernel sets. Blocking targets a recent Xeon (48 KiB L1d, 2 MiB L2 per core): the kc x NR B panel
-// (kc = 256: 32 KiB for NR = 32) stays in L1 while MR x kc A panels stream from an A block that
-// fits L2 with room to spare; NC keeps the packed B block (kc x nc) within L2 as well.
+// Kernel sets. Blocking targets a recent Xeon (48 KiB L1d, 2 MiB L2 per core): a kc x NR B panel
+// (192 x 48 floats = 36 KiB) fits L1 next to an 8 x 192 A panel, the mc x kc A block (192 KiB)
+// and the kc x nc B block (at most ~1.5 MiB) fit L2. Measured flat within a few percent for
+// kc in 128..256 and mc in 128..512.
 
-#ifndef XMR
-#define XMR 8
-#define XNV 2
-#define XMC 256
-#define XKC 256
-#define XNC 2048
-#endif
+template <int MR, int R>
+constexpr std::array<MicroKernel, kMaxNv> avx512_row() {
+  return {&kernel_avx512<MR, R, 1>, &kernel_avx512<MR, R, 2>, &kernel_avx512<MR, R, 3>};
+}
+template <int MR, int R>
+constexpr std::array<MicroKernel, kMaxNv> avx2_row() {
+  return {&kernel_avx2<MR, R, 1>, &kernel_avx2<MR, R, 2>, nullptr};
+}
+constexpr std::array<MicroKernel, kMaxNv> kGenericRow = {&kernel_generic<4, 16>, nullptr, nullptr};
+
+// 8 x 48: 24 zmm accumulators, 3 vector loads and 8 broadcasts per 24 FMAs. It beat 8x32 by ~5%
+// (up to 10% on 1024^2 products), and 12x32 / 14x32 by more on these shapes; MR = 8 divides the
+// batch of 64 and keeps the A transposes in 8 x 8 blocks.
 constexpr Kernels kAvx512 = {
-    "avx512",           XMR, XNV * 16, XMC, XKC, XNC, kernel_avx512<XMR, XNV>, pack_generic<XMR>,
-    pack_avx2<XNV * 16>};
-constexpr Kernels kAvx2 = {"avx2",       6, 16, 192, 256, 2048, kernel_avx2<6, 2>, pack_generic<6>,
-                           pack_avx2<16>};
-constexpr Kernels kGeneric = {
-    "generic", 4, 16, 128, 256, 1024, kernel_generic<4, 16>, pack_generic<4>, pack_generic<16>};
+    .name = "avx512",
+    .mr = 8,
+    .vl = 16,
+    .nv = 3,
+    .mc = 256,
+    .kc = 192,
+    .nc = 2040,
+    .micro = {avx512_row<8, 1>(), avx512_row<8, 2>(), avx512_row<8, 3>(), avx512_row<8, 4>(),
+              avx512_row<8, 5>(), avx512_row<8, 6>(), avx512_row<8, 7>(), avx512_row<8, 8>()},
+    .pack_a = pack_avx2,
+    .pack_b = pack_avx2};
+// 6 x 16: 12 of the 16 ymm registers accumulate, the classic Haswell shape. MR = 6 is not a
+// multiple of 8, so A takes the portable packer.
+constexpr Kernels kAvx2 = {.name = "avx2",
+                           .mr = 6,
+                           .vl = 8,
+                           .nv = 2,
+                           .mc = 192,
+                           .kc = 256,
+                           .nc = 2048,
+                           .micro = {avx2_row<6, 1>(), avx2_row<6, 2>(), avx2_row<6, 3>(),
+                                     avx2_row<6, 4>(), avx2_row<6, 5>(), avx2_row<6, 6>()},
+                           .pack_a = pack_generic,
+                           .pack_b = pack_avx2};
+constexpr Kernels kGeneric = {.name = "generic",
+                              .mr = 4,
+                              .vl = 16,
+                              .nv = 1,
+                              .mc = 128,
+                              .kc = 256,
+                              .nc = 1024,
+                              .micro = {kGenericRow, kGenericRow, kGenericRow, kGenericRow},
+                              .pack_a = pack_generic,
+                              .pack_b = pack_generic};
 
 bool cpu_has_avx512() {
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") &&
@@ -422,47 +560,76 @@ void gemm_block(const Kernels& kn, const GemmArgs& g, int64_t i0, int64_t m, int
                 int64_t n) {
   thread_local PackBuffer a_buffer;
   thread_local PackBuffer b_buffer;
-  const int64_t mr = kn.mr, nr = kn.nr;
+  const int64_t mr = kn.mr, nr = kn.nr(), vl = kn.vl;
   const int64_t kc_max = balanced_block(g.K, kn.kc, 1);
   const int64_t mc_max = balanced_block(m, kn.mc, mr);
   const int64_t nc_max = balanced_block(n, kn.nc, nr);
-  const bool single_ic = mc_max >= m;
+  // One A block: each B panel serves only the tiles of one jr step, so a single L1-sized slot is
+  // reused. Several: the whole packed B block is kept (in L2) for the later A blocks.
+  const bool reuse_b = mc_max < m;
   float* a_pack = a_buffer.get(round_up(mc_max, mr) * kc_max);
-  float* b_pack = b_buffer.get(round_up(nc_max, nr) * kc_max);
+  float* b_pack = b_buffer.get((reuse_b ? round_up(nc_max, nr) : nr) * kc_max);
 
   for (int64_t jc = 0; jc < n; jc += nc_max) {
     const int64_t nc = std::min(nc_max, n - jc);
     const int64_t col = j0 + jc;  // column of C and of op(B)
     for (int64_t pc = 0; pc < g.K; pc += kc_max) {
       const int64_t kc = std::min(kc_max, g.K - pc);
+      const bool last = pc + kc == g.K;
+      const TileStore store{g.alpha, pc == 0 ? g.beta : 1.0f, nullptr, last && g.relu};
       // op(B)(k, j) is B[k * ldb + j], or B[j * ldb + k] when trans_b.
       const float* b_src = g.trans_b ? g.B + col * g.ldb + pc : g.B + pc * g.ldb + col;
-
-      const bool last = pc + kc == g.K;
-      TileStore st{g.alpha, pc == 0 ? g.beta : 1.0f, nullptr, last && g.relu};
       for (int64_t ic = 0; ic < m; ic += mc_max) {
         const int64_t mc = std::min(mc_max, m - ic);
         const int64_t row = i0 + ic;
         // op(A)(i, k) is A[i * lda + k], or A[k * lda + i] when trans_a.
         const float* a_src = g.trans_a ? g.A + pc * g.lda + row : g.A + row * g.lda + pc;
-        kn.pack_a(a_src, g.lda, g.trans_a, mc, kc, a_pack);
+        for (int64_t ir = 0; ir < mc; ir += mr) {
+          const float* a_panel = g.trans_a ? a_src + ir : a_src + ir * g.lda;
+          kn.pack_a(a_panel, g.lda, g.trans_a, std::min(mr, mc - ir), kc, mr, a_pack + ir * kc);
+        }
 
-        for (int64_t jr = 0; jr < nc; jr += nr) {
-          // Pack each B panel on the first A block, just before its first use, so the ir loop
-          // finds it in L1 instead of in a freshly written buffer that already left for L2/L3.
-          // With a single A block no panel is needed twice, so one slot is reused and the packed
-          // copy never leaves L1 (the rest of B then stays in L2 across calls).
-          float* b_panel_pack = single_ic ? b_pack : b_pack + jr * kc;
-          if (ic == 0) {
-            const float* b_panel = g.trans_b ? b_src + jr * g.ldb : b_src + jr;
-            kn.pack_b(b_panel, g.ldb, !g.trans_b, std::min(nr, nc - jr), kc, b_panel_pack);
+        // B panels are packed on the first A block. A full panel of an untransposed B is packed
+        // by its first tile (see Tile); transposed or ragged panels by pack_b, beforehand.
+        auto b_panel_src = [&](int64_t jr) { return g.trans_b ? b_src + jr * g.ldb : b_src + jr; };
+        auto packs_in_kernel = [&](int64_t jr) { return ic == 0 && !g.trans_b && nc - jr >= nr; };
+        auto pack_panel = [&](int64_t jr, float* pb) {
+          const int64_t w = std::min(nr, nc - jr);
+          if (ic == 0 && !packs_in_kernel(jr)) {
+            kn.pack_b(b_panel_src(jr), g.ldb, !g.trans_b, w, kc, round_up(w, vl), pb);
           }
+        };
+        auto run_tile = [&](int64_t ir, int64_t jr, float* pb) {
+          const int64_t nr_cur = std::min(nr, nc - jr);
+          const int64_t width = round_up(nr_cur, vl);  // edge panels pad to whole vectors only
+          const int rows = static_cast<int>(std::min(mr, mc - ir));
+          const bool packs = ir == 0 && packs_in_kernel(jr);
+          const Tile tile{kc,
+                          a_pack + ir * kc,
+                          packs ? b_panel_src(jr) : pb,
+                          packs ? g.ldb : width,
+                          packs ? pb : nullptr,
+                          g.C + (row + ir) * g.ldc + col + jr,
+                          g.ldc,
+                          rows,
+                          static_cast<int>(nr_cur),
+                          reuse_b || packs};
+          TileStore st = store;
           st.bias = last && g.bias != nullptr ? g.bias + col + jr : nullptr;
-          float* c_col = g.C + row * g.ldc + col + jr;
-          const int nr_cur = static_cast<int>(std::min(nr, nc - jr));
+          kn.micro[rows - 1][width / vl - 1](tile, st);
+        };
+
+        if (reuse_b) {
+          // ir outside: the A panel stays in L1 and the B panels stream from the L2 block.
+          for (int64_t jr = 0; jr < nc; jr += nr) pack_panel(jr, b_pack + jr * kc);
           for (int64_t ir = 0; ir < mc; ir += mr) {
-            kn.micro(kc, a_pack + ir * kc, b_panel_pack, c_col + ir * g.ldc, g.ldc,
-                     static_cast<int>(std::min(mr, mc - ir)), nr_cur, st);
+            for (int64_t jr = 0; jr < nc; jr += nr) run_tile(ir, jr, b_pack + jr * kc);
+          }
+        } else {
+          // jr outside: each B panel is packed right before its tiles and stays in L1.
+          for (int64_t jr = 0; jr < nc; jr += nr) {
+            pack_panel(jr, b_pack);
+            for (int64_t ir = 0; ir < mc; ir += mr) run_tile(ir, jr, b_pack);
           }
         }
       }
@@ -483,7 +650,8 @@ void scale_c(const GemmArgs& g) {
   }
 }
 
-/// The thread grid tm x tn over C and the rows/columns per thread (multiples of MR/NR).
+/// The thread grid tm x tn over C and the rows/columns per thread (multiples of MR and of the
+/// vector width).
 struct Partition {
   int tm = 1, tn = 1;
   int64_t rows = 0, cols = 0;
@@ -504,7 +672,9 @@ Partition choose_partition(const Kernels& kn, int64_t M, int64_t N, int64_t K, i
     if (threads % tm != 0) continue;
     const int tn = threads / tm;
     const int64_t rows = round_up(ceil_div(M, tm), kn.mr);
-    const int64_t cols = round_up(ceil_div(N, tn), kn.nr);
+    // Columns go in whole vectors, not whole panels: 256 splits 128 + 128 rather than 144 + 112;
+    // the edge panel of each half then runs the narrower kernel instance.
+    const int64_t cols = round_up(ceil_div(N, tn), kn.vl);
     const int64_t cost = rows * cols * K + kPackCost * (rows + cols) * K;
     if (best_cost < 0 || cost < best_cost) {
       best = {tm, tn, rows, cols};
@@ -543,12 +713,15 @@ void sgemm_impl(const GemmArgs& g) {
   }
   const Partition part = choose_partition(kn, g.M, g.N, g.K, threads);
   std::exception_ptr error;
-#pragma omp parallel num_threads(part.tm* part.tn)
+  const int blocks = part.tm * part.tn;
+#pragma omp parallel num_threads(blocks)
   {
-    const int t = omp_get_thread_num();
-    const int64_t i0 = (t / part.tn) * part.rows;
-    const int64_t j0 = (t % part.tn) * part.cols;
-    if (i0 < g.M && j0 < g.N) {
+    // The runtime may grant fewer threads than asked (OMP_DYNAMIC, thread limits): stride over
+    // the blocks so that every one is computed regardless.
+    for (int b = omp_get_thread_num(); b < blocks; b += omp_get_num_threads()) {
+      const int64_t i0 = (b / part.tn) * part.rows;
+      const int64_t j0 = (b % part.tn) * part.cols;
+      if (i0 >= g.M || j0 >= g.N) continue;
       try {
         gemm_block(kn, g, i0, std::min(part.rows, g.M - i0), j0, std::min(part.cols, g.N - j0));
       } catch (...) {  // exceptions must not leave an OpenMP region; rethrow one after the join

@@ -14,8 +14,10 @@ struct GemmEpilogue {
 
 /// Row-major C[M,N] = alpha * op(A) * op(B) + beta * C, op(X) = X or X^T.
 /// A is [M,K] (or [K,M] when trans_a), B is [K,N] (or [N,K] when trans_b); lda/ldb/ldc are row
-/// strides. beta == 0 means C is write-only (it may hold NaN garbage on entry and is ignored).
-/// Runs on the OpenMP threads unless called from inside a parallel region, then serially.
+/// strides. beta == 0 means C is write-only (it may hold NaN garbage on entry and is ignored);
+/// alpha == 0 or K == 0 leaves C = beta * C without reading A or B, as BLAS does.
+/// Runs on the OpenMP threads unless called from inside a parallel region, then serially. Throws
+/// minidl::Error for negative sizes or strides shorter than a row.
 void sgemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
            const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
            std::int64_t ldc);
@@ -25,12 +27,13 @@ void sgemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int6
            const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
            std::int64_t ldc, const GemmEpilogue& epilogue);
 
-/// Name of the micro-kernel chosen at run time for this CPU ("avx512", "avx2", "generic").
+/// Name of the micro-kernel chosen at run time for this CPU ("avx512", "avx2", "generic"): the
+/// widest one supported, unless MINIDL_GEMM_ISA (read once, at the first call) names another.
 const char* sgemm_isa();
 
 /// Forces the micro-kernel for later calls ("avx512", "avx2", "generic"), or restores the automatic
 /// choice for nullptr or "". Meant for tests that cover every path; throws minidl::Error for an
-/// unknown name or an ISA this CPU lacks. Not thread-safe against concurrent sgemm calls.
+/// unknown name or an ISA this CPU lacks. Calls already running keep the kernel they started with.
 void sgemm_force_isa(const char* isa);
 
 }  // namespace minidl::native

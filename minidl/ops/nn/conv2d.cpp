@@ -1,0 +1,253 @@
+// conv2d: y[N,K,OH,OW] = x[N,C,H,W] (*) w[K,C,KH,KW], the cross-correlation PyTorch's Conv2d
+// computes, with zero padding `pad` and `stride`. The bias is a separate bias_add node, so the
+// convolution and both halves of its backward are plain GEMMs around im2col / col2im:
+//   forward                       y[n]  = w[K, C*KH*KW] * im2col(x[n])
+//   conv2d_bwd_data(dy, w)    ->  dx[n] = col2im(w^T * dy[n])
+//   conv2d_bwd_weights(dy, x) ->  dw    = sum_n dy[n] * im2col(x[n])^T
+// Samples are spread over the OpenMP threads, each running a serial GEMM on its own column
+// buffer; with fewer samples than threads the GEMM and im2col are parallel instead.
+#include <algorithm>
+#include <exception>
+
+#include "minidl/core/threading.hpp"
+#include "minidl/ops/native/gemm.hpp"
+#include "minidl/ops/native/im2col.hpp"
+#include "minidl/ops/nn/window.hpp"
+#include "minidl/ops/registry.hpp"
+
+namespace minidl::ops {
+namespace {
+
+using native::ConvGeom;
+using std::int64_t;
+
+// ---- shape rules ----------------------------------------------------------------------------
+
+void infer(ir::InferCtx& c) {
+  const Shape& x = c.input(0);
+  const Shape& w = c.input(1);
+  MINIDL_CHECK_NODE(c, x.rank() == 4, "expected x [N,C,H,W], got rank ", x.rank());
+  MINIDL_CHECK_NODE(c, w.rank() == 4, "expected w [K,C,KH,KW], got rank ", w.rank());
+  MINIDL_CHECK_NODE(c, c.dtype(0) == DType::F32 && c.dtype(1) == DType::F32, "expected f32");
+  MINIDL_CHECK_NODE(c, w[0] > 0 && w[2] > 0 && w[3] > 0, "w must have positive dimensions");
+  MINIDL_CHECK_NODE(c, x[1] == w[1], "channel mismatch: x has ", x[1], " channels, w expects ",
+                    w[1]);
+  const Int2 stride = int2_attr(c, "stride", 1);
+  const Int2 pad = int2_attr(c, "pad", 0);
+  const ConvGeom g = checked_window_geom(c, x, {w[2], w[3]}, stride, pad);
+  c.set_output(0, window_out_shape(x, w[0], g));
+}
+
+// dy [N,K,OH,OW], w [K,C,KH,KW] -> dx `in_shape` [N,C,H,W]
+void infer_bwd_data(ir::InferCtx& c) {
+  const Shape& dy = c.input(0);
+  const Shape& w = c.input(1);
+  MINIDL_CHECK_NODE(c, dy.rank() == 4 && w.rank() == 4, "expected dy [N,K,OH,OW], w [K,C,KH,KW]");
+  MINIDL_CHECK_NODE(c, c.dtype(0) == DType::F32 && c.dtype(1) == DType::F32, "expected f32");
+  const auto in = c.attr<ir::Ints>("in_shape");
+  MINIDL_CHECK_NODE(c, in.size() == 4, "in_shape must hold [N,C,H,W], got ", ints_str(in));
+  MINIDL_CHECK_NODE(c, dy[1] == w[0], "dy has ", dy[1], " channels, w has ", w[0], " filters");
+  MINIDL_CHECK_NODE(c, in[0] == dy[0] && in[1] == w[1], "in_shape ", ints_str(in),
+                    " does not match dy's batch ", dy[0], " and w's ", w[1], " channels");
+  const Int2 stride = int2_attr(c, "stride", 1);
+  const Int2 pad = int2_attr(c, "pad", 0);
+  const Shape x(in);
+  const ConvGeom g = checked_window_geom(c, x, {w[2], w[3]}, stride, pad);
+  MINIDL_CHECK_NODE(c, g.OH == dy[2] && g.OW == dy[3], "in_shape ", x, " gives output ", g.OH, "x",
+                    g.OW, ", dy is ", dy[2], "x", dy[3]);
+  c.set_output(0, x);
+}
+
+// dy [N,K,OH,OW], x [N,C,H,W] -> dw [K,C,KH,KW], KH x KW from `kernel`
+void infer_bwd_weights(ir::InferCtx& c) {
+  const Shape& dy = c.input(0);
+  const Shape& x = c.input(1);
+  MINIDL_CHECK_NODE(c, dy.rank() == 4 && x.rank() == 4, "expected dy [N,K,OH,OW], x [N,C,H,W]");
+  MINIDL_CHECK_NODE(c, c.dtype(0) == DType::F32 && c.dtype(1) == DType::F32, "expected f32");
+  MINIDL_CHECK_NODE(c, dy[0] == x[0], "batch mismatch: dy has ", dy[0], " samples, x has ", x[0]);
+  const Int2 kernel = int2_attr(c, "kernel", 1);
+  const Int2 stride = int2_attr(c, "stride", 1);
+  const Int2 pad = int2_attr(c, "pad", 0);
+  const ConvGeom g = checked_window_geom(c, x, kernel, stride, pad);
+  MINIDL_CHECK_NODE(c, g.OH == dy[2] && g.OW == dy[3], "x gives output ", g.OH, "x", g.OW,
+                    ", dy is ", dy[2], "x", dy[3]);
+  c.set_output(0, Shape{dy[1], x[1], kernel[0], kernel[1]});
+}
+
+// ---- native kernels -------------------------------------------------------------------------
+
+ConvGeom node_geom(const Shape& x, std::int64_t kh, std::int64_t kw, const ir::Attrs& a) {
+  return window_geom(x, kh, kw, a.get<ir::Ints>("stride"), a.get<ir::Ints>("pad"));
+}
+
+/// Calls fn(i, inner) for every i in [0, n). With at least as many items as threads the items
+/// are spread over the threads and fn must run serially (inner = false: its GEMM sees that it is
+/// inside a parallel region); otherwise the items run in order and fn parallelises within
+/// (inner = true). Items are handed out dynamically, so a thread that the OS preempts does not
+/// hold up the others; every item writes its own output, so the results do not depend on who
+/// ran what.
+template <typename Fn>
+void for_each_item(int64_t n, Fn&& fn) {
+  const int threads = omp_in_parallel() ? 1 : max_threads();
+  if (threads == 1 || n < threads) {
+    for (int64_t i = 0; i < n; ++i) fn(i, threads > 1);
+    return;
+  }
+  std::exception_ptr error;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t i = 0; i < n; ++i) {
+    try {
+      fn(i, false);
+    } catch (...) {  // an exception must not leave the region; rethrow one after the join
+#pragma omp critical(minidl_conv2d_error)
+      error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+/// Channels of one sample through im2col (or col2im), over the threads when `inner`.
+template <typename Fn>
+void over_channels(const ConvGeom& g, bool inner, Fn&& fn) {
+  if (!inner) return fn(int64_t{0}, g.C);
+  parallel_for(g.C, g.KH * g.KW * g.cols(), fn);
+}
+
+// src [N,C,H,W], weights [K,C,KH,KW] -> dst [N,K,OH,OW]
+void conv2d_fwd(const ir::KernelArgs& k) {
+  const Shape& ws = k.in[1].shape();
+  const ConvGeom g = node_geom(k.in[0].shape(), ws[2], ws[3], k.attrs());
+  const int64_t oc = ws[0], rows = g.rows(), cols = g.cols(), in_size = g.C * g.H * g.W;
+  const float* src = k.in[0].data<float>();
+  const float* weights = k.in[1].data<float>();
+  float* dst = k.out[0].data<float>();
+  for_each_item(k.in[0].shape()[0], [&](int64_t i, bool inner) {
+    const float* col = src + i * in_size;  // a 1x1 stride-1 convolution reads x as it is
+    if (!g.is_identity()) {
+      float* buf = native::thread_scratch(rows * cols);
+      over_channels(g, inner, [&](int64_t c0, int64_t c1) { native::im2col(g, col, buf, c0, c1); });
+      col = buf;
+    }
+    native::sgemm(false, false, oc, cols, rows, 1.0f, weights, rows, col, cols, 0.0f,
+                  dst + i * oc * cols, cols);
+  });
+}
+
+// diff_dst [N,K,OH,OW], weights [K,C,KH,KW] -> diff_src [N,C,H,W]
+void conv2d_bwd_data(const ir::KernelArgs& k) {
+  const Shape& ws = k.in[1].shape();
+  const ConvGeom g = node_geom(k.out[0].shape(), ws[2], ws[3], k.attrs());
+  const int64_t oc = ws[0], rows = g.rows(), cols = g.cols(), in_size = g.C * g.H * g.W;
+  const float* diff_dst = k.in[0].data<float>();
+  const float* weights = k.in[1].data<float>();
+  float* diff_src = k.out[0].data<float>();
+  for_each_item(k.in[0].shape()[0], [&](int64_t i, bool inner) {
+    float* dx = diff_src + i * in_size;
+    float* col = g.is_identity() ? dx : native::thread_scratch(rows * cols);
+    native::sgemm(true, false, rows, cols, oc, 1.0f, weights, rows, diff_dst + i * oc * cols, cols,
+                  0.0f, col, cols);
+    if (!g.is_identity()) {
+      over_channels(g, inner, [&](int64_t c0, int64_t c1) { native::col2im(g, col, dx, c0, c1); });
+    }
+  });
+}
+
+/// Samples are summed in a fixed number of contiguous chunks, each chunk in sample order into its
+/// own buffer, and the chunks then in chunk order: the count depends on the shapes only, never
+/// on the threads, so neither does the result. It is capped so the partial sums stay small.
+int64_t weight_chunks(int64_t n, int64_t dw_size) {
+  constexpr int64_t kMaxChunks = 16;
+  constexpr int64_t kPartialBudget = int64_t{1} << 22;  // floats in the partial sums
+  return std::max<int64_t>(1, std::min({n, kMaxChunks, kPartialBudget / dw_size + 1}));
+}
+
+// diff_dst [N,K,OH,OW], src [N,C,H,W] -> diff_weights [K,C,KH,KW]
+ir::Kernel make_conv2d_bwd_weights(const ir::Node& node) {
+  const ir::Ints kernel = node.attrs().get<ir::Ints>("kernel");
+  const ConvGeom g = node_geom(node.input(1)->shape(), kernel[0], kernel[1], node.attrs());
+  const int64_t n = node.input(1)->shape()[0], oc = node.input(0)->shape()[1];
+  const int64_t dw_size = oc * g.rows();
+  const int64_t chunks = weight_chunks(n, dw_size);
+  // Chunk 0 sums straight into the output; the others into buffers owned by the kernel.
+  const Tensor partials = Tensor::empty(Shape{chunks - 1, dw_size});
+  return [g, n, oc, dw_size, chunks, partials](const ir::KernelArgs& k) {
+    const int64_t rows = g.rows(), cols = g.cols(), in_size = g.C * g.H * g.W;
+    const float* diff_dst = k.in[0].data<float>();
+    const float* src = k.in[1].data<float>();
+    float* dw = k.out[0].data<float>();
+    float* part = partials.data<float>();
+    for_each_item(chunks, [&](int64_t ci, bool inner) {
+      float* acc = ci == 0 ? dw : part + (ci - 1) * dw_size;
+      const int64_t i0 = n * ci / chunks, i1 = n * (ci + 1) / chunks;
+      for (int64_t i = i0; i < i1; ++i) {
+        const float* col = src + i * in_size;
+        if (!g.is_identity()) {
+          float* buf = native::thread_scratch(rows * cols);
+          over_channels(g, inner,
+                        [&](int64_t c0, int64_t c1) { native::im2col(g, col, buf, c0, c1); });
+          col = buf;
+        }
+        native::sgemm(false, true, oc, rows, cols, 1.0f, diff_dst + i * oc * cols, cols, col, cols,
+                      i == i0 ? 0.0f : 1.0f, acc, rows);
+      }
+    });
+    if (chunks == 1) return;
+    parallel_for(dw_size, chunks, [&](int64_t b, int64_t e) {
+      for (int64_t ci = 1; ci < chunks; ++ci) {
+        const float* p = part + (ci - 1) * dw_size;
+#pragma omp simd
+        for (int64_t j = b; j < e; ++j) dw[j] += p[j];
+      }
+    });
+  };
+}
+
+// ---- gradient -------------------------------------------------------------------------------
+
+void grad(ir::GradCtx& g) {
+  ir::Value* dy = g.out_grad(0);
+  const Shape& x = g.input(0)->shape();
+  const Shape& w = g.input(1)->shape();
+  const auto stride = g.attrs().get<ir::Ints>("stride");
+  const auto pad = g.attrs().get<ir::Ints>("pad");
+  if (g.needs_input_grad(0)) {
+    g.set_input_grad(0, g.op("conv2d_bwd_data", {dy, g.input(1)},
+                             {{"stride", stride}, {"pad", pad}, {"in_shape", x.dims()}}));
+  }
+  if (g.needs_input_grad(1)) {
+    g.set_input_grad(1, g.op("conv2d_bwd_weights", {dy, g.input(0)},
+                             {{"stride", stride}, {"pad", pad}, {"kernel", ir::Ints{w[2], w[3]}}}));
+  }
+}
+
+}  // namespace
+
+MINIDL_OP(conv2d)
+    .inputs({"x", "w"})
+    .attr<ir::Ints>("stride", ir::Ints{1, 1})
+    .attr<ir::Ints>("pad", ir::Ints{0, 0})
+    .infer(infer)
+    .kernel(ir::Backend::Native, conv2d_fwd)
+    .grad(grad);
+
+MINIDL_OP(conv2d_bwd_data)
+    .inputs({"dy", "w"})
+    .outputs({"dx"})
+    .attr<ir::Ints>("stride", ir::Ints{1, 1})
+    .attr<ir::Ints>("pad", ir::Ints{0, 0})
+    .attr<ir::Ints>("in_shape")
+    .infer(infer_bwd_data)
+    .kernel(ir::Backend::Native, conv2d_bwd_data)
+    .no_grad("backward-only op; second derivatives are not supported");
+
+MINIDL_OP(conv2d_bwd_weights)
+    .inputs({"dy", "x"})
+    .outputs({"dw"})
+    .attr<ir::Ints>("stride", ir::Ints{1, 1})
+    .attr<ir::Ints>("pad", ir::Ints{0, 0})
+    .attr<ir::Ints>("kernel")
+    .infer(infer_bwd_weights)
+    .kernel_factory(ir::Backend::Native, "native", make_conv2d_bwd_weights)
+    .no_grad("backward-only op; second derivatives are not supported");
+
+}  // namespace minidl::ops

@@ -1,0 +1,204 @@
+#include <cmath>
+#include <cstring>
+
+#include "harness.hpp"
+#include "minidl/autograd/autograd.hpp"
+#include "minidl/core/rng.hpp"
+#include "minidl/core/threading.hpp"
+#include "minidl/ops/ops.hpp"
+#include "minidl/ops/registry.hpp"
+#include "minidl/runtime/executable.hpp"
+
+using namespace minidl;
+using ir::Ints;
+using minidl::testing::BadCase;
+using minidl::testing::OpCase;
+
+namespace {
+
+ir::Attrs conv_attrs(Ints stride, Ints pad) { return {{"stride", stride}, {"pad", pad}}; }
+
+}  // namespace
+
+// x [N,C,H,W], w [K,C,KH,KW]. Samples >= 2 spread over the threads; N = 1 runs the GEMM and
+// im2col in parallel instead. 1x1 stride-1 unpadded kernels skip im2col.
+static const std::vector<OpCase> kConv = {
+    OpCase().shapes({{2, 3, 7, 7}, {4, 3, 3, 3}}),
+    OpCase().shapes({{2, 3, 8, 8}, {5, 3, 3, 3}}).attrs(conv_attrs({1, 1}, {1, 1})),
+    OpCase().shapes({{1, 1, 9, 9}, {2, 1, 3, 3}}).attrs(conv_attrs({2, 2}, {0, 0})),
+    OpCase().shapes({{2, 4, 6, 6}, {3, 4, 1, 1}}),
+    OpCase().shapes({{2, 4, 7, 7}, {3, 4, 1, 1}}).attrs(conv_attrs({2, 2}, {0, 0})),
+    OpCase().shapes({{1, 3, 5, 5}, {2, 3, 1, 1}}).attrs(conv_attrs({1, 1}, {1, 1})),
+    OpCase().shapes({{1, 2, 7, 5}, {3, 2, 3, 2}}).attrs(conv_attrs({2, 1}, {1, 0})),
+    OpCase().shapes({{2, 2, 5, 8}, {2, 2, 2, 4}}).attrs(conv_attrs({1, 3}, {0, 2})),
+    OpCase().shapes({{3, 1, 6, 6}, {2, 1, 5, 5}}).attrs(conv_attrs({3, 3}, {2, 2})),
+    OpCase().shapes({{1, 3, 5, 5}, {2, 3, 5, 5}}),
+    OpCase().shapes({{2, 2, 4, 4}, {2, 2, 3, 3}}).attrs(conv_attrs({2, 2}, {1, 1})),
+    OpCase().shapes({{1, 1, 1, 1}, {1, 1, 1, 1}}),
+    OpCase().shapes({{5, 3, 9, 9}, {4, 3, 3, 3}}).attrs(conv_attrs({1, 1}, {1, 1})),
+    OpCase().shapes({{20, 2, 4, 4}, {3, 2, 3, 3}}).attrs(conv_attrs({1, 1}, {1, 1})),
+};
+static const std::vector<BadCase> kConvBad = {
+    {{{1, 3, 3, 3}, {2, 3, 5, 5}},
+     {},
+     {},
+     "kernel 5x5 exceeds padded input 3x3; x=[1,3,3,3] w=[2,3,5,5]"},
+    {{{1, 3, 3, 3}, {2, 3, 5, 5}},
+     {},
+     conv_attrs({1, 1}, {1, 0}),
+     "kernel 5x5 exceeds padded input 5x3"},
+    {{{1, 3, 8, 8}, {2, 4, 3, 3}}, {}, {}, "channel mismatch: x has 3 channels, w expects 4"},
+    {{{1, 3, 8, 8}, {2, 3, 3, 3}},
+     {},
+     conv_attrs({0, 1}, {0, 0}),
+     "stride must be positive, got [0,1]; x=[1,3,8,8] w=[2,3,3,3]"},
+    {{{1, 3, 8, 8}, {2, 3, 3, 3}},
+     {},
+     conv_attrs({1, 1}, {-1, 0}),
+     "pad must be non-negative, got [-1,0]"},
+    {{{1, 3, 8, 8}, {2, 3, 3, 3}}, {}, conv_attrs({2}, {0, 0}), "stride must hold 2 values"},
+    {{{3, 8, 8}, {2, 3, 3, 3}}, {}, {}, "expected x [N,C,H,W], got rank 3"},
+    {{{1, 3, 8, 8}, {2, 3, 3}}, {}, {}, "expected w [K,C,KH,KW], got rank 3"},
+    {{{1, 3, 8, 8}, {2, 3, 3, 3}}, {DType::F32, DType::I32}, {}, "expected f32"},
+};
+MINIDL_OP_TEST(conv2d, kConv, kConvBad)
+
+// The backward ops run in every conv2d case's gradient graph; these cases cover their own shape
+// rules (a forward run and the inferred shapes; they have no gradient).
+static const std::vector<OpCase> kConvBwdData = {
+    OpCase()
+        .shapes({{2, 4, 3, 3}, {4, 3, 3, 3}})
+        .attrs({{"stride", Ints{2, 2}}, {"pad", Ints{1, 1}}, {"in_shape", Ints{2, 3, 6, 5}}}),
+};
+static const std::vector<BadCase> kConvBwdDataBad = {
+    {{{2, 4, 3, 3}, {4, 3, 3, 3}},
+     {},
+     {{"stride", Ints{1, 1}}, {"pad", Ints{0, 0}}, {"in_shape", Ints{2, 3, 6, 6}}},
+     "in_shape [2,3,6,6] gives output 4x4, dy is 3x3"},
+    {{{2, 5, 3, 3}, {4, 3, 3, 3}},
+     {},
+     {{"in_shape", Ints{2, 3, 5, 5}}},
+     "dy has 5 channels, w has 4 filters"},
+    {{{2, 4, 3, 3}, {4, 3, 3, 3}},
+     {},
+     {{"in_shape", Ints{3, 3, 5, 5}}},
+     "does not match dy's batch 2"},
+    {{{2, 4, 3, 3}, {4, 3, 3, 3}}, {}, {{"in_shape", Ints{5, 5}}}, "in_shape must hold [N,C,H,W]"},
+};
+MINIDL_OP_TEST(conv2d_bwd_data, kConvBwdData, kConvBwdDataBad)
+
+static const std::vector<OpCase> kConvBwdWeights = {
+    OpCase()
+        .shapes({{3, 4, 3, 3}, {3, 2, 6, 5}})
+        .attrs({{"stride", Ints{2, 2}}, {"pad", Ints{1, 1}}, {"kernel", Ints{3, 3}}}),
+};
+static const std::vector<BadCase> kConvBwdWeightsBad = {
+    {{{2, 4, 3, 3}, {2, 3, 6, 6}}, {}, {{"kernel", Ints{3, 3}}}, "x gives output 4x4, dy is 3x3"},
+    {{{2, 4, 4, 4}, {3, 3, 6, 6}},
+     {},
+     {{"kernel", Ints{3, 3}}},
+     "batch mismatch: dy has 2 samples, x has 3"},
+    {{{2, 4, 4, 4}, {2, 3, 6, 6}}, {}, {{"kernel", Ints{0, 3}}}, "kernel must be positive"},
+    {{{2, 4, 4, 4}, {2, 3, 2, 2}},
+     {},
+     {{"kernel", Ints{3, 3}}},
+     "kernel 3x3 exceeds padded input 2x2"},
+};
+MINIDL_OP_TEST(conv2d_bwd_weights, kConvBwdWeights, kConvBwdWeightsBad)
+
+namespace {
+
+/// A conv2d node on random x and w with loss sum(y * r): runs forward and backward and returns
+/// y, dx and dw.
+struct ConvRun {
+  Tensor x, w, r;
+  Tensor y, dx, dw;
+};
+
+ConvRun run_conv(const Shape& xs, const Shape& ws, const Ints& stride, const Ints& pad,
+                 const Shape& ys) {
+  ConvRun c;
+  const CounterRng rng(5);
+  c.x = Tensor::empty(xs);
+  c.w = Tensor::empty(ws);
+  c.r = Tensor::empty(ys);
+  rng.fill_normal(c.x, 1, 0.0f, 1.0f);
+  rng.fill_normal(c.w, 2, 0.0f, 1.0f);
+  rng.fill_normal(c.r, 3, 0.0f, 1.0f);
+  ir::Graph g;
+  ir::Value* x = ops::parameter(g, "x", c.x);
+  ir::Value* w = ops::parameter(g, "w", c.w);
+  ir::Value* y = ops::apply("conv2d", {x, w}, conv_attrs(stride, pad));
+  ir::Value* loss = ops::sum(ops::mul(y, ops::parameter(g, "r", c.r)));
+  const auto grads = autograd::differentiate(g, loss, {x, w});
+  g.add_output(y);
+  for (ir::Value* v : grads) g.add_output(v);
+  runtime::Executable exe(g);
+  exe.run();
+  c.y = exe.value(y).clone();
+  c.dx = exe.value(grads[0]).clone();
+  c.dw = exe.value(grads[1]).clone();
+  return c;
+}
+
+}  // namespace
+
+// An explicit convolution against the textbook loops in double: forward, and the backward with
+// dy = r (the loss is sum(y * r)). Odd sizes, a non-square kernel, stride and padding.
+TEST(Conv2d, MatchesDirectConvolution) {
+  const std::int64_t N = 2, C = 3, H = 7, W = 6, K = 4, KH = 3, KW = 2;
+  const std::int64_t SH = 2, SW = 1, PH = 1, PW = 1;
+  const std::int64_t OH = (H + 2 * PH - KH) / SH + 1, OW = (W + 2 * PW - KW) / SW + 1;
+  const ConvRun c = run_conv({N, C, H, W}, {K, C, KH, KW}, {SH, SW}, {PH, PW}, {N, K, OH, OW});
+  ASSERT_EQ(c.y.shape(), (Shape{N, K, OH, OW}));
+  std::vector<double> y(N * K * OH * OW, 0.0), dx(N * C * H * W, 0.0), dw(K * C * KH * KW, 0.0);
+  for (std::int64_t n = 0; n < N; ++n)
+    for (std::int64_t k = 0; k < K; ++k)
+      for (std::int64_t oh = 0; oh < OH; ++oh)
+        for (std::int64_t ow = 0; ow < OW; ++ow) {
+          const std::int64_t yi = ((n * K + k) * OH + oh) * OW + ow;
+          for (std::int64_t ch = 0; ch < C; ++ch)
+            for (std::int64_t r = 0; r < KH; ++r)
+              for (std::int64_t s = 0; s < KW; ++s) {
+                const std::int64_t ih = oh * SH - PH + r, iw = ow * SW - PW + s;
+                if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+                const std::int64_t xi = ((n * C + ch) * H + ih) * W + iw;
+                const std::int64_t wi = ((k * C + ch) * KH + r) * KW + s;
+                y[yi] += double{c.x.at(xi)} * c.w.at(wi);
+                dx[xi] += double{c.r.at(yi)} * c.w.at(wi);
+                dw[wi] += double{c.r.at(yi)} * c.x.at(xi);
+              }
+        }
+  auto expect_near = [](const Tensor& got, const std::vector<double>& want, const char* what) {
+    ASSERT_EQ(got.numel(), static_cast<std::int64_t>(want.size())) << what;
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      EXPECT_NEAR(got.at(static_cast<std::int64_t>(i)), want[i], 1e-4 * (1.0 + std::fabs(want[i])))
+          << what << " element " << i;
+    }
+  };
+  expect_near(c.y, y, "y");
+  expect_near(c.dx, dx, "dx");
+  expect_near(c.dw, dw, "dw");
+}
+
+// The weight gradient sums samples in fixed chunks in a fixed order: the same bits for any thread
+// count, for the sample-parallel and the GEMM-parallel paths alike.
+TEST(Conv2d, SameResultForAnyThreadCount) {
+  const int saved = max_threads();
+  for (const std::int64_t n : {1, 7, 33}) {
+    SCOPED_TRACE(n);
+    std::vector<ConvRun> runs;
+    for (int threads : {1, 2, 3}) {
+      set_num_threads(threads);
+      runs.push_back(run_conv({n, 8, 12, 12}, {16, 8, 3, 3}, {1, 1}, {1, 1}, {n, 16, 12, 12}));
+    }
+    set_num_threads(saved);
+    for (std::size_t t = 1; t < runs.size(); ++t) {
+      for (const auto& [a, b] : {std::pair{runs[0].y, runs[t].y}, std::pair{runs[0].dx, runs[t].dx},
+                                 std::pair{runs[0].dw, runs[t].dw}}) {
+        ASSERT_EQ(a.numel(), b.numel());
+        EXPECT_EQ(0, std::memcmp(a.raw(), b.raw(), a.nbytes())) << "threads 1 vs " << t + 1;
+      }
+    }
+  }
+}

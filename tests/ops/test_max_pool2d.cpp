@@ -1,0 +1,103 @@
+#include <limits>
+
+#include "harness.hpp"
+#include "minidl/autograd/autograd.hpp"
+#include "minidl/ops/ops.hpp"
+#include "minidl/ops/registry.hpp"
+#include "minidl/runtime/executable.hpp"
+
+using namespace minidl;
+using ir::Ints;
+using minidl::testing::BadCase;
+using minidl::testing::OpCase;
+
+namespace {
+
+ir::Attrs pool_attrs(Ints kernel, Ints stride = {}, Ints pad = {0, 0}) {
+  return {{"kernel", kernel}, {"stride", stride}, {"pad", pad}};
+}
+
+}  // namespace
+
+// Finite differences are meaningless where the maximum is not unique: inputs are distinct.
+static const std::vector<OpCase> kMaxPool = {
+    OpCase().shapes({{2, 3, 8, 8}}).attrs(pool_attrs({2, 2})).avoid_ties(),
+    OpCase().shapes({{2, 3, 7, 7}}).attrs(pool_attrs({2, 2})).avoid_ties(),
+    OpCase().shapes({{1, 2, 7, 9}}).attrs(pool_attrs({3, 3}, {2, 2}, {1, 1})).avoid_ties(),
+    OpCase().shapes({{2, 1, 6, 5}}).attrs(pool_attrs({3, 2}, {1, 2}, {1, 0})).avoid_ties(),
+    OpCase().shapes({{1, 3, 5, 5}}).attrs(pool_attrs({3, 3}, {1, 1})).avoid_ties(),
+    OpCase().shapes({{3, 2, 4, 4}}).attrs(pool_attrs({1, 1}, {2, 2})).avoid_ties(),
+    OpCase().shapes({{1, 1, 1, 1}}).attrs(pool_attrs({1, 1})).avoid_ties(),
+    OpCase().shapes({{2, 2, 5, 5}}).attrs(pool_attrs({5, 5})).avoid_ties(),
+    OpCase().shapes({{4, 8, 12, 12}}).attrs(pool_attrs({2, 2})).avoid_ties(),
+};
+static const std::vector<BadCase> kMaxPoolBad = {
+    {{{1, 3, 3, 3}}, {}, pool_attrs({6, 6}, {1, 1}, {1, 1}), "kernel 6x6 exceeds padded input 5x5"},
+    {{{1, 3, 3, 3}}, {}, pool_attrs({4, 2}), "kernel 4x2 exceeds padded input 3x3; x=[1,3,3,3]"},
+    {{{1, 3, 8, 8}},
+     {},
+     pool_attrs({2, 2}, {1, 1}, {2, 0}),
+     "pad [2,0] exceeds half the kernel 2x2"},
+    {{{1, 3, 8, 8}}, {}, pool_attrs({2, 2}, {0, 1}), "stride must be positive, got [0,1]"},
+    {{{1, 3, 8, 8}}, {}, pool_attrs({2, 2}, {}, {-1, 0}), "pad must be non-negative"},
+    {{{1, 3, 8, 8}}, {}, pool_attrs({0, 2}), "kernel must be positive, got [0,2]"},
+    {{{1, 3, 8, 8}}, {}, pool_attrs({2}), "kernel must hold 2 values"},
+    {{{3, 8, 8}}, {}, pool_attrs({2, 2}), "expected 4-D input [N,C,H,W]"},
+    {{{1, 3, 8, 8}}, {DType::I32}, pool_attrs({2, 2}), "expected f32 x"},
+};
+MINIDL_OP_TEST(max_pool2d, kMaxPool, kMaxPoolBad)
+
+static const std::vector<OpCase> kMaxPoolBwd = {
+    OpCase()
+        .shapes({{2, 3, 4, 4}, {2, 3, 4, 4}})
+        .dtypes({DType::F32, DType::I32})
+        .ints_below(64)
+        .attrs({{"kernel", Ints{2, 2}}, {"in_shape", Ints{2, 3, 8, 8}}}),
+};
+static const std::vector<BadCase> kMaxPoolBwdBad = {
+    {{{2, 3, 4, 4}, {2, 3, 4, 4}},
+     {DType::F32, DType::I32},
+     {{"kernel", Ints{2, 2}}, {"in_shape", Ints{2, 3, 9, 7}}},
+     "in_shape [2,3,9,7] pools to [2,3,4,3], not dy's shape"},
+    {{{2, 3, 4, 4}, {2, 3, 4, 4}},
+     {DType::F32, DType::F32},
+     {{"kernel", Ints{2, 2}}, {"in_shape", Ints{2, 3, 8, 8}}},
+     "expected f32 dy and i32 argmax"},
+    {{{2, 3, 4, 4}, {2, 3, 4, 3}},
+     {DType::F32, DType::I32},
+     {{"kernel", Ints{2, 2}}, {"in_shape", Ints{2, 3, 8, 8}}},
+     "argmax must have dy's shape"},
+};
+MINIDL_OP_TEST(max_pool2d_bwd, kMaxPoolBwd, kMaxPoolBwdBad)
+
+// Known values: the first maximum wins a tie, argmax is ih * W + iw within the plane, padding
+// never wins (it is -inf, not 0), and the backward adds dy where overlapping windows share it.
+TEST(MaxPool2d, KnownValuesAndIndices) {
+  ir::Graph g;
+  // One 3x4 plane.
+  Tensor xt = Tensor::from<float>({1, 1, 3, 4}, {-1, 2, 2, 2,   //
+                                                 -3, -2, 0, 9,  //
+                                                 -4, -6, 1, -7});
+  ir::Value* x = ops::parameter(g, "x", xt);
+  ir::Node* n = ops::apply_node(
+      "max_pool2d", {x}, {{"kernel", Ints{2, 2}}, {"stride", Ints{1, 2}}, {"pad", Ints{1, 1}}});
+  ir::Value* dx = autograd::differentiate(g, ops::sum(n->output(0)), {x})[0];
+  g.add_output(n->output(0));
+  g.add_output(n->output(1));
+  g.add_output(dx);
+  runtime::Executable exe(g);
+  exe.run();
+  // OH = (3 + 2 - 2) / 1 + 1 = 4, OW = (4 + 2 - 2) / 2 + 1 = 3.
+  const Tensor& y = exe.value(n->output(0));
+  const Tensor& am = exe.value(n->output(1));
+  ASSERT_EQ(y.shape(), (Shape{1, 1, 4, 3}));
+  const std::vector<float> want_y = {-1, 2, 2, -1, 2, 9, -3, 1, 9, -4, 1, -7};
+  const std::vector<std::int32_t> want_am = {0, 1, 3, 0, 1, 7, 4, 10, 7, 8, 10, 11};
+  for (int i = 0; i < 12; ++i) {
+    EXPECT_EQ(y.at(i), want_y[i]) << i;
+    EXPECT_EQ(am.data<std::int32_t>()[i], want_am[i]) << i;
+  }
+  // d sum(y) / dx counts the windows that picked each element.
+  const std::vector<float> want_dx = {2, 2, 0, 1, 1, 0, 0, 2, 1, 0, 2, 1};
+  for (int i = 0; i < 12; ++i) EXPECT_EQ(exe.value(dx).at(i), want_dx[i]) << i;
+}
