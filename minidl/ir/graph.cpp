@@ -34,9 +34,12 @@ Node* Graph::insert(const OpDef& def, std::vector<Value*> inputs, Attrs attrs, s
   n->bound_ = std::move(bound);
 
   const std::string where = fmt::format("{} '{}'", def.name(), n->name_);
-  MINIDL_CHECK(inputs.size() == def.input_names().size(), where, ": expected ",
-               def.input_names().size(), " inputs (",
-               fmt::format("{}", fmt::join(def.input_names(), ", ")), "), got ", inputs.size());
+  const std::size_t most = def.input_names().size();
+  const auto least = static_cast<std::size_t>(def.min_inputs());
+  MINIDL_CHECK(inputs.size() >= least && inputs.size() <= most, where, ": expected ",
+               least == most ? fmt::format("{}", most) : fmt::format("{} to {}", least, most),
+               " inputs (", fmt::format("{}", fmt::join(def.input_names(), ", ")), "), got ",
+               inputs.size());
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     MINIDL_CHECK(inputs[i] != nullptr, where, ": input ", i, " (", def.input_names()[i],
                  ") is null");

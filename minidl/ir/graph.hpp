@@ -135,6 +135,8 @@ class GradCtx {
   virtual ~GradCtx() = default;
   virtual const Node& node() const = 0;
   Value* input(int i) const { return node().input(i); }
+  /// The node's input count (optional trailing inputs may be absent).
+  int num_inputs() const { return static_cast<int>(node().inputs().size()); }
   Value* output(int i) const { return node().output(i); }
   const Attrs& attrs() const { return node().attrs(); }
   /// Gradient of the loss w.r.t. output i, or null when output i does not reach the loss.

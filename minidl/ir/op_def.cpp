@@ -40,6 +40,16 @@ void InferCtx::fail(const std::string& msg) const {
 const Attrs& KernelArgs::attrs() const { return node->attrs(); }
 
 OpDef& OpDef::inputs(std::vector<std::string> names) {
+  min_inputs_ = -1;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    std::string& n = names[i];
+    const bool optional = !n.empty() && n.back() == '?';
+    if (optional) n.pop_back();
+    MINIDL_ASSERT(!(min_inputs_ >= 0 && !optional), "op ", name_, ": required input '", n,
+                  "' after an optional one");
+    if (optional && min_inputs_ < 0) min_inputs_ = static_cast<int>(i);
+  }
+  if (min_inputs_ < 0) min_inputs_ = static_cast<int>(names.size());
   inputs_ = std::move(names);
   return *this;
 }

@@ -80,6 +80,8 @@ class OpDef {
  public:
   explicit OpDef(std::string name) : name_(std::move(name)) {}
 
+  /// Input names in order. Trailing names ending in '?' are optional ({"x", "w", "bias?"}): a
+  /// node may leave out any suffix of them. input_names() holds the names without the '?'.
   OpDef& inputs(std::vector<std::string> names);
   OpDef& outputs(std::vector<std::string> names);
   /// Required attribute of type T (int, float, bool, std::string, Ints).
@@ -113,6 +115,8 @@ class OpDef {
 
   const std::string& name() const { return name_; }
   const std::vector<std::string>& input_names() const { return inputs_; }
+  /// How many inputs every node of this op has: those before the first optional one.
+  int min_inputs() const { return min_inputs_; }
   const std::vector<std::string>& output_names() const { return outputs_; }
   const std::vector<AttrDecl>& attr_decls() const { return attrs_; }
   InferFn infer_fn() const { return infer_; }
@@ -129,6 +133,7 @@ class OpDef {
  private:
   std::string name_;
   std::vector<std::string> inputs_;
+  int min_inputs_ = 0;
   std::vector<std::string> outputs_{"y"};
   std::vector<AttrDecl> attrs_;
   InferFn infer_ = nullptr;

@@ -20,6 +20,41 @@ DType parse_dtype(const std::string& name) {
   MINIDL_FAIL("unknown dtype '", name, "' (expected f32, i32 or i64)");
 }
 
+namespace {
+bool parse_activation(const std::string& name, Activation& out) {
+  if (name == "none")
+    out = Activation::None;
+  else if (name == "relu")
+    out = Activation::Relu;
+  else
+    return false;
+  return true;
+}
+}  // namespace
+
+Activation activation_attr(ir::InferCtx& c) {
+  const auto name = c.attr<std::string>("activation");
+  Activation a{};
+  MINIDL_CHECK_NODE(c, parse_activation(name, a), "unknown activation '", name,
+                    "' (expected none or relu)");
+  return a;
+}
+
+Activation activation_of(const ir::Attrs& attrs) {
+  Activation a{};
+  const auto& name = attrs.get<std::string>("activation");
+  MINIDL_CHECK(parse_activation(name, a), "unknown activation '", name, "'");
+  return a;
+}
+
+ir::Value* fused_bias_activation_grad(ir::GradCtx& g, int bias_input) {
+  ir::Value* dz = g.out_grad(0);
+  if (activation_of(g.attrs()) == Activation::Relu) dz = g.op("relu_bwd", {dz, g.output(0)});
+  if (g.num_inputs() > bias_input && g.needs_input_grad(bias_input))
+    g.set_input_grad(bias_input, g.op("bias_add_bwd", {dz}));
+  return dz;
+}
+
 }  // namespace minidl::ops
 
 namespace minidl::ops {

@@ -15,6 +15,18 @@ void infer_same_shapes(ir::InferCtx& c);
 
 DType parse_dtype(const std::string& name);
 
+/// The activation fused into a producer (matmul, conv2d): its string attribute `activation`.
+enum class Activation { None, Relu };
+/// The node's `activation` attribute; fails naming the node and the allowed values otherwise.
+Activation activation_attr(ir::InferCtx& c);
+/// The same, read by a kernel or gradient rule after shape inference has validated it.
+Activation activation_of(const ir::Attrs& attrs);
+
+/// Gradient rule shared by ops computing y = act(f(inputs) + bias), bias being the optional input
+/// `bias_input`: returns the gradient of the pre-activation (relu_bwd from y) and sets the bias
+/// gradient (summed over all but dimension 1) when one is needed. f's own rule then uses it.
+ir::Value* fused_bias_activation_grad(ir::GradCtx& g, int bias_input);
+
 /// fn(begin, end) over [0, n), in parallel when the work is large enough.
 template <typename Fn>
 void elementwise(std::int64_t n, Fn&& fn) {

@@ -1,5 +1,9 @@
-// matmul: y[M,N] = op(a) * op(b), op transposing when trans_a / trans_b. Linear layers store
-// weights [out, in] as PyTorch does, so their forward is matmul(x, w, trans_b=true).
+// matmul: y[M,N] = act(op(a) * op(b) + bias), op transposing when trans_a / trans_b, the bias
+// [N] optional and the activation (attribute `activation`: none or relu) none by default. Linear
+// layers store weights [out, in] as PyTorch does, so their forward is matmul(x, w, trans_b=true);
+// the fusion pass folds a following bias_add and relu into the node (native: the GEMM's store
+// epilogue; oneDNN: the primitive's bias and an eltwise post-op).
+#include "minidl/ops/common.hpp"
 #include "minidl/ops/native/gemm.hpp"
 #include "minidl/ops/onednn/kernels.hpp"
 #include "minidl/ops/registry.hpp"
@@ -19,6 +23,11 @@ void infer(ir::InferCtx& c) {
   const std::int64_t kb = tb ? b[1] : b[0], n = tb ? b[0] : b[1];
   MINIDL_CHECK_NODE(c, ka == kb, "inner dimensions differ: ", ka, " vs ", kb, " (trans_a=", ta,
                     ", trans_b=", tb, ")");
+  if (c.num_inputs() > 2) {
+    MINIDL_CHECK_NODE(c, c.dtype(2) == DType::F32, "expected an f32 bias");
+    MINIDL_CHECK_NODE(c, c.input(2) == Shape{n}, "bias must be [", n, "] to match the output");
+  }
+  (void)activation_attr(c);
   c.set_output(0, Shape{m, n});
 }
 
@@ -29,8 +38,11 @@ void matmul_native(const ir::KernelArgs& k) {
   const bool ta = k.attrs().get<bool>("trans_a");
   const bool tb = k.attrs().get<bool>("trans_b");
   const std::int64_t m = ta ? a[1] : a[0], kk = ta ? a[0] : a[1], n = tb ? b[0] : b[1];
+  native::GemmEpilogue epilogue;
+  if (k.in.size() > 2) epilogue.bias = k.in[2].data<float>();
+  epilogue.relu = activation_of(k.attrs()) == Activation::Relu;
   native::sgemm(ta, tb, m, n, kk, 1.0f, k.in[0].data<float>(), a[1], k.in[1].data<float>(), b[1],
-                0.0f, k.out[0].data<float>(), n);
+                0.0f, k.out[0].data<float>(), n, epilogue);
 }
 
 // Each case follows from dy = op(a) op(b); the transposes move to the operands so that no
@@ -38,7 +50,7 @@ void matmul_native(const ir::KernelArgs& k) {
 void grad(ir::GradCtx& g) {
   ir::Value* a = g.input(0);
   ir::Value* b = g.input(1);
-  ir::Value* dy = g.out_grad(0);
+  ir::Value* dy = fused_bias_activation_grad(g, 2);
   const bool ta = g.attrs().get<bool>("trans_a");
   const bool tb = g.attrs().get<bool>("trans_b");
   auto mm = [&](ir::Value* x, ir::Value* y, bool tx, bool ty) {
@@ -55,9 +67,10 @@ void grad(ir::GradCtx& g) {
 }  // namespace
 
 MINIDL_OP(matmul)
-    .inputs({"a", "b"})
+    .inputs({"a", "b", "bias?"})
     .attr<bool>("trans_a", false)
     .attr<bool>("trans_b", false)
+    .attr<std::string>("activation", "none")
     .infer(infer)
 #if MINIDL_WITH_ONEDNN
     .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::matmul_kernel, onednn::matmul_supports)

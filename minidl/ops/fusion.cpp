@@ -1,0 +1,78 @@
+#include "minidl/ops/fusion.hpp"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+namespace minidl::ops {
+namespace {
+
+bool fusable(const ir::Node& n) {
+  const ir::OpDef& d = n.def();
+  const auto& names = d.input_names();
+  if (names.empty() || names.back() != "bias" || d.min_inputs() >= static_cast<int>(names.size()))
+    return false;
+  const auto& attrs = d.attr_decls();
+  const bool has_activation = std::any_of(
+      attrs.begin(), attrs.end(), [](const ir::AttrDecl& a) { return a.name == "activation"; });
+  return has_activation && n.inputs().size() < names.size() &&
+         n.attrs().get<std::string>("activation") == "none";
+}
+
+// The single reader of v when it runs op `op` with v as input 0, else null. A graph output has
+// an outside reader, so it never qualifies.
+ir::Node* sole_reader(const ir::Graph& g, ir::Value* v, std::string_view op) {
+  if (v->users().size() != 1) return nullptr;
+  if (std::find(g.outputs().begin(), g.outputs().end(), v) != g.outputs().end()) return nullptr;
+  ir::Node* u = v->users()[0];
+  return u->op() == op && u->input(0) == v ? u : nullptr;
+}
+
+}  // namespace
+
+bool FuseBiasActivation::run(ir::Graph& g) {
+  struct Match {
+    ir::Node* producer;
+    ir::Node* bias_add;  // or null
+    ir::Node* relu;      // or null
+  };
+  std::vector<Match> matches;
+  for (ir::Node* n : g.nodes()) {
+    if (!fusable(*n)) continue;
+    Match m{n, sole_reader(g, n->output(0), "bias_add"), nullptr};
+    m.relu = sole_reader(g, m.bias_add ? m.bias_add->output(0) : n->output(0), "relu");
+    if (m.bias_add || m.relu) matches.push_back(m);
+  }
+  for (const Match& m : matches) {
+    std::vector<ir::Value*> inputs = m.producer->inputs();
+    ir::Attrs attrs = m.producer->attrs();
+    std::string absorbed;
+    if (m.bias_add) {
+      inputs.push_back(m.bias_add->input(1));
+      absorbed = m.bias_add->name();
+    }
+    if (m.relu) {
+      attrs.set("activation", std::string("relu"));
+      absorbed += (absorbed.empty() ? "" : ", ") + m.relu->name();
+    }
+    ir::Node* last = m.relu ? m.relu : m.bias_add;
+    const std::string name = m.producer->name();
+    ir::Node* fused = g.add_node(m.producer->def(), std::move(inputs), std::move(attrs),
+                                 name + "+" + (m.bias_add ? "bias" : "") +
+                                     (m.bias_add && m.relu ? "+" : "") + (m.relu ? "relu" : ""));
+    for (const auto& [key, value] : m.producer->annotations().items())
+      fused->annotations().set(key, value);
+    fused->annotations().set("fused", absorbed);
+    // Every input is defined before `last` (the bias before the bias_add), and every reader of
+    // the result comes after it: the fused node takes its place.
+    g.move_before(fused, last);
+    g.replace_uses(last->output(0), fused->output(0));
+    std::vector<ir::Node*> dead{m.producer};
+    if (m.bias_add) dead.push_back(m.bias_add);
+    if (m.relu) dead.push_back(m.relu);
+    g.remove(dead);
+  }
+  return !matches.empty();
+}
+
+}  // namespace minidl::ops

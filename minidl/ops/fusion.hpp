@@ -1,0 +1,24 @@
+// Fusion: folds a bias_add and a following relu into the op that produces their input, when
+// that op can do the work in its own store (matmul: the GEMM epilogue or oneDNN's bias and
+// post-op; conv2d likewise). A fusable op declares it: its last input is the optional "bias" and
+// it has the string attribute "activation". The pass runs on the training graph after autograd,
+// so nothing differentiates a fused node: the backward already reads what it needs (relu_bwd
+// the relu's output, which the fused node now produces; bias_add_bwd only the output gradient).
+#pragma once
+
+#include "minidl/ir/pass.hpp"
+
+namespace minidl::ops {
+
+/// producer -> bias_add -> relu becomes one producer node with a bias input and
+/// activation=relu; producer -> bias_add and producer -> relu fuse alike. Only chains whose
+/// intermediate values have no other reader and are not graph outputs are folded. The fused node
+/// takes the producer's name and annotations and records what it absorbed in the annotation
+/// "fused" (shown by the graph printer).
+class FuseBiasActivation final : public ir::Pass {
+ public:
+  std::string_view name() const override { return "fuse-bias-activation"; }
+  bool run(ir::Graph& g) override;
+};
+
+}  // namespace minidl::ops
