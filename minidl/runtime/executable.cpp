@@ -1,6 +1,9 @@
 #include "minidl/runtime/executable.hpp"
 
+#include <omp.h>
+
 #include <algorithm>
+#include <exception>
 #include <limits>
 #include <unordered_map>
 
@@ -20,6 +23,16 @@ std::optional<ir::Backend> node_backend(const ir::Node& n) {
   MINIDL_FAIL(n.describe(), ": unknown backend '", s, "' (expected native or onednn)");
 }
 
+// The node's "replica" annotation, or -1.
+int replica_of(const ir::Node& n) {
+  const ir::AttrValue* a = n.annotations().find("replica");
+  if (!a) return -1;
+  const auto r = std::get<std::int64_t>(*a);
+  MINIDL_CHECK(r >= 0 && r < 1024, n.describe(), ": replica annotation ", r,
+               " is outside [0, 1024)");
+  return static_cast<int>(r);
+}
+
 }  // namespace
 
 Executable::Executable(const ir::Graph& g, CompileOptions options) : options_(options) {
@@ -30,6 +43,28 @@ Executable::Executable(const ir::Graph& g, CompileOptions options) : options_(op
 void Executable::plan_memory(const ir::Graph& g) {
   std::unordered_map<const ir::Node*, int> pos;
   for (const ir::Node* n : g.nodes()) pos[n] = static_cast<int>(pos.size());
+  // Within a parallel section the replicas run concurrently, so graph order says nothing about
+  // which of their values are alive at once: a value defined in a section is taken as defined
+  // at the section's first node and alive at least until its last one.
+  std::unordered_map<const ir::Node*, std::pair<int, int>> section_of;  // node -> [first, last]
+  {
+    const auto& order = g.nodes();
+    for (std::size_t i = 0; i < order.size();) {
+      if (replica_of(*order[i]) < 0 || order[i]->def().is_source()) {
+        ++i;
+        continue;
+      }
+      std::size_t j = i;
+      while (j < order.size() && replica_of(*order[j]) >= 0 && !order[j]->def().is_source()) ++j;
+      for (std::size_t k = i; k < j; ++k)
+        section_of[order[k]] = {static_cast<int>(i), static_cast<int>(j - 1)};
+      i = j;
+    }
+  }
+  auto used_until = [&](const ir::Node* n) {
+    auto it = section_of.find(n);
+    return it == section_of.end() ? pos.at(n) : it->second.second;
+  };
 
   // Every value's storage root: in-place and alias outputs share their input's root.
   std::unordered_map<const ir::Value*, const ir::Value*> root;
@@ -45,8 +80,8 @@ void Executable::plan_memory(const ir::Graph& g) {
   for (const ir::Node* n : g.nodes()) {
     for (const ir::Value* v : n->outputs()) {
       const ir::Value* r = root.at(v);
-      last_use.try_emplace(r, pos[n]);
-      for (const ir::Node* u : v->users()) last_use[r] = std::max(last_use[r], pos[u]);
+      last_use.try_emplace(r, used_until(n));
+      for (const ir::Node* u : v->users()) last_use[r] = std::max(last_use[r], used_until(u));
     }
   }
   for (const ir::Value* v : g.outputs()) last_use[root.at(v)] = kForever;
@@ -169,23 +204,79 @@ void Executable::choose_kernels(const ir::Graph& g) {
   }
   // Spans into the steps' own vectors, taken once the steps no longer move.
   for (Step& s : steps_) s.args = ir::KernelArgs{s.node, s.in, s.out};
+  find_sections();
   if (options_.profile) {
     for (const Step& s : steps_) profile_.push_back({s.node, s.kernel_name});
   }
 }
 
-void Executable::run() {
-  if (!options_.profile) {
-    for (Step& s : steps_) s.kernel(s.args);
-    return;
+void Executable::find_sections() {
+  step_replica_.clear();
+  for (const Step& s : steps_) step_replica_.push_back(replica_of(*s.node));
+  // Which replica produced each value of the current section, to reject cross-replica reads.
+  std::unordered_map<const ir::Value*, int> producer_replica;
+  for (std::size_t i = 0; i < steps_.size();) {
+    if (step_replica_[i] < 0) {
+      ++i;
+      continue;
+    }
+    Section sec{i, i, 0};
+    producer_replica.clear();
+    for (; sec.end < steps_.size() && step_replica_[sec.end] >= 0; ++sec.end) {
+      const ir::Node* n = steps_[sec.end].node;
+      const int r = step_replica_[sec.end];
+      for (const ir::Value* in : n->inputs()) {
+        auto it = producer_replica.find(in);
+        MINIDL_CHECK(it == producer_replica.end() || it->second == r, n->describe(), " (replica ",
+                     r, ") reads ", in->ref(), " of replica ", it->second,
+                     " in the same parallel section");
+      }
+      for (const ir::Value* out : n->outputs()) producer_replica[out] = r;
+      sec.replicas = std::max(sec.replicas, r + 1);
+    }
+    sections_.push_back(sec);
+    i = sec.end;
   }
-  for (std::size_t i = 0; i < steps_.size(); ++i) {
+}
+
+void Executable::run_steps(std::size_t begin, std::size_t end, int replica) {
+  for (std::size_t i = begin; i < end; ++i) {
+    if (replica >= 0 && step_replica_[i] != replica) continue;
+    if (!options_.profile) {
+      steps_[i].kernel(steps_[i].args);
+      continue;
+    }
     const auto t0 = std::chrono::steady_clock::now();
     steps_[i].kernel(steps_[i].args);
     const auto t1 = std::chrono::steady_clock::now();
     profile_[i].calls++;
     profile_[i].seconds += std::chrono::duration<double>(t1 - t0).count();
   }
+}
+
+void Executable::run_section(const Section& sec) {
+  // One thread per replica; an exception in any is rethrown once all have stopped.
+  std::exception_ptr error;
+#pragma omp parallel num_threads(sec.replicas)
+  {
+    try {
+      run_steps(sec.begin, sec.end, omp_get_thread_num());
+    } catch (...) {
+#pragma omp critical(minidl_section_error)
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+void Executable::run() {
+  std::size_t i = 0;
+  for (const Section& sec : sections_) {
+    run_steps(i, sec.begin, -1);
+    run_section(sec);
+    i = sec.end;
+  }
+  run_steps(i, steps_.size(), -1);
 }
 
 const Tensor& Executable::input(std::string_view name) const {

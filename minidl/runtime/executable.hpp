@@ -1,5 +1,12 @@
 // The runtime: compile a graph once (choose kernels, plan buffers with liveness-based reuse,
 // allocate), then run it every step as a flat list of kernel calls with no allocation.
+//
+// Parallel sections: a run of consecutive nodes that carry the int annotation "replica" is one
+// section. Within it the nodes of replica r run in graph order on OpenMP thread r, all replicas
+// at once (kernels called inside the section run serially on their thread); the sections are
+// how data-parallel thread replicas execute (parallel::ThreadReplicas builds them). A node of a
+// section must not read a value another replica of the same section produces (checked at
+// compile time), and no buffer is shared between values of a section.
 #pragma once
 
 #include <chrono>
@@ -42,7 +49,7 @@ class Executable {
   Executable(const Executable&) = delete;
   Executable& operator=(const Executable&) = delete;
 
-  /// Runs every kernel once, in graph order.
+  /// Runs every kernel once, in graph order (parallel sections concurrently, see above).
   void run();
 
   /// The buffer of the graph input called name: write the batch here before run().
@@ -64,11 +71,21 @@ class Executable {
     ir::KernelArgs args;
     std::string kernel_name;
   };
+  // Steps [begin, end) form a parallel section of `replicas` threads.
+  struct Section {
+    std::size_t begin, end;
+    int replicas;
+  };
   void choose_kernels(const ir::Graph& g);
   void plan_memory(const ir::Graph& g);
+  void find_sections();
+  void run_steps(std::size_t begin, std::size_t end, int replica);
+  void run_section(const Section& s);
 
   CompileOptions options_;
   std::vector<Step> steps_;
+  std::vector<int> step_replica_;  // per step: its replica, or -1 outside every section
+  std::vector<Section> sections_;
   std::vector<std::shared_ptr<Storage>> buffers_;  // transient pool and owned persistent values
   std::vector<std::pair<const ir::Value*, Tensor>> tensors_;  // every value's view
   std::vector<std::pair<std::string, Tensor>> inputs_;

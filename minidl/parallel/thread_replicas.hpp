@@ -1,0 +1,31 @@
+// Thread replicas: data parallelism inside one process, as the reports' OpenMP versions do it,
+// but without their critical sections. The trainer builds the forward once per replica, each on
+// its own slice of the local batch (its inputs carry the annotation "replica" = r), and
+// differentiates the share-weighted sum of the replicas' losses; autograd then sums each
+// parameter's gradient over the replicas. This pass makes that a parallel program:
+//
+//   - every node is classified by the replica inputs it depends on: one replica r (annotated
+//     "replica" = r), none (shared work such as the loss seed), or several (the gradient sums,
+//     the updates and what follows);
+//   - each gradient sum over the replicas becomes a balanced tree of adds, its leaves in replica
+//     order, so the reduction order is fixed and written in the graph;
+//   - the nodes are reordered (stably, which keeps dependencies): shared work first, then all
+//     replica nodes together, then the rest. The runtime runs that middle run as one parallel
+//     section, replica r on OpenMP thread r, each into its own buffers (see Executable).
+#pragma once
+
+#include "minidl/ir/pass.hpp"
+
+namespace minidl::parallel {
+
+class ThreadReplicas final : public ir::Pass {
+ public:
+  std::string_view name() const override { return "thread-replicas"; }
+  bool run(ir::Graph& g) override;
+};
+
+/// The "replica" annotation of n, or -1.
+int replica_of(const ir::Node& n);
+void set_replica(ir::Node& n, int replica);
+
+}  // namespace minidl::parallel
