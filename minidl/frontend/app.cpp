@@ -1,6 +1,7 @@
 #include "minidl/frontend/app.hpp"
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -82,8 +83,17 @@ int train(const std::string& program, AppConfig& c, const ModelBuilder& build) {
   parallel::Communicator& comm = parallel::world();
   const bool root = comm.rank() == 0;
   const std::string dir = c.data.empty() ? "data/" + c.dataset : c.data;
-  Dataset train_set = take(load_mnist(dir, "train", c.dataset), c.train_limit);
-  Dataset test_set = take(load_mnist(dir, "test", c.dataset), c.test_limit);
+  auto [train_set, test_set] = [&] {
+    const DatasetSplits all = load_dataset(c.dataset, dir);
+    return DatasetSplits{take(all.train, c.train_limit), take(all.test, c.test_limit)};
+  }();
+  train_set = upscale(train_set, c.upscale);
+  test_set = upscale(test_set, c.upscale);
+  if (c.normalize) {
+    const ChannelStats stats = channel_stats(train_set);
+    normalize_channels(train_set, stats);
+    normalize_channels(test_set, stats);
+  }
 
   const auto& dims = train_set.images.shape().dims();
   const Shape sample(std::vector<std::int64_t>(dims.begin() + 1, dims.end()));
@@ -99,6 +109,12 @@ int train(const std::string& program, AppConfig& c, const ModelBuilder& build) {
   topt.seed = c.seed;
   topt.shuffle = !c.no_shuffle;
   topt.compile.backend = c.backend == "onednn" ? ir::Backend::OneDnn : ir::Backend::Native;
+  topt.compile.profile = c.profile;
+  topt.fuse = !c.no_fuse;
+  topt.replicas = c.thread_mode == "replicas" ? max_threads() : 1;
+  topt.reduce_strategy = parallel::parse_reduce_strategy(c.reduce);
+  topt.bucket_bytes = static_cast<std::int64_t>(c.bucket_mb * 1024 * 1024);
+  topt.overlap = !c.no_overlap;
   Trainer trainer(*model, sgd, topt);
   if (!c.dump_graph.empty() && root) {
     ir::write_graph(trainer.training_graph(sample), c.dump_graph);
@@ -109,10 +125,11 @@ int train(const std::string& program, AppConfig& c, const ModelBuilder& build) {
   for (const auto& [name, t] : model->parameters()) n_params += t.numel();
   if (root) {
     fmt::print(
-        "{}: {} on {} ({} train, {} test samples), {} parameters, {} rank(s) x {} thread(s), "
-        "{} kernels\n",
-        program, model->describe(), c.dataset, train_set.size(), test_set.size(), n_params,
-        comm.size(), max_threads(), c.backend);
+        "{}: {} on {}{} ({} train, {} test samples), {} parameters, {} rank(s) x {} "
+        "thread(s) ({}), {} kernels\n",
+        program, model->describe(), c.dataset, c.normalize ? " (normalised per channel)" : "",
+        train_set.size(), test_set.size(), n_params, comm.size(), max_threads(), c.thread_mode,
+        c.backend);
     std::fflush(stdout);
   }
   for (int epoch = 1; epoch <= c.epochs; ++epoch) {
@@ -124,6 +141,10 @@ int train(const std::string& program, AppConfig& c, const ModelBuilder& build) {
         "epoch {:>2}/{}  loss {:.4f}  train acc {:6.2f}%  test acc {:6.2f}%  {:.2f} s  {:.0f} "
         "samples/s\n",
         epoch, c.epochs, s.loss, 100.0 * s.accuracy, 100.0 * e.accuracy, s.seconds, sps);
+    if (c.profile) {
+      fmt::print("           compute {:.3f} s  communication {:.3f} s  waiting {:.3f} s\n",
+                 s.seconds - s.comm_seconds - s.wait_seconds, s.comm_seconds, s.wait_seconds);
+    }
     std::fflush(stdout);
     metrics.add({{"epoch", epoch},
                  {"train_loss", s.loss},
@@ -131,7 +152,9 @@ int train(const std::string& program, AppConfig& c, const ModelBuilder& build) {
                  {"test_loss", e.loss},
                  {"test_accuracy", e.accuracy},
                  {"epoch_seconds", s.seconds},
-                 {"samples_per_second", sps}});
+                 {"samples_per_second", sps},
+                 {"comm_seconds", s.comm_seconds},
+                 {"wait_seconds", s.wait_seconds}});
   }
   if (!c.save.empty() && root) {
     save_safetensors(c.save, model->parameters(), {{"format", "pt"}, {"framework", "minidl"}});
@@ -144,6 +167,14 @@ int train(const std::string& program, AppConfig& c, const ModelBuilder& build) {
 int run_training_app(int argc, char** argv, const std::string& description, AppConfig c,
                      const ModelBuilder& build) {
   const std::string program = std::filesystem::path(argv[0]).filename().string();
+  // The example's own choice of datasets: a mistake here is the program's, not the user's.
+  const std::vector<std::string> known = dataset_names();
+  for (const std::string& d : c.datasets) {
+    MINIDL_ASSERT(std::find(known.begin(), known.end(), d) != known.end(),
+                  "AppConfig.datasets names an unknown dataset '", d, "'");
+  }
+  MINIDL_ASSERT(std::find(c.datasets.begin(), c.datasets.end(), c.dataset) != c.datasets.end(),
+                "AppConfig.dataset '", c.dataset, "' is not one of AppConfig.datasets");
   CLI::App app(description, program);
   app.add_option("--data", c.data, "dataset directory (default: data/<dataset>)");
   app.add_option("--dataset", c.dataset, "dataset")
@@ -184,6 +215,26 @@ int run_training_app(int argc, char** argv, const std::string& description, AppC
   app.add_option("--init", c.init, "start from the parameters in FILE.safetensors");
   app.add_option("--dump-graph", c.dump_graph, "write the training graph to FILE (.dot or .txt)");
   app.add_flag("--no-shuffle", c.no_shuffle, "keep the data in file order every epoch");
+  app.add_option("--thread-mode", c.thread_mode,
+                 "use of each rank's threads: data-parallel replicas or parallel kernels")
+      ->check(CLI::IsMember({"replicas", "intra-op"}))
+      ->capture_default_str();
+  app.add_option("--reduce", c.reduce, "gradient reduction across ranks")
+      ->check(CLI::IsMember({"allreduce", "root", "hierarchical"}))
+      ->capture_default_str();
+  app.add_option("--bucket-mb", c.bucket_mb,
+                 "gradient bucket size in MiB (0: one reduction per gradient)")
+      ->check(CLI::Range(0.0, 1024.0))
+      ->capture_default_str();
+  app.add_flag("--no-overlap", c.no_overlap,
+               "reduce gradients after the whole backward instead of during it");
+  app.add_flag("--no-fuse", c.no_fuse, "do not fold bias_add and relu into matmul/conv2d");
+  app.add_option("--upscale", c.upscale,
+                 "enlarge every image K times per side (more work per sample)")
+      ->check(CLI::Range(1, 16))
+      ->capture_default_str();
+  app.add_flag("--profile", c.profile,
+               "time every kernel: per-epoch compute/communication/waiting split");
   // Flags are the same on every rank, so only rank 0 reports their errors. Other errors may be
   // one rank's own: each rank reports its error and the job ends at once, so no rank waits
   // for a collective that will never come.

@@ -14,9 +14,13 @@
 namespace minidl {
 
 struct AppConfig {
-  std::string data;  // empty: data/<dataset>
-  std::string dataset = "mnist";
-  std::vector<std::string> datasets{"mnist", "fashion-mnist"};  // allowed values
+  std::string data;               // empty: data/<dataset>
+  std::string dataset = "mnist";  // the default; one of datasets
+  // The datasets the example accepts for --dataset, each a name load_dataset knows.
+  std::vector<std::string> datasets{"mnist", "fashion-mnist"};
+  // Standardise every channel with the training set's mean and standard deviation (applied to
+  // the test set too); otherwise pixels stay in [0,1].
+  bool normalize = false;
   std::string hidden = "256,128";
   std::string activation = "relu";
   int epochs = 20;
@@ -26,6 +30,16 @@ struct AppConfig {
   std::uint64_t seed = 42;
   int threads = 0;                 // 0: OpenMP's default
   std::string backend = "native";  // preferred kernels: native or onednn (native is the fallback)
+  // How a rank uses its --threads: "replicas" (one data-parallel replica of the forward and
+  // backward per thread) or "intra-op" (one graph, kernels parallel inside). Each example sets
+  // the one measured faster for its model.
+  std::string thread_mode = "intra-op";
+  std::string reduce = "allreduce";  // gradient reduction across ranks: allreduce, root, hierarchical
+  double bucket_mb = 0.25;           // gradient bucket size; 0: one collective per gradient
+  bool no_overlap = false;           // blocking reductions after the backward
+  bool no_fuse = false;              // keep bias_add and relu as separate nodes
+  std::int64_t upscale = 1;          // images enlarged k times per side (granularity studies)
+  bool profile = false;              // per-kernel timing: the epoch split and a kernel table
   std::int64_t train_limit = 0;
   std::int64_t test_limit = 0;
   std::string metrics;

@@ -1,9 +1,12 @@
 #include "minidl/frontend/datasets.hpp"
 
+#include "minidl/core/threading.hpp"
+
 #include <zlib.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -133,6 +136,23 @@ Bytes gunzip(const Bytes& in, const std::string& path) {
   return out;
 }
 
+/// A data file's content, decompressed when it is gzip (detected by its magic bytes, not its
+/// name).
+struct DataFile {
+  Bytes bytes;
+  bool gz = false;
+};
+
+DataFile read_data_file(const std::string& path, std::string_view what) {
+  DataFile f;
+  f.bytes = read_file(path, what);
+  if (is_gzip(f.bytes)) {
+    f.gz = true;
+    f.bytes = gunzip(f.bytes, path);
+  }
+  return f;
+}
+
 /// One IDX file's content, its dimensions and where its elements start.
 struct IdxFile {
   std::string path;
@@ -173,11 +193,9 @@ IdxFile read_idx_file(const std::string& path, const IdxKind& k) {
   IdxFile f;
   f.path = path;
   f.kind = k.name;
-  f.bytes = read_file(path, concat("IDX ", k.name, " file"));
-  if (is_gzip(f.bytes)) {
-    f.gz = true;
-    f.bytes = gunzip(f.bytes, path);
-  }
+  DataFile content = read_data_file(path, concat("IDX ", k.name, " file"));
+  f.bytes = std::move(content.bytes);
+  f.gz = content.gz;
   const Bytes& b = f.bytes;
   const int rank = static_cast<int>(k.magic & 0xff);
 
@@ -234,6 +252,62 @@ IdxFile read_idx_file(const std::string& path, const IdxKind& k) {
   return f;
 }
 
+/// Checks that dir is an existing directory; the message says how to fetch dataset.
+void check_data_dir(const std::string& dir, const std::string& dataset) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(dir, ec);
+  MINIDL_CHECK(fs::exists(st), "data directory '", dir, "' does not exist; run scripts/fetch-data ",
+               dataset, " (it fills data/", dataset, " at the repository root, or --dest DIR)");
+  MINIDL_CHECK(fs::is_directory(st), "data directory '", dir, "' is not a directory");
+}
+
+/// dir/base if it exists, else dir/base.gz.
+std::string pick_file(const std::string& dir, const std::string& base, const std::string& dataset) {
+  std::error_code ec;
+  const fs::path raw = fs::path(dir) / base;
+  if (fs::exists(raw, ec)) return raw.string();
+  const fs::path gz = fs::path(dir) / (base + ".gz");
+  if (fs::exists(gz, ec)) return gz.string();
+  MINIDL_FAIL("data directory '", dir, "' has neither '", base, "' nor '", base,
+              ".gz'; run scripts/fetch-data ", dataset, " to fetch the missing files");
+}
+
+constexpr std::int64_t kCifarChannels = 3, kCifarSide = 32;
+constexpr std::int64_t kCifarPixels = kCifarChannels * kCifarSide * kCifarSide;  // 3072
+constexpr std::int64_t kCifarRecord = 1 + kCifarPixels;                          // 3073
+
+/// The record count of a CIFAR-10 batch file of `size` bytes, or an error naming the file and
+/// where its size goes wrong.
+std::int64_t cifar_records(const std::string& desc, std::size_t size,
+                           std::int64_t records_per_file) {
+  const auto found = static_cast<std::int64_t>(size);
+  const std::string layout =
+      concat(kCifarRecord, "-byte records: 1 label byte and ", kCifarPixels, " pixel bytes");
+  if (records_per_file <= 0) {
+    MINIDL_CHECK(found > 0, "empty ", desc, ": expected one or more ", layout);
+    MINIDL_CHECK(found % kCifarRecord == 0, "truncated ", desc, ": it ends at byte offset ", found,
+                 ", inside record ", found / kCifarRecord, " (which starts at offset ",
+                 found / kCifarRecord * kCifarRecord, " and needs ", kCifarRecord,
+                 " bytes); expected a whole number of ", layout);
+    return found / kCifarRecord;
+  }
+  const std::int64_t expected = records_per_file * kCifarRecord;
+  const std::string want =
+      concat("expected ", expected, " bytes (", records_per_file, " ", layout, ")");
+  if (found < expected) {
+    const std::int64_t r = found / kCifarRecord;
+    MINIDL_FAIL("truncated ", desc, ": found ", found, " bytes, ", want, "; ",
+                found == 0 ? std::string("the file is empty")
+                : found % kCifarRecord == 0
+                    ? concat("the file ends at byte offset ", found, ", after record ", r - 1)
+                    : concat("the file ends at byte offset ", found, ", inside record ", r,
+                             " (which starts at offset ", r * kCifarRecord, ")"));
+  }
+  MINIDL_CHECK(found == expected, "trailing bytes in ", desc, ": ", found - expected,
+               " unexpected bytes at offset ", expected, "; ", want, ", found ", found);
+  return records_per_file;
+}
+
 }  // namespace
 
 std::int64_t Dataset::size() const { return labels.shape().rank() == 1 ? labels.shape()[0] : 0; }
@@ -280,23 +354,162 @@ Dataset read_idx(const std::string& images_path, const std::string& labels_path,
 Dataset load_mnist(const std::string& dir, const std::string& split, const std::string& dataset) {
   MINIDL_CHECK(split == "train" || split == "test", "unknown ", dataset, " split '", split,
                "', expected 'train' or 'test'");
-  std::error_code ec;
-  const fs::file_status st = fs::status(dir, ec);
-  MINIDL_CHECK(fs::exists(st), "data directory '", dir, "' does not exist; run scripts/fetch-data ",
-               dataset, " (it fills data/", dataset, " at the repository root, or --dest DIR)");
-  MINIDL_CHECK(fs::is_directory(st), "data directory '", dir, "' is not a directory");
-
+  check_data_dir(dir, dataset);
   const std::string prefix = split == "train" ? "train" : "t10k";
-  auto pick = [&](const std::string& base) {
-    const fs::path raw = fs::path(dir) / base;
-    if (fs::exists(raw, ec)) return raw.string();
-    const fs::path gz = fs::path(dir) / (base + ".gz");
-    if (fs::exists(gz, ec)) return gz.string();
-    MINIDL_FAIL("data directory '", dir, "' has neither '", base, "' nor '", base,
-                ".gz'; run scripts/fetch-data ", dataset, " to fetch the missing files");
+  return read_idx(pick_file(dir, prefix + "-images-idx3-ubyte", dataset),
+                  pick_file(dir, prefix + "-labels-idx1-ubyte", dataset), dataset + "/" + split);
+}
+
+Dataset read_cifar10(const std::vector<std::string>& paths, std::string name,
+                     std::int64_t records_per_file) {
+  MINIDL_CHECK(!paths.empty(), "read_cifar10: no batch files given for '", name, "'");
+  std::vector<DataFile> files;
+  std::vector<std::int64_t> counts;
+  std::int64_t n = 0;
+  for (const std::string& path : paths) {
+    files.push_back(read_data_file(path, "CIFAR-10 batch file"));
+    const std::string desc =
+        concat("CIFAR-10 batch file '", path, "'",
+               files.back().gz ? " (gzip; offsets count decompressed bytes)" : "");
+    counts.push_back(cifar_records(desc, files.back().bytes.size(), records_per_file));
+    const std::uint8_t* b = files.back().bytes.data();
+    for (std::int64_t r = 0; r < counts.back(); ++r) {
+      const std::uint8_t label = b[r * kCifarRecord];
+      if (label > 9) {
+        MINIDL_FAIL("label out of range in ", desc, ": record ", r, " at byte offset ",
+                    r * kCifarRecord, " has label ", int{label}, ", expected 0..9");
+      }
+    }
+    n += counts.back();
+  }
+
+  Dataset d;
+  d.name = std::move(name);
+  d.num_classes = 10;
+  d.images = Tensor::empty(Shape{n, kCifarChannels, kCifarSide, kCifarSide}, DType::F32);
+  d.labels = Tensor::empty(Shape{n}, DType::I32);
+  float* dst = d.images.data<float>();
+  std::int32_t* labels = d.labels.data<std::int32_t>();
+  std::int64_t first = 0;
+  for (std::size_t f = 0; f < files.size(); ++f) {
+    const std::uint8_t* b = files[f].bytes.data();
+    // A record is its label and the R, G and B planes, row-major: exactly [3, 32, 32].
+    parallel_for(counts[f], kCifarPixels, [&](std::int64_t r0, std::int64_t r1) {
+      for (std::int64_t r = r0; r < r1; ++r) {
+        const std::uint8_t* rec = b + r * kCifarRecord;
+        labels[first + r] = rec[0];
+        float* img = dst + (first + r) * kCifarPixels;
+        for (std::int64_t i = 0; i < kCifarPixels; ++i) {
+          img[i] = static_cast<float>(rec[1 + i]) / 255.0f;  // as torchvision's ToTensor
+        }
+      }
+    });
+    first += counts[f];
+  }
+  return d;
+}
+
+DatasetSplits load_cifar10(const std::string& dir, std::int64_t records_per_file) {
+  check_data_dir(dir, "cifar10");
+  std::vector<std::string> train;
+  for (int i = 1; i <= 5; ++i) {
+    train.push_back(pick_file(dir, fmt::format("data_batch_{}.bin", i), "cifar10"));
+  }
+  const std::string test = pick_file(dir, "test_batch.bin", "cifar10");
+  return {read_cifar10(train, "cifar10/train", records_per_file),
+          read_cifar10({test}, "cifar10/test", records_per_file)};
+}
+
+ChannelStats channel_stats(const Dataset& d) {
+  const Shape& s = d.images.shape();
+  MINIDL_CHECK(s.rank() >= 2 && s.numel() > 0, "channel statistics of '", d.name,
+               "': expected non-empty images [N, C, ...], got ", s);
+  const std::int64_t n = s[0], channels = s[1], plane = s.numel() / (n * channels);
+  const float* x = d.images.data<float>();
+  // One partial sum per (sample, channel) plane, added in a fixed order afterwards: the same
+  // result for any thread count. Two passes (mean, then squared deviations from it) avoid the
+  // cancellation of E[x^2] - E[x]^2.
+  std::vector<double> part(static_cast<std::size_t>(n * channels));
+  // The mean of each channel's values, or of their squared deviations from center when given.
+  auto channel_means = [&](const std::vector<double>* center) {
+    parallel_for(n * channels, plane, [&](std::int64_t p0, std::int64_t p1) {
+      for (std::int64_t p = p0; p < p1; ++p) {
+        const float* xp = x + p * plane;
+        double acc = 0.0;
+        if (center == nullptr) {
+          for (std::int64_t i = 0; i < plane; ++i) acc += xp[i];
+        } else {
+          const double c = (*center)[p % channels];
+          for (std::int64_t i = 0; i < plane; ++i) acc += (xp[i] - c) * (xp[i] - c);
+        }
+        part[p] = acc;
+      }
+    });
+    std::vector<double> out(static_cast<std::size_t>(channels), 0.0);
+    for (std::int64_t p = 0; p < n * channels; ++p) out[p % channels] += part[p];
+    for (double& v : out) v /= static_cast<double>(n * plane);
+    return out;
   };
-  return read_idx(pick(prefix + "-images-idx3-ubyte"), pick(prefix + "-labels-idx1-ubyte"),
-                  dataset + "/" + split);
+  ChannelStats st;
+  st.mean = channel_means(nullptr);
+  st.stddev = channel_means(&st.mean);
+  for (double& v : st.stddev) v = std::sqrt(v);
+  return st;
+}
+
+void normalize_channels(Dataset& d, const ChannelStats& stats) {
+  const Shape& s = d.images.shape();
+  MINIDL_CHECK(s.rank() >= 2 && static_cast<std::size_t>(s[1]) == stats.mean.size() &&
+                   stats.stddev.size() == stats.mean.size(),
+               "normalising '", d.name, "': images ", s, " do not have the ", stats.mean.size(),
+               " channels of the statistics");
+  if (s.numel() == 0) return;
+  const std::int64_t channels = s[1], plane = s.numel() / (s[0] * channels);
+  float* x = d.images.data<float>();
+  parallel_for(s[0] * channels, plane, [&](std::int64_t p0, std::int64_t p1) {
+    for (std::int64_t p = p0; p < p1; ++p) {
+      const auto mean = static_cast<float>(stats.mean[p % channels]);
+      const double sd = stats.stddev[p % channels];
+      const auto inv = static_cast<float>(sd > 0.0 ? 1.0 / sd : 1.0);
+      float* xp = x + p * plane;
+#pragma omp simd
+      for (std::int64_t i = 0; i < plane; ++i) xp[i] = (xp[i] - mean) * inv;
+    }
+  });
+}
+
+namespace {
+
+DatasetSplits load_mnist_like(const std::string& dir, const std::string& name) {
+  return {load_mnist(dir, "train", name), load_mnist(dir, "test", name)};
+}
+
+/// The datasets load_dataset knows: a name and how to load a directory of its files.
+struct DatasetEntry {
+  std::string_view name;
+  DatasetSplits (*load)(const std::string& dir, const std::string& name);
+};
+constexpr DatasetEntry kDatasets[] = {
+    {"mnist", load_mnist_like},
+    {"fashion-mnist", load_mnist_like},
+    {"cifar10", [](const std::string& dir, const std::string&) { return load_cifar10(dir); }},
+};
+
+}  // namespace
+
+std::vector<std::string> dataset_names() {
+  std::vector<std::string> names;
+  for (const DatasetEntry& e : kDatasets) names.emplace_back(e.name);
+  return names;
+}
+
+DatasetSplits load_dataset(const std::string& name, const std::string& dir) {
+  for (const DatasetEntry& e : kDatasets) {
+    if (e.name == name) return e.load(dir, name);
+  }
+  std::string known;
+  for (const DatasetEntry& e : kDatasets) known += concat(known.empty() ? "" : ", ", e.name);
+  MINIDL_FAIL("unknown dataset '", name, "' (known: ", known, ")");
 }
 
 Dataset take(const Dataset& d, std::int64_t n) {
@@ -312,6 +525,27 @@ Dataset take(const Dataset& d, std::int64_t n) {
   lshape[0] = n;
   out.labels = Tensor::empty(lshape, d.labels.dtype());
   std::memcpy(out.labels.raw(), d.labels.raw(), out.labels.nbytes());
+  return out;
+}
+
+Dataset upscale(const Dataset& d, std::int64_t k) {
+  MINIDL_CHECK(k >= 1 && k <= 64, "upscale factor must be in [1, 64], got ", k);
+  if (k == 1) return d;
+  const Shape& s = d.images.shape();
+  MINIDL_CHECK(s.rank() == 4, "upscale expects images [N,C,H,W], got ", s);
+  const std::int64_t n = s[0], c = s[1], h = s[2], w = s[3];
+  Dataset out = d;
+  out.images = Tensor::empty({n, c, h * k, w * k});
+  const float* src = d.images.data<float>();
+  float* dst = out.images.data<float>();
+  parallel_for(n * c, h * w * k * k, [&](std::int64_t b, std::int64_t e) {
+    for (std::int64_t plane = b; plane < e; ++plane) {
+      const float* in = src + plane * h * w;
+      float* o = dst + plane * h * w * k * k;
+      for (std::int64_t y = 0; y < h * k; ++y)
+        for (std::int64_t x = 0; x < w * k; ++x) o[y * w * k + x] = in[(y / k) * w + x / k];
+    }
+  });
   return out;
 }
 

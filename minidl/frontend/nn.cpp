@@ -196,6 +196,11 @@ void Sequential::set_name(std::string name) {
   for (auto& [n, child] : children_) child->set_name(join(name_, n));
 }
 
+void Sequential::train(bool on) {
+  training_ = on;
+  for (auto& [n, child] : children_) child->train(on);
+}
+
 ir::Value* Sequential::forward(ir::Value* x) {
   for (auto& [name, child] : children_) x = child->forward(x);
   return x;
@@ -222,6 +227,33 @@ std::unique_ptr<Module> make_activation(const std::string& name) {
   if (name == "tanh") return std::make_unique<Tanh>();
   MINIDL_FAIL("unknown activation '", name, "' (expected relu, sigmoid or tanh)");
 }
+
+Dropout::Dropout(double p) : p_(p) {
+  MINIDL_CHECK(p >= 0.0 && p < 1.0, "Dropout(", p, "): p must be in [0, 1)");
+}
+
+ir::Value* Dropout::forward(ir::Value* x) {
+  if (!training_ || p_ == 0.0) return x;
+  ir::Graph& g = x->graph();
+  ir::Value* key = nullptr;
+  if (ir::Node* n = g.find(kRngKeyInput); n != nullptr) {
+    key = n->output();
+    MINIDL_CHECK(n->op() == "input" && key->shape() == Shape{2} && key->dtype() == DType::I64,
+                 describe(), " '", name_, "': the graph's node '", kRngKeyInput, "' is ",
+                 n->describe(), " ", key->dtype(), " ", key->shape(),
+                 ", expected the dropout key input i64 [2]");
+  } else {
+    key = ops::input(g, std::string(kRngKeyInput), Shape{2}, DType::I64);
+  }
+  ir::NameScope scope(g, name_);
+  // The same seed and name give the same node seed in every graph built for the model.
+  const std::uint64_t seed = mix64(seed_ ^ name_hash(name_));
+  return ops::dropout(x, key, p_, static_cast<std::int64_t>(seed)).first;
+}
+
+void Dropout::reset_parameters(std::uint64_t seed, const std::string& prefix) { seed_ = seed; }
+
+std::string Dropout::describe() const { return fmt::format("Dropout(p={})", p_); }
 
 void load_parameters(Module& m, const NamedTensors& values, const std::string& source) {
   NamedTensors params = m.parameters();

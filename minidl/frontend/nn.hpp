@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -56,8 +57,17 @@ class Module {
   virtual void set_name(std::string name) { name_ = std::move(name); }
   const std::string& name() const { return name_; }
 
+  /// Training mode (on, the default) or evaluation mode, as PyTorch's Module.train(mode): it
+  /// decides what forward() adds to the graph being built (Dropout adds nothing when off), so
+  /// the Trainer sets it before it builds each training or evaluation graph. Containers pass it
+  /// on to their children.
+  virtual void train(bool on = true) { training_ = on; }
+  void eval() { train(false); }
+  bool training() const { return training_; }
+
  protected:
   std::string name_;
+  bool training_ = true;
 };
 
 /// y = x W^T + b, W [out, in], b [out].
@@ -160,10 +170,35 @@ class Sequential final : public Module {
   void reset_parameters(std::uint64_t seed, const std::string& prefix) override;
   std::string describe() const override;
   void set_name(std::string name) override;
+  void train(bool on = true) override;
   std::size_t size() const { return children_.size(); }
 
  private:
   std::vector<std::pair<std::string, std::unique_ptr<Module>>> children_;
+};
+
+/// The graph input that keys every dropout mask of a graph: i64 [2] = (step, global index of
+/// the first sample of this rank's batch slice). The Trainer writes it before each step.
+inline constexpr std::string_view kRngKeyInput = "rng_key";
+
+/// Inverted dropout, as PyTorch's nn.Dropout(p): in training mode each element is zeroed with
+/// probability p and the others are scaled by 1 / (1 - p); in evaluation mode it is the
+/// identity and adds no node. The mask is a pure function of (seed, step, global sample index,
+/// feature) (ops/nn/dropout.cpp), so it does not depend on how a batch is split over ranks or
+/// threads. The key is the graph input kRngKeyInput, added by the first Dropout of a graph and
+/// shared by all; the nodes differ by their seed, which comes from reset(seed) and the module's
+/// name.
+class Dropout final : public Module {
+ public:
+  explicit Dropout(double p = 0.5);
+  ir::Value* forward(ir::Value* x) override;
+  void reset_parameters(std::uint64_t seed, const std::string& prefix) override;
+  std::string describe() const override;
+  double p() const { return p_; }
+
+ private:
+  double p_;
+  std::uint64_t seed_ = 0;
 };
 
 /// The activation module called name: relu, sigmoid or tanh.

@@ -7,18 +7,27 @@
 #include "minidl/autograd/autograd.hpp"
 #include "minidl/core/rng.hpp"
 #include "minidl/ir/pass.hpp"
+#include "minidl/ops/fusion.hpp"
 #include "minidl/ops/ops.hpp"
 #include "minidl/parallel/data_parallel.hpp"
 #include "minidl/parallel/preflight.hpp"
+#include "minidl/parallel/thread_replicas.hpp"
 
 namespace minidl {
 
 struct Trainer::Program {
   std::unique_ptr<ir::Graph> graph;
   std::unique_ptr<runtime::Executable> exe;
-  ir::Value* loss = nullptr;
-  ir::Value* probs = nullptr;
-  Tensor x, labels;
+  ir::Value* loss = nullptr;  // mean over the program's samples
+  // One part per thread replica (one part without replicas): samples [begin, end) of the
+  // program's batch, their input buffers and their class probabilities.
+  struct Part {
+    std::int64_t begin = 0, end = 0;
+    ir::Value* probs = nullptr;
+    Tensor x, labels;
+  };
+  std::vector<Part> parts;
+  Tensor rng_key;  // the dropout key input (nn::kRngKeyInput), when the graph has one
 };
 
 Trainer::Trainer(nn::Module& model, optim::Sgd& optimizer, TrainerOptions options)
@@ -30,6 +39,8 @@ Trainer::Trainer(nn::Module& model, optim::Sgd& optimizer, TrainerOptions option
   MINIDL_CHECK(options.batch_size >= comm_.size(), "batch size ", options.batch_size,
                " is smaller than the number of ranks, ", comm_.size(),
                ": every rank needs at least one sample of each batch");
+  MINIDL_CHECK(options.replicas >= 1, "thread replicas must be at least 1, got ",
+               options.replicas);
   MINIDL_CHECK(options.eval_batch_size >= 1, "evaluation batch size must be at least 1, got ",
                options.eval_batch_size);
 }
@@ -58,16 +69,40 @@ Trainer::Program& Trainer::program(bool train, std::int64_t batch, std::int64_t 
   auto p = std::make_unique<Program>();
   p->graph = std::make_unique<ir::Graph>();
   ir::Graph& g = *p->graph;
-  std::vector<std::int64_t> dims{batch};
-  dims.insert(dims.end(), sample.dims().begin(), sample.dims().end());
-  ir::Value* x = ops::input(g, "x", Shape(dims));
-  ir::Value* labels = ops::input(g, "labels", Shape{batch}, DType::I32);
-  ir::Value* logits = model_(x);
-  MINIDL_CHECK(logits->shape().rank() == 2 && logits->shape()[0] == batch, "the model's output ",
-               logits->shape(), " is not [", batch, ", classes]");
-  std::tie(p->loss, p->probs) = ops::softmax_cross_entropy(logits, labels);
+  model_.train(train);  // e.g. Dropout adds its nodes to training graphs only
+  // Thread replicas (training only): the forward once per replica on its slice of the batch,
+  // the loss the share-weighted sum of theirs; the thread-replicas pass does the rest.
+  const auto replicas = train ? std::min<std::int64_t>(options_.replicas, batch) : 1;
+  ir::Value* loss = nullptr;
+  for (std::int64_t r = 0; r < replicas; ++r) {
+    Program::Part part;
+    part.begin = batch * r / replicas;
+    part.end = batch * (r + 1) / replicas;
+    const std::int64_t n = part.end - part.begin;
+    const std::string suffix = replicas > 1 ? fmt::format(".{}", r) : "";
+    std::vector<std::int64_t> dims{n};
+    dims.insert(dims.end(), sample.dims().begin(), sample.dims().end());
+    ir::Value* x = ops::input(g, "x" + suffix, Shape(dims));
+    ir::Value* labels = ops::input(g, "labels" + suffix, Shape{n}, DType::I32);
+    if (replicas > 1) {
+      parallel::set_replica(*x->producer(), static_cast<int>(r));
+      parallel::set_replica(*labels->producer(), static_cast<int>(r));
+    }
+    ir::Value* logits = model_(x);
+    MINIDL_CHECK(logits->shape().rank() == 2 && logits->shape()[0] == n, "the model's output ",
+                 logits->shape(), " is not [", n, ", classes]");
+    auto [l, probs] = ops::softmax_cross_entropy(logits, labels);
+    if (replicas > 1) l = ops::scale(l, static_cast<double>(n) / static_cast<double>(batch));
+    loss = loss ? ops::add(loss, l) : l;
+    part.probs = probs;
+    g.add_output(probs);
+    p->parts.push_back(part);
+  }
+  MINIDL_CHECK(replicas == 1 || g.find(nn::kRngKeyInput) == nullptr,
+               "thread replicas do not support dropout yet: use one replica per rank "
+               "(--thread-mode intra-op)");
+  p->loss = loss;
   g.add_output(p->loss);
-  g.add_output(p->probs);
   if (train) {
     std::vector<ir::Value*> params;
     for (ir::Node* n : g.nodes())
@@ -76,14 +111,30 @@ Trainer::Program& Trainer::program(bool train, std::int64_t batch, std::int64_t 
   }
   ir::PassManager pm;
   pm.add(std::make_unique<ir::DeadCodeElimination>());
+  if (options_.fuse) pm.add(std::make_unique<ops::FuseBiasActivation>());
+  if (replicas > 1) pm.add(std::make_unique<parallel::ThreadReplicas>());
   if (train && comm_.size() > 1) {
     pm.add(std::make_unique<parallel::DataParallel>(
-        comm_, static_cast<double>(batch) / static_cast<double>(global)));
+        comm_, static_cast<double>(batch) / static_cast<double>(global),
+        parallel::DataParallelOptions{.strategy = options_.reduce_strategy,
+                                      .bucket_bytes = options_.bucket_bytes,
+                                      .overlap = options_.overlap}));
   }
   pm.run(g);
+  // Passes may replace an output value (a fused node, a rebuilt sum) but keep its place in the
+  // graph's output list: read the values back from there.
+  for (std::size_t r = 0; r < p->parts.size(); ++r) p->parts[r].probs = g.outputs()[r];
+  p->loss = g.outputs()[p->parts.size()];
   p->exe = std::make_unique<runtime::Executable>(g, options_.compile);
-  p->x = p->exe->input("x");
-  p->labels = p->exe->input("labels");
+  for (std::size_t r = 0; r < p->parts.size(); ++r) {
+    const std::string suffix = p->parts.size() > 1 ? fmt::format(".{}", r) : "";
+    p->parts[r].x = p->exe->input("x" + suffix);
+    p->parts[r].labels = p->exe->input("labels" + suffix);
+  }
+  if (const ir::Node* k = g.find(nn::kRngKeyInput); k != nullptr && k->op() == "input") {
+    p->rng_key = p->exe->input(nn::kRngKeyInput);
+    std::fill_n(p->rng_key.data<std::int64_t>(), 2, std::int64_t{0});
+  }
   slot = std::move(p);
   return *slot;
 }
@@ -94,15 +145,18 @@ const ir::Graph& Trainer::training_graph(const Shape& sample) {
 }
 
 void Trainer::gather(const Dataset& d, const std::int64_t* idx, std::int64_t n, Program& p) {
-  MINIDL_ASSERT(n == p.x.shape()[0]);
+  MINIDL_ASSERT(n == p.parts.back().end);
   const std::int64_t row = d.images.numel() / d.size();
   const float* src = d.images.data<float>();
   const std::int32_t* lab = d.labels.data<std::int32_t>();
-  float* x = p.x.data<float>();
-  std::int32_t* y = p.labels.data<std::int32_t>();
-  for (std::int64_t i = 0; i < n; ++i) {
-    std::memcpy(x + i * row, src + idx[i] * row, static_cast<std::size_t>(row) * sizeof(float));
-    y[i] = lab[idx[i]];
+  for (Program::Part& part : p.parts) {
+    float* x = part.x.data<float>();
+    std::int32_t* y = part.labels.data<std::int32_t>();
+    for (std::int64_t i = part.begin; i < part.end; ++i) {
+      const std::int64_t j = i - part.begin;
+      std::memcpy(x + j * row, src + idx[i] * row, static_cast<std::size_t>(row) * sizeof(float));
+      y[j] = lab[idx[i]];
+    }
   }
 }
 
@@ -142,7 +196,8 @@ void Trainer::step(Program& p, const Dataset& d, const std::int64_t* idx, std::i
   gather(d, idx, n, p);
   p.exe->run();
   sums.loss += static_cast<double>(p.exe->value(p.loss).at(0)) * static_cast<double>(n);
-  sums.correct += static_cast<double>(count_correct(p.exe->value(p.probs), p.labels));
+  for (const Program::Part& part : p.parts)
+    sums.correct += static_cast<double>(count_correct(p.exe->value(part.probs), part.labels));
 }
 
 void Trainer::check_ranks_agree(const Dataset& d, const Shape& sample) {
@@ -178,15 +233,39 @@ EpochStats Trainer::train_epoch(const Dataset& d, int epoch) {
     if (n < comm_.size()) break;
     const auto [begin, end] = share(start, n);
     Program& p = program(true, end - begin, n, sample);
+    if (p.rng_key.raw() != nullptr) {
+      // Dropout masks follow the global step and each sample's place in the global batch, so
+      // they are the same however the batch is split over ranks.
+      p.rng_key.data<std::int64_t>()[0] = steps_;
+      p.rng_key.data<std::int64_t>()[1] = begin - start;
+    }
+    ++steps_;
     step(p, d, order.data() + begin, end - begin, sums);
     samples += n;
   }
   sums.reduce(comm_);
+  const auto [comm, wait] = comm_wait_seconds();
+  s.comm_seconds = comm - comm_wait_.first;
+  s.wait_seconds = wait - comm_wait_.second;
+  comm_wait_ = {comm, wait};
   s.samples = samples;
   s.loss = sums.loss / static_cast<double>(samples);
   s.accuracy = sums.correct / static_cast<double>(samples);
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return s;
+}
+
+std::pair<double, double> Trainer::comm_wait_seconds() const {
+  double comm = 0.0, wait = 0.0;
+  for (const auto& [key, p] : programs_) {
+    if (!std::get<0>(key)) continue;
+    for (const runtime::KernelProfile& k : p->exe->profile()) {
+      const ir::AttrValue* phase = k.node->annotations().find("phase");
+      if (!phase || std::get<std::string>(*phase) != "communication") continue;
+      (k.node->op().ends_with("_wait") ? wait : comm) += k.seconds;
+    }
+  }
+  return {comm, wait};
 }
 
 EvalStats Trainer::evaluate(const Dataset& d) {

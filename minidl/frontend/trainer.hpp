@@ -11,6 +11,7 @@
 #include "minidl/frontend/nn.hpp"
 #include "minidl/frontend/optim.hpp"
 #include "minidl/parallel/communicator.hpp"
+#include "minidl/parallel/data_parallel.hpp"
 #include "minidl/runtime/executable.hpp"
 
 namespace minidl {
@@ -21,7 +22,16 @@ struct TrainerOptions {
   std::uint64_t seed = 1;
   bool shuffle = true;
   runtime::CompileOptions compile;
+  bool fuse = true;  // fold bias_add and relu into matmul / conv2d (ops::FuseBiasActivation)
+  // Data-parallel thread replicas per rank for training (parallel::ThreadReplicas): each runs
+  // the forward and backward of its slice of the rank's batch on its own OpenMP thread. 1: one
+  // graph whose kernels use the OpenMP threads inside each op (intra-op).
+  int replicas = 1;
   parallel::Communicator* comm = nullptr;  // null: parallel::world()
+  // How the data-parallel pass reduces gradients (with more than one rank).
+  parallel::ReduceStrategy reduce_strategy = parallel::ReduceStrategy::Allreduce;
+  std::int64_t bucket_bytes = parallel::DataParallelOptions{}.bucket_bytes;  // 0: no buckets
+  bool overlap = parallel::DataParallelOptions{}.overlap;  // reduce during the backward
 };
 
 struct EpochStats {
@@ -30,6 +40,10 @@ struct EpochStats {
   double accuracy = 0.0;  // fraction of the epoch's samples classified right (before each update)
   std::int64_t samples = 0;
   double seconds = 0.0;  // wall time of the training steps, data gathering included
+  // With CompileOptions::profile: the part of `seconds` spent in collective kernels (start,
+  // blocking reductions, broadcasts) and in waiting for non-blocking ones to finish.
+  double comm_seconds = 0.0;
+  double wait_seconds = 0.0;
 };
 
 struct EvalStats {
@@ -69,7 +83,12 @@ class Trainer {
   optim::Sgd& optimizer_;
   TrainerOptions options_;
   parallel::Communicator& comm_;
+  /// Seconds in communication and waiting kernels of all training programs so far (profiling).
+  std::pair<double, double> comm_wait_seconds() const;
+
   bool preflight_done_ = false;
+  std::pair<double, double> comm_wait_ = {0.0, 0.0};  // at the end of the previous epoch
+  std::int64_t steps_ = 0;  // training steps since the trainer started: dropout's key step
   std::map<std::tuple<bool, std::int64_t, std::int64_t, std::vector<std::int64_t>>,
            std::unique_ptr<Program>>
       programs_;

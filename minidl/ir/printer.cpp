@@ -63,6 +63,11 @@ std::string to_dot(const Graph& g) {
         if (c == '"') c = '\'';
       label += fmt::format("\\n{}={}", k, val);
     }
+    // Pipeline stage and tensor-parallel shard (the text form shows them as @stage=, @shard=).
+    for (const char* key : {"stage", "shard"}) {
+      if (const AttrValue* a = n->annotations().find(key))
+        label += fmt::format("\\n{} {}", key, attr_to_string(*a));
+    }
     label += fmt::format("\\n[{}]", phase);
     s += fmt::format("  n{} [label=\"{}\", fillcolor=\"{}\"];\n", n->id(), label, color);
   }

@@ -34,6 +34,13 @@ inline std::pair<Value*, Value*> softmax_cross_entropy(Value* logits, Value* lab
   return {n->output(0), n->output(1)};
 }
 
+/// Inverted dropout (ops/nn/dropout.cpp): key i64 [2] = (step, global index of x's first
+/// sample) picks the mask, seed tells nodes apart; returns {y, mask}.
+inline std::pair<Value*, Value*> dropout(Value* x, Value* key, double p, std::int64_t seed) {
+  ir::Node* n = apply_node("dropout", {x, key}, {{"p", p}, {"seed", seed}});
+  return {n->output(0), n->output(1)};
+}
+
 /// Graph inputs fed each step, and parameters/state bound to storage that outlives the graph.
 Value* input(ir::Graph& g, const std::string& name, const Shape& shape, DType dtype = DType::F32);
 Value* parameter(ir::Graph& g, const std::string& name, const Tensor& storage);

@@ -1,5 +1,6 @@
 #include "minidl/parallel/collectives.hpp"
 
+#include <cstring>
 #include <mutex>
 
 #include "minidl/ops/common.hpp"
@@ -8,22 +9,240 @@
 namespace minidl::parallel {
 namespace {
 
+constexpr const char* kNoGrad = "communication is inserted after differentiation";
+// MPI guarantees tags up to 32767 (MPI_TAG_UB may allow more).
+constexpr std::int64_t kMaxTag = 32767;
+
+// The communicator a node names, looked up once when its kernel is compiled.
+Communicator* comm_of(const ir::Node& node) {
+  const auto id = node.attrs().get<std::int64_t>("group");
+  try {
+    return &group(static_cast<int>(id));
+  } catch (const Error& e) {
+    MINIDL_FAIL(node.describe(), ": ", e.what());
+  }
+}
+
+Communicator* comm_with_rank(const ir::Node& node, const char* attr) {
+  Communicator* comm = comm_of(node);
+  const auto r = node.attrs().get<std::int64_t>(attr);
+  MINIDL_CHECK(r < comm->size(), node.describe(), ": ", attr, "=", r, " but communicator group ",
+               node.attrs().get<std::int64_t>("group"), " has ", comm->size(), " ranks");
+  return comm;
+}
+
+void scale_in_place(float* x, std::int64_t n, float scale) {
+  if (scale == 1.0f) return;
+  ops::elementwise(n, [&](std::int64_t b, std::int64_t e) {
+#pragma omp simd
+    for (std::int64_t i = b; i < e; ++i) x[i] *= scale;
+  });
+}
+
+void check_rank_attr(ir::InferCtx& c, const char* attr) {
+  const auto r = c.attr<std::int64_t>(attr);
+  MINIDL_CHECK_NODE(c, r >= 0, attr, " must be a rank (>= 0), got ", r);
+}
+
+void check_tag(ir::InferCtx& c) {
+  const auto tag = c.attr<std::int64_t>("tag");
+  MINIDL_CHECK_NODE(c, tag >= 0 && tag <= kMaxTag, "tag must be in [0, ", kMaxTag, "], got ", tag);
+}
+
+// ---- allreduce, reduce, broadcast, allgather ------------------------------------------------
+
 // src/dst [...] in place: dst = sum_ranks(scale * src). The scale is applied before the sum so
 // that ranks with different shares of a batch weight their gradients by their share.
 ir::Kernel make_allreduce(const ir::Node& node) {
-  Communicator* comm = &group(static_cast<int>(node.attrs().get<std::int64_t>("group")));
+  Communicator* comm = comm_of(node);
   const float scale = node.attrs().get<float>("scale");
   return [comm, scale](const ir::KernelArgs& k) {
     float* x = k.out[0].data<float>();
-    const std::int64_t n = k.out[0].numel();
-    if (scale != 1.0f) {
-      ops::elementwise(n, [&](std::int64_t b, std::int64_t e) {
-        for (std::int64_t i = b; i < e; ++i) x[i] *= scale;
-      });
-    }
-    comm->allreduce_sum(x, n);
+    scale_in_place(x, k.out[0].numel(), scale);
+    comm->allreduce_sum(x, k.out[0].numel());
   };
 }
+
+void infer_reduce(ir::InferCtx& c) {
+  ops::infer_unary_f32(c);
+  check_rank_attr(c, "root");
+}
+
+ir::Kernel make_reduce(const ir::Node& node) {
+  Communicator* comm = comm_with_rank(node, "root");
+  const float scale = node.attrs().get<float>("scale");
+  const int root = static_cast<int>(node.attrs().get<std::int64_t>("root"));
+  return [comm, scale, root](const ir::KernelArgs& k) {
+    float* x = k.out[0].data<float>();
+    scale_in_place(x, k.out[0].numel(), scale);
+    comm->reduce_sum(x, k.out[0].numel(), root);
+  };
+}
+
+void infer_broadcast(ir::InferCtx& c) {
+  ops::infer_like_input0(c);
+  check_rank_attr(c, "root");
+}
+
+ir::Kernel make_broadcast(const ir::Node& node) {
+  Communicator* comm = comm_with_rank(node, "root");
+  const int root = static_cast<int>(node.attrs().get<std::int64_t>("root"));
+  return [comm, root](const ir::KernelArgs& k) {
+    comm->broadcast(k.out[0].raw(), static_cast<std::int64_t>(k.out[0].nbytes()), root);
+  };
+}
+
+// x [d0, ...] -> y [ranks * d0, ...]; a scalar gives [ranks].
+void infer_allgather(ir::InferCtx& c) {
+  const auto ranks = c.attr<std::int64_t>("ranks");
+  MINIDL_CHECK_NODE(c, ranks >= 1, "ranks must be at least 1, got ", ranks);
+  std::vector<std::int64_t> dims = c.input(0).dims();
+  if (dims.empty())
+    dims.push_back(ranks);
+  else
+    dims[0] *= ranks;
+  c.set_output(0, Shape(dims), c.dtype(0));
+}
+
+ir::Kernel make_allgather(const ir::Node& node) {
+  Communicator* comm = comm_of(node);
+  const auto ranks = node.attrs().get<std::int64_t>("ranks");
+  MINIDL_CHECK(ranks == comm->size(), node.describe(), ": ranks=", ranks,
+               " but communicator group ", node.attrs().get<std::int64_t>("group"), " has ",
+               comm->size(), " ranks");
+  return [comm](const ir::KernelArgs& k) {
+    comm->allgather(k.in[0].raw(), k.out[0].raw(), static_cast<std::int64_t>(k.in[0].nbytes()));
+  };
+}
+
+// ---- allreduce_start / allreduce_wait ---------------------------------------------------------
+
+void infer_start(ir::InferCtx& c) {
+  ops::infer_unary_f32(c);
+  c.set_output(1, Shape{1}, DType::I64);
+}
+
+// The buffer is in flight between start and wait: MPI may write it at any time, so only the wait
+// may read it. The memory plan keeps it alive until the wait because the wait's output shares it.
+ir::Kernel make_start(const ir::Node& node) {
+  const ir::Node* wait = nullptr;
+  for (const ir::Value* v : node.outputs()) {
+    for (const ir::Node* u : v->users()) {
+      MINIDL_CHECK(u->op() == "allreduce_wait" && (wait == nullptr || wait == u), node.describe(),
+                   ": only its allreduce_wait may read the in-flight value ", v->ref(), ", but ",
+                   u->describe(), " reads it");
+      wait = u;
+    }
+  }
+  MINIDL_CHECK(wait != nullptr, node.describe(), ": no allreduce_wait completes this allreduce");
+  Communicator* comm = comm_of(node);
+  const float scale = node.attrs().get<float>("scale");
+  return [comm, scale](const ir::KernelArgs& k) {
+    float* x = k.out[0].data<float>();
+    scale_in_place(x, k.out[0].numel(), scale);
+    k.out[1].data<std::int64_t>()[0] = comm->start_allreduce_sum(x, k.out[0].numel()).id;
+  };
+}
+
+// Both inputs must be the outputs of one allreduce_start: the request says which operation.
+void infer_wait(ir::InferCtx& c) {
+  const ir::Node& n = c.node();
+  const ir::Node* start = n.input(0)->producer();
+  MINIDL_CHECK_NODE(c,
+                    start->op() == "allreduce_start" && n.input(0)->index() == 0 &&
+                        n.input(1) == start->output(1),
+                    "expected the in-flight value and the request of one allreduce_start");
+  c.set_output(0, c.input(0));
+}
+
+ir::Kernel make_wait(const ir::Node& node) {
+  Communicator* comm = comm_of(*node.input(0)->producer());
+  return [comm](const ir::KernelArgs& k) {
+    comm->wait(Communicator::Request{k.in[1].data<std::int64_t>()[0]});
+  };
+}
+
+// ---- send / recv ------------------------------------------------------------------------------
+
+void infer_send(ir::InferCtx& c) {
+  check_rank_attr(c, "peer");
+  check_tag(c);
+}
+
+ir::Kernel make_send(const ir::Node& node) {
+  Communicator* comm = comm_with_rank(node, "peer");
+  const int peer = static_cast<int>(node.attrs().get<std::int64_t>("peer"));
+  const int tag = static_cast<int>(node.attrs().get<std::int64_t>("tag"));
+  return [comm, peer, tag](const ir::KernelArgs& k) {
+    comm->send(k.in[0].raw(), static_cast<std::int64_t>(k.in[0].nbytes()), peer, tag);
+  };
+}
+
+void infer_recv(ir::InferCtx& c) {
+  check_rank_attr(c, "peer");
+  check_tag(c);
+  const auto dims = c.attr<ir::Ints>("shape");
+  for (auto d : dims) MINIDL_CHECK_NODE(c, d > 0, "dimensions must be positive, got ", Shape(dims));
+  DType t = DType::F32;
+  try {
+    t = ops::parse_dtype(c.attr<std::string>("dtype"));
+  } catch (const Error& e) {
+    c.fail(e.what());
+  }
+  c.set_output(0, Shape(dims), t);
+}
+
+ir::Kernel make_recv(const ir::Node& node) {
+  Communicator* comm = comm_with_rank(node, "peer");
+  const int peer = static_cast<int>(node.attrs().get<std::int64_t>("peer"));
+  const int tag = static_cast<int>(node.attrs().get<std::int64_t>("tag"));
+  return [comm, peer, tag](const ir::KernelArgs& k) {
+    comm->recv(k.out[0].raw(), static_cast<std::int64_t>(k.out[0].nbytes()), peer, tag);
+  };
+}
+
+// ---- buckets ----------------------------------------------------------------------------------
+
+// bucket [n], x [...] -> bucket [n] with x's elements at [offset, offset + x.numel()).
+void infer_pack(ir::InferCtx& c) {
+  const Shape& b = c.input(0);
+  const auto offset = c.attr<std::int64_t>("offset");
+  MINIDL_CHECK_NODE(c, b.rank() == 1 && c.dtype(0) == DType::F32 && c.dtype(1) == DType::F32,
+                    "expected a flat f32 bucket and an f32 value");
+  MINIDL_CHECK_NODE(c, offset >= 0 && offset + c.input(1).numel() <= b.numel(), "offset ", offset,
+                    " + ", c.input(1).numel(), " elements exceeds the bucket's ", b.numel());
+  c.set_output(0, b);
+}
+
+void pack_native(const ir::KernelArgs& k) {
+  const auto offset = k.attrs().get<std::int64_t>("offset");
+  std::memcpy(k.out[0].data<float>() + offset, k.in[1].raw(), k.in[1].nbytes());
+}
+
+// bucket [n] -> y [shape], the elements [offset, offset + numel) of the bucket.
+void infer_unpack(ir::InferCtx& c) {
+  const Shape& b = c.input(0);
+  const Shape y(c.attr<ir::Ints>("shape"));
+  const auto offset = c.attr<std::int64_t>("offset");
+  MINIDL_CHECK_NODE(c, b.rank() == 1 && c.dtype(0) == DType::F32, "expected a flat f32 bucket");
+  MINIDL_CHECK_NODE(c, offset >= 0 && offset + y.numel() <= b.numel(), "offset ", offset, " + ", y,
+                    " exceeds the bucket's ", b.numel(), " elements");
+  c.set_output(0, y);
+}
+
+void unpack_native(const ir::KernelArgs& k) {
+  const auto offset = k.attrs().get<std::int64_t>("offset");
+  std::memcpy(k.out[0].raw(), k.in[0].data<float>() + offset, k.out[0].nbytes());
+}
+
+void infer_nothing(ir::InferCtx&) {}
+
+ir::Kernel make_progress(const ir::Node& node) {
+  Communicator* comm = comm_of(node);
+  return [comm](const ir::KernelArgs&) { comm->progress(); };
+}
+
+// ---- the table --------------------------------------------------------------------------------
 
 const ir::OpDef& allreduce_def() {
   static const ir::OpDef def = ir::OpDef("allreduce")
@@ -33,22 +252,220 @@ const ir::OpDef& allreduce_def() {
                                    .infer(ops::infer_unary_f32)
                                    .kernel_factory(ir::Backend::Native, "mpi", make_allreduce)
                                    .inplace(0, 0)
-                                   .no_grad("communication is inserted after differentiation");
+                                   .side_effect()
+                                   .no_grad(kNoGrad);
   return def;
+}
+
+const ir::OpDef& reduce_def() {
+  static const ir::OpDef def = ir::OpDef("reduce")
+                                   .inputs({"x"})
+                                   .attr<float>("scale", 1.0f)
+                                   .attr<int>("root", 0)
+                                   .attr<int>("group", 0)
+                                   .infer(infer_reduce)
+                                   .kernel_factory(ir::Backend::Native, "mpi", make_reduce)
+                                   .inplace(0, 0)
+                                   .side_effect()
+                                   .no_grad(kNoGrad);
+  return def;
+}
+
+const ir::OpDef& broadcast_def() {
+  static const ir::OpDef def = ir::OpDef("broadcast")
+                                   .inputs({"x"})
+                                   .attr<int>("root", 0)
+                                   .attr<int>("group", 0)
+                                   .infer(infer_broadcast)
+                                   .kernel_factory(ir::Backend::Native, "mpi", make_broadcast)
+                                   .inplace(0, 0)
+                                   .side_effect()
+                                   .no_grad(kNoGrad);
+  return def;
+}
+
+const ir::OpDef& allgather_def() {
+  static const ir::OpDef def = ir::OpDef("allgather")
+                                   .inputs({"x"})
+                                   .attr<int>("ranks")
+                                   .attr<int>("group", 0)
+                                   .infer(infer_allgather)
+                                   .kernel_factory(ir::Backend::Native, "mpi", make_allgather)
+                                   .side_effect()
+                                   .no_grad(kNoGrad);
+  return def;
+}
+
+const ir::OpDef& start_def() {
+  static const ir::OpDef def = ir::OpDef("allreduce_start")
+                                   .inputs({"x"})
+                                   .outputs({"in_flight", "request"})
+                                   .attr<float>("scale", 1.0f)
+                                   .attr<int>("group", 0)
+                                   .infer(infer_start)
+                                   .kernel_factory(ir::Backend::Native, "mpi", make_start)
+                                   .inplace(0, 0)
+                                   .side_effect()
+                                   .no_grad(kNoGrad);
+  return def;
+}
+
+const ir::OpDef& wait_def() {
+  static const ir::OpDef def = ir::OpDef("allreduce_wait")
+                                   .inputs({"in_flight", "request"})
+                                   .infer(infer_wait)
+                                   .kernel_factory(ir::Backend::Native, "mpi", make_wait)
+                                   .inplace(0, 0)
+                                   .side_effect()
+                                   .no_grad(kNoGrad);
+  return def;
+}
+
+const ir::OpDef& send_def() {
+  static const ir::OpDef def = ir::OpDef("send")
+                                   .inputs({"x"})
+                                   .outputs({})
+                                   .attr<int>("peer")
+                                   .attr<int>("tag", 0)
+                                   .attr<int>("group", 0)
+                                   .infer(infer_send)
+                                   .kernel_factory(ir::Backend::Native, "mpi", make_send)
+                                   .side_effect()
+                                   .no_grad(kNoGrad);
+  return def;
+}
+
+const ir::OpDef& recv_def() {
+  static const ir::OpDef def = ir::OpDef("recv")
+                                   .inputs({})
+                                   .attr<ir::Ints>("shape")
+                                   .attr<std::string>("dtype", "f32")
+                                   .attr<int>("peer")
+                                   .attr<int>("tag", 0)
+                                   .attr<int>("group", 0)
+                                   .infer(infer_recv)
+                                   .kernel_factory(ir::Backend::Native, "mpi", make_recv)
+                                   .side_effect()
+                                   .no_grad(kNoGrad);
+  return def;
+}
+
+const ir::OpDef& pack_def() {
+  static const ir::OpDef def = ir::OpDef("bucket_pack")
+                                   .inputs({"bucket", "x"})
+                                   .attr<int>("offset")
+                                   .infer(infer_pack)
+                                   .kernel(ir::Backend::Native, pack_native)
+                                   .inplace(0, 0)
+                                   .no_grad(kNoGrad);
+  return def;
+}
+
+const ir::OpDef& unpack_def() {
+  static const ir::OpDef def = ir::OpDef("bucket_unpack")
+                                   .inputs({"bucket"})
+                                   .attr<int>("offset")
+                                   .attr<ir::Ints>("shape")
+                                   .infer(infer_unpack)
+                                   .kernel(ir::Backend::Native, unpack_native)
+                                   .no_grad(kNoGrad);
+  return def;
+}
+
+const ir::OpDef& progress_def() {
+  static const ir::OpDef def = ir::OpDef("comm_progress")
+                                   .inputs({})
+                                   .outputs({})
+                                   .attr<int>("group", 0)
+                                   .infer(infer_nothing)
+                                   .kernel_factory(ir::Backend::Native, "mpi", make_progress)
+                                   .side_effect()
+                                   .no_grad(kNoGrad);
+  return def;
+}
+
+ir::Node* add(const ir::OpDef& def, std::vector<ir::Value*> inputs, ir::Attrs attrs,
+              const std::string& name, ir::Graph* g = nullptr) {
+  register_collective_ops();
+  ir::Graph& graph = g ? *g : inputs.at(0)->graph();
+  return graph.add_node(def, std::move(inputs), std::move(attrs), name);
 }
 
 }  // namespace
 
 void register_collective_ops() {
   static std::once_flag once;
-  std::call_once(once, [] { ops::register_op(allreduce_def()); });
+  std::call_once(once, [] {
+    for (const ir::OpDef* d :
+         {&allreduce_def(), &reduce_def(), &broadcast_def(), &allgather_def(), &start_def(),
+          &wait_def(), &send_def(), &recv_def(), &pack_def(), &unpack_def(), &progress_def()})
+      ops::register_op(*d);
+  });
 }
 
 ir::Value* allreduce(ir::Value* x, double scale, int group, const std::string& name) {
-  register_collective_ops();
-  return x->graph()
-      .add_node(allreduce_def(), {x}, {{"scale", scale}, {"group", std::int64_t{group}}}, name)
+  return add(allreduce_def(), {x}, {{"scale", scale}, {"group", std::int64_t{group}}}, name)
       ->output();
+}
+
+ir::Value* reduce(ir::Value* x, double scale, int root, int group, const std::string& name) {
+  return add(reduce_def(), {x},
+             {{"scale", scale}, {"root", std::int64_t{root}}, {"group", std::int64_t{group}}}, name)
+      ->output();
+}
+
+ir::Value* broadcast(ir::Value* x, int root, int group, const std::string& name) {
+  return add(broadcast_def(), {x}, {{"root", std::int64_t{root}}, {"group", std::int64_t{group}}},
+             name)
+      ->output();
+}
+
+ir::Value* allgather(ir::Value* x, int group, const std::string& name) {
+  const std::int64_t ranks = parallel::group(group).size();
+  return add(allgather_def(), {x}, {{"ranks", ranks}, {"group", std::int64_t{group}}}, name)
+      ->output();
+}
+
+InFlight allreduce_start(ir::Value* x, double scale, int group, const std::string& name) {
+  ir::Node* n = add(start_def(), {x}, {{"scale", scale}, {"group", std::int64_t{group}}}, name);
+  return {n->output(0), n->output(1)};
+}
+
+ir::Value* allreduce_wait(InFlight f, const std::string& name) {
+  return add(wait_def(), {f.data, f.request}, {}, name)->output();
+}
+
+ir::Node* send(ir::Value* x, int peer, int tag, int group, const std::string& name) {
+  return add(
+      send_def(), {x},
+      {{"peer", std::int64_t{peer}}, {"tag", std::int64_t{tag}}, {"group", std::int64_t{group}}},
+      name);
+}
+
+ir::Value* recv(ir::Graph& g, const Shape& shape, DType dtype, int peer, int tag, int group,
+                const std::string& name) {
+  return add(recv_def(), {},
+             {{"shape", shape.dims()},
+              {"dtype", std::string(dtype_name(dtype))},
+              {"peer", std::int64_t{peer}},
+              {"tag", std::int64_t{tag}},
+              {"group", std::int64_t{group}}},
+             name, &g)
+      ->output();
+}
+
+ir::Value* bucket_pack(ir::Value* bucket, ir::Value* x, std::int64_t offset,
+                       const std::string& name) {
+  return add(pack_def(), {bucket, x}, {{"offset", offset}}, name)->output();
+}
+
+ir::Value* bucket_unpack(ir::Value* bucket, std::int64_t offset, const Shape& shape,
+                         const std::string& name) {
+  return add(unpack_def(), {bucket}, {{"offset", offset}, {"shape", shape.dims()}}, name)->output();
+}
+
+ir::Node* comm_progress(ir::Graph& g, int group, const std::string& name) {
+  return add(progress_def(), {}, {{"group", std::int64_t{group}}}, name, &g);
 }
 
 }  // namespace minidl::parallel

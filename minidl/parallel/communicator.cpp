@@ -4,6 +4,8 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <map>
 #include <mutex>
 #include <vector>
 
@@ -12,22 +14,77 @@
 namespace minidl::parallel {
 namespace {
 
+/// ranks_per_node as split_shared() takes it: an explicit value, else MINIDL_RANKS_PER_NODE,
+/// else 0 (the real shared-memory split).
+int resolve_ranks_per_node(int ranks_per_node) {
+  MINIDL_CHECK(ranks_per_node >= 0,
+               "ranks per node must be positive (or 0 for the real nodes), got ", ranks_per_node);
+  if (ranks_per_node > 0) return ranks_per_node;
+  const char* env = std::getenv("MINIDL_RANKS_PER_NODE");
+  if (env == nullptr || *env == '\0') return 0;
+  char* end = nullptr;
+  const long v = std::strtol(env, &end, 10);
+  MINIDL_CHECK(*end == '\0' && v > 0 && v <= INT32_MAX,
+               "MINIDL_RANKS_PER_NODE must be a positive integer (ranks per pretended node), got '",
+               env, "'");
+  return static_cast<int>(v);
+}
+
 class LocalCommunicator final : public Communicator {
  public:
+  LocalCommunicator() : split_{this, this, true, 1} {}
   int rank() const override { return 0; }
   int size() const override { return 1; }
   std::string kind() const override { return "local"; }
   void allreduce_sum(float*, std::int64_t) override {}
   void allreduce_sum(double*, std::int64_t) override {}
   void allreduce_sum(std::int64_t*, std::int64_t) override {}
-  void broadcast(void*, std::int64_t, int root) override {
-    MINIDL_CHECK(root == 0, "broadcast from rank ", root, " in a single-process job");
-  }
+  void reduce_sum(float*, std::int64_t, int root) override { check_rank("reduce to", root); }
+  void broadcast(void*, std::int64_t, int root) override { check_rank("broadcast from", root); }
   void allgather(const void* in, void* out, std::int64_t bytes) override {
     std::memcpy(out, in, static_cast<std::size_t>(bytes));
   }
   void barrier() override {}
+  Request start_allreduce_sum(float*, std::int64_t) override {
+    pending_.push_back(next_id_);
+    return Request{next_id_++};
+  }
+  void wait(Request r) override {
+    const auto n = std::erase(pending_, r.id);
+    MINIDL_CHECK(n == 1, "wait for request ", r.id, ", which is not in flight");
+  }
+  int progress() override { return static_cast<int>(pending_.size()); }
+  // A single process talks to itself: a send is kept until the matching recv takes it.
+  void send(const void* data, std::int64_t bytes, int peer, int tag) override {
+    check_rank("send to", peer);
+    const auto* p = static_cast<const char*>(data);
+    mailbox_[tag].emplace_back(p, p + bytes);
+  }
+  void recv(void* data, std::int64_t bytes, int peer, int tag) override {
+    check_rank("recv from", peer);
+    auto it = mailbox_.find(tag);
+    MINIDL_CHECK(it != mailbox_.end() && !it->second.empty(), "recv from rank 0 with tag ", tag,
+                 ": no message was sent (a single process cannot wait for one)");
+    std::vector<char>& m = it->second.front();
+    MINIDL_CHECK(static_cast<std::int64_t>(m.size()) == bytes, "recv from rank 0 with tag ", tag,
+                 ": expected ", bytes, " bytes, the message has ", m.size());
+    std::memcpy(data, m.data(), m.size());
+    it->second.pop_front();
+  }
+  const SharedSplit& split_shared(int ranks_per_node) override {
+    resolve_ranks_per_node(ranks_per_node);  // a bad value fails here as under mpirun
+    return split_;
+  }
   [[noreturn]] void abort(int code) override { std::exit(code); }
+
+ private:
+  static void check_rank(const char* what, int r) {
+    MINIDL_CHECK(r == 0, what, " rank ", r, " in a single-process job");
+  }
+  SharedSplit split_;
+  std::vector<std::int64_t> pending_;
+  std::int64_t next_id_ = 0;
+  std::map<int, std::deque<std::vector<char>>> mailbox_;
 };
 
 void check_mpi(int rc, const char* what) {
@@ -38,13 +95,33 @@ void check_mpi(int rc, const char* what) {
   MINIDL_FAIL(what, " failed: ", std::string(text, len));
 }
 
+const char* thread_level_name(int level) {
+  switch (level) {
+    case MPI_THREAD_SINGLE:
+      return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED:
+      return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED:
+      return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE:
+      return "MPI_THREAD_MULTIPLE";
+  }
+  return "an unknown thread level";
+}
+
+int checked_count(std::int64_t n, const char* what) {
+  MINIDL_CHECK(n >= 0 && n <= INT32_MAX, what, " of ", n, " elements exceeds MPI's int count");
+  return static_cast<int>(n);
+}
+
 class MpiCommunicator final : public Communicator {
  public:
+  /// The world: initialises MPI when nobody has.
   MpiCommunicator() {
     int initialized = 0;
     MPI_Initialized(&initialized);
+    int provided = 0;
     if (!initialized) {
-      int provided = 0;
       // Collectives are called from the main thread only; OpenMP threads never call MPI.
       check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init");
       std::atexit([] {
@@ -52,39 +129,156 @@ class MpiCommunicator final : public Communicator {
         MPI_Finalized(&finalized);
         if (!finalized) MPI_Finalize();
       });
+    } else {
+      MPI_Query_thread(&provided);
     }
-    check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), "MPI_Comm_dup");
-    MPI_Comm_rank(comm_, &rank_);
-    MPI_Comm_size(comm_, &size_);
+    MINIDL_CHECK(provided >= MPI_THREAD_FUNNELED, "MPI provides ", thread_level_name(provided),
+                 "; minidl needs at least MPI_THREAD_FUNNELED (MPI from the main thread while "
+                 "OpenMP threads run)");
+    MPI_Comm comm = MPI_COMM_NULL;
+    check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &comm), "MPI_Comm_dup");
+    adopt(comm);
   }
+  /// Takes ownership of comm (a split of another communicator).
+  explicit MpiCommunicator(MPI_Comm comm) { adopt(comm); }
+
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string kind() const override { return "mpi"; }
-  void allreduce_sum(float* data, std::int64_t n) override { reduce(data, n, MPI_FLOAT); }
-  void allreduce_sum(double* data, std::int64_t n) override { reduce(data, n, MPI_DOUBLE); }
-  void allreduce_sum(std::int64_t* data, std::int64_t n) override { reduce(data, n, MPI_INT64_T); }
+  void allreduce_sum(float* data, std::int64_t n) override { allreduce(data, n, MPI_FLOAT); }
+  void allreduce_sum(double* data, std::int64_t n) override { allreduce(data, n, MPI_DOUBLE); }
+  void allreduce_sum(std::int64_t* data, std::int64_t n) override {
+    allreduce(data, n, MPI_INT64_T);
+  }
+  void reduce_sum(float* data, std::int64_t n, int root) override {
+    check_rank("reduce to", root);
+    const int count = checked_count(n, "reduce");
+    if (rank_ == root) {
+      check_mpi(MPI_Reduce(MPI_IN_PLACE, data, count, MPI_FLOAT, MPI_SUM, root, comm_),
+                "MPI_Reduce");
+    } else {
+      check_mpi(MPI_Reduce(data, nullptr, count, MPI_FLOAT, MPI_SUM, root, comm_), "MPI_Reduce");
+    }
+  }
   void broadcast(void* data, std::int64_t bytes, int root) override {
-    check_mpi(MPI_Bcast(data, static_cast<int>(bytes), MPI_BYTE, root, comm_), "MPI_Bcast");
+    check_rank("broadcast from", root);
+    check_mpi(MPI_Bcast(data, checked_count(bytes, "broadcast"), MPI_BYTE, root, comm_),
+              "MPI_Bcast");
   }
   void allgather(const void* in, void* out, std::int64_t bytes) override {
-    check_mpi(MPI_Allgather(in, static_cast<int>(bytes), MPI_BYTE, out, static_cast<int>(bytes),
-                            MPI_BYTE, comm_),
-              "MPI_Allgather");
+    const int count = checked_count(bytes, "allgather");
+    check_mpi(MPI_Allgather(in, count, MPI_BYTE, out, count, MPI_BYTE, comm_), "MPI_Allgather");
   }
   void barrier() override { check_mpi(MPI_Barrier(comm_), "MPI_Barrier"); }
+
+  Request start_allreduce_sum(float* data, std::int64_t n) override {
+    std::int64_t id = 0;
+    while (id < static_cast<std::int64_t>(waiting_.size()) && waiting_[id]) ++id;
+    if (id == static_cast<std::int64_t>(waiting_.size())) {
+      requests_.push_back(MPI_REQUEST_NULL);
+      waiting_.push_back(false);
+      done_.resize(requests_.size());
+    }
+    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data, checked_count(n, "allreduce"), MPI_FLOAT, MPI_SUM,
+                             comm_, &requests_[id]),
+              "MPI_Iallreduce");
+    waiting_[id] = true;
+    ++in_flight_;
+    return Request{id};
+  }
+  void wait(Request r) override {
+    MINIDL_CHECK(r.id >= 0 && r.id < static_cast<std::int64_t>(waiting_.size()) && waiting_[r.id],
+                 "wait for request ", r.id, ", which is not in flight");
+    // A request that progress() saw complete is already MPI_REQUEST_NULL: MPI_Wait returns.
+    if (requests_[r.id] != MPI_REQUEST_NULL) {
+      check_mpi(MPI_Wait(&requests_[r.id], MPI_STATUS_IGNORE), "MPI_Wait");
+      --in_flight_;
+    }
+    waiting_[r.id] = false;
+  }
+  int progress() override {
+    if (in_flight_ == 0) return 0;
+    int completed = 0;
+    check_mpi(MPI_Testsome(static_cast<int>(requests_.size()), requests_.data(), &completed,
+                           done_.data(), MPI_STATUSES_IGNORE),
+              "MPI_Testsome");
+    if (completed != MPI_UNDEFINED) in_flight_ -= completed;
+    return in_flight_;
+  }
+
+  void send(const void* data, std::int64_t bytes, int peer, int tag) override {
+    check_rank("send to", peer);
+    check_mpi(MPI_Send(data, checked_count(bytes, "send"), MPI_BYTE, peer, tag, comm_), "MPI_Send");
+  }
+  void recv(void* data, std::int64_t bytes, int peer, int tag) override {
+    check_rank("recv from", peer);
+    MPI_Status status;
+    check_mpi(MPI_Recv(data, checked_count(bytes, "recv"), MPI_BYTE, peer, tag, comm_, &status),
+              "MPI_Recv");
+    int got = 0;
+    MPI_Get_count(&status, MPI_BYTE, &got);
+    MINIDL_CHECK(got == bytes, "recv from rank ", peer, " with tag ", tag, ": expected ", bytes,
+                 " bytes, the message has ", got);
+  }
+
+  const SharedSplit& split_shared(int ranks_per_node) override {
+    const int k = resolve_ranks_per_node(ranks_per_node);
+    auto& s = splits_[k];
+    if (s.view.node != nullptr) return s.view;
+    MPI_Comm node = MPI_COMM_NULL, leaders = MPI_COMM_NULL;
+    if (k > 0) {
+      check_mpi(MPI_Comm_split(comm_, rank_ / k, rank_, &node), "MPI_Comm_split");
+    } else {
+      check_mpi(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node),
+                "MPI_Comm_split_type");
+    }
+    int node_rank = 0;
+    MPI_Comm_rank(node, &node_rank);
+    const bool leader = node_rank == 0;
+    check_mpi(MPI_Comm_split(comm_, leader ? 0 : MPI_UNDEFINED, rank_, &leaders), "MPI_Comm_split");
+    s.node = std::make_unique<MpiCommunicator>(node);
+    if (leader) {
+      s.leaders = std::make_unique<MpiCommunicator>(leaders);
+    } else {
+      s.leaders = make_local_communicator();
+    }
+    std::int64_t nodes = leader ? 1 : 0;
+    allreduce_sum(&nodes, 1);
+    s.view = SharedSplit{s.node.get(), s.leaders.get(), leader, static_cast<int>(nodes)};
+    return s.view;
+  }
+
   [[noreturn]] void abort(int code) override {
     MPI_Abort(MPI_COMM_WORLD, code);
     std::exit(code);
   }
 
  private:
-  void reduce(void* data, std::int64_t n, MPI_Datatype t) {
-    MINIDL_CHECK(n <= INT32_MAX, "allreduce of ", n, " elements exceeds MPI's int count");
-    check_mpi(MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(n), t, MPI_SUM, comm_),
+  void adopt(MPI_Comm comm) {
+    comm_ = comm;
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+  }
+  void check_rank(const char* what, int r) const {
+    MINIDL_CHECK(r >= 0 && r < size_, what, " rank ", r, " in a communicator of ", size_, " ranks");
+  }
+  void allreduce(void* data, std::int64_t n, MPI_Datatype t) {
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, data, checked_count(n, "allreduce"), t, MPI_SUM, comm_),
               "MPI_Allreduce");
   }
+
+  struct Split {
+    std::unique_ptr<Communicator> node, leaders;
+    SharedSplit view;
+  };
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
+  // Non-blocking operations: the request of id i is requests_[i]; waiting_[i] until wait(i).
+  std::vector<MPI_Request> requests_;
+  std::vector<bool> waiting_;
+  std::vector<int> done_;  // MPI_Testsome's scratch
+  int in_flight_ = 0;      // started and not seen complete
+  std::map<int, Split> splits_;
 };
 
 }  // namespace

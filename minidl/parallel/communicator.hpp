@@ -1,5 +1,6 @@
 // Communicators: how ranks talk. MpiCommunicator runs over OpenMPI when the process was started
 // by mpirun; LocalCommunicator is the single-process stand-in, so every binary also runs alone.
+// MPI is called from the main thread only (OpenMP threads never call it): MPI_THREAD_FUNNELED.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +11,24 @@ namespace minidl::parallel {
 
 class Communicator {
  public:
+  /// A non-blocking operation in flight, issued by this communicator. Plain data (an id into the
+  /// communicator's table of pending operations), so one kernel can hand it to another through a
+  /// tensor. wait() completes it; every request must be waited for exactly once.
+  struct Request {
+    std::int64_t id = -1;
+  };
+
+  /// The node-local communicator and the leaders' communicator (local rank 0 of every node).
+  struct SharedSplit {
+    Communicator* node = nullptr;
+    /// On a leader: the leaders, in node order. On any other rank: a single-process communicator,
+    /// so a collective among the leaders is a no-op there (the node broadcast that follows
+    /// overwrites whatever it holds).
+    Communicator* leaders = nullptr;
+    bool leader = false;
+    int nodes = 1;  // number of nodes (leaders) in the job
+  };
+
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
@@ -19,11 +38,34 @@ class Communicator {
   virtual void allreduce_sum(float* data, std::int64_t n) = 0;
   virtual void allreduce_sum(double* data, std::int64_t n) = 0;
   virtual void allreduce_sum(std::int64_t* data, std::int64_t n) = 0;
+  /// In place: root ends with the element-wise sum over ranks; the others keep their data.
+  virtual void reduce_sum(float* data, std::int64_t n, int root) = 0;
   /// Copies root's bytes to every rank.
   virtual void broadcast(void* data, std::int64_t bytes, int root) = 0;
   /// Every rank contributes `bytes` bytes; out gets size() * bytes, rank order.
   virtual void allgather(const void* in, void* out, std::int64_t bytes) = 0;
   virtual void barrier() = 0;
+
+  /// Starts an in-place allreduce (sum) of data (MPI_Iallreduce). data must stay untouched until
+  /// wait() returns.
+  virtual Request start_allreduce_sum(float* data, std::int64_t n) = 0;
+  /// Blocks until r is complete (MPI_Wait) and retires it.
+  virtual void wait(Request r) = 0;
+  /// Lets pending non-blocking operations advance: OpenMPI moves them on only inside MPI calls.
+  /// Cheap when nothing is pending. Returns how many are still in flight.
+  virtual int progress() = 0;
+
+  /// Point to point, blocking. Messages between a pair of ranks with the same tag arrive in order.
+  virtual void send(const void* data, std::int64_t bytes, int peer, int tag) = 0;
+  virtual void recv(void* data, std::int64_t bytes, int peer, int tag) = 0;
+
+  /// The node-local communicator (MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)) and the leaders'.
+  /// ranks_per_node > 0 pretends nodes of that many consecutive ranks (tests on one machine);
+  /// 0 takes it from the environment variable MINIDL_RANKS_PER_NODE when set, else the real
+  /// shared-memory split. Collective on the first call for a given value; the result is kept by
+  /// this communicator and later calls return it.
+  virtual const SharedSplit& split_shared(int ranks_per_node = 0) = 0;
+
   /// Ends the whole job with a non-zero exit (after one rank's error, so no rank waits forever).
   [[noreturn]] virtual void abort(int code) = 0;
 };
@@ -39,7 +81,8 @@ bool launched_by_mpi();
 std::unique_ptr<Communicator> make_local_communicator();
 
 /// Collective ops name their communicator by a group id (an attribute), since attributes hold
-/// no pointers. world() is group 0; register_group adds another and returns its id.
+/// no pointers. world() is group 0; register_group adds another and returns its id. comm must
+/// outlive every executable compiled from a graph that names its id.
 int register_group(Communicator* comm);
 Communicator& group(int id);
 

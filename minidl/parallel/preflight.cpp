@@ -31,6 +31,13 @@ std::string fingerprint(const ir::Graph& g) {
     if (keep_shape) {
       for (const ir::Value* v : n->outputs()) s += fmt::format(" {} {}", v->shape(), v->dtype());
     }
+    // The reduction schedule: which collective, over which group, of which values. Not the
+    // scale: it is the rank's share of the batch, which differs when the batch does not divide.
+    if (communication) {
+      for (const auto& [k, v] : n->attrs().items())
+        if (k != "scale") s += fmt::format(" {}={}", k, ir::attr_to_string(v));
+      for (const ir::Value* v : n->inputs()) s += fmt::format(" <{}", v->producer()->name());
+    }
     s += '\n';
   }
   return s;

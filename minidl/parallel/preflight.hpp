@@ -10,8 +10,10 @@
 
 namespace minidl::parallel {
 
-/// One line per node: op, name, the shapes of parameters and of reduced values, in order. Batch
-/// dimensions of activations are left out (ranks may hold shares that differ by one sample).
+/// One line per node: op, name, the shapes of parameters and of reduced values, in order; for
+/// communication nodes also their attributes and the nodes they read, so the data-parallel
+/// schedule (strategy, buckets and their members, placement) is part of it. Batch dimensions of
+/// activations are left out (ranks may hold shares that differ by one sample).
 std::string fingerprint(const ir::Graph& g);
 
 /// Compares `description` (a fingerprint plus anything else that must agree, one item per line)

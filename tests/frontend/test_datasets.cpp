@@ -423,3 +423,17 @@ TEST(RealMnist, HasTheKnownCountsAndFirstLabels) {
 
 }  // namespace
 }  // namespace minidl
+
+TEST(Datasets, UpscaleReplicatesPixels) {
+  using namespace minidl;
+  Dataset d;
+  d.name = "tiny";
+  d.images = Tensor::from(Shape{1, 1, 2, 2}, std::vector<float>{1, 2, 3, 4});
+  d.labels = Tensor::from(Shape{1}, std::vector<std::int32_t>{7});
+  const Dataset u = upscale(d, 2);
+  ASSERT_EQ(u.images.shape(), (Shape{1, 1, 4, 4}));
+  const std::vector<float> want{1, 1, 2, 2, 1, 1, 2, 2, 3, 3, 4, 4, 3, 3, 4, 4};
+  for (std::int64_t i = 0; i < 16; ++i) EXPECT_EQ(u.images.at(i), want[i]) << i;
+  EXPECT_EQ(u.labels.data<std::int32_t>()[0], 7);
+  EXPECT_THROW(upscale(d, 0), Error);
+}

@@ -29,6 +29,9 @@ static const std::vector<OpCase> kAvgPool = {
     OpCase().shapes({{1, 1, 1, 1}}).attrs(pool_attrs({1, 1})),
     OpCase().shapes({{2, 2, 5, 5}}).attrs(pool_attrs({5, 5})),
     OpCase().shapes({{4, 8, 12, 12}}).attrs(pool_attrs({2, 2})),
+    OpCase().shapes({{2, 16, 9, 9}}).attrs(pool_attrs({3, 3}, {2, 2}, {1, 1})),
+    OpCase().shapes({{2, 16, 9, 9}}).attrs(pool_attrs({3, 3}, {2, 2}, {1, 1}, false)),
+    OpCase().shapes({{1, 1, 7, 7}}).attrs(pool_attrs({7, 7}, {1, 1}, {3, 3}, false)),
 };
 static const std::vector<BadCase> kAvgPoolBad = {
     {{{1, 3, 3, 3}},

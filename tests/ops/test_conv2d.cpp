@@ -5,6 +5,7 @@
 #include "minidl/autograd/autograd.hpp"
 #include "minidl/core/rng.hpp"
 #include "minidl/core/threading.hpp"
+#include "minidl/ops/native/im2col.hpp"
 #include "minidl/ops/ops.hpp"
 #include "minidl/ops/registry.hpp"
 #include "minidl/runtime/executable.hpp"
@@ -17,6 +18,9 @@ using minidl::testing::OpCase;
 namespace {
 
 ir::Attrs conv_attrs(Ints stride, Ints pad) { return {{"stride", stride}, {"pad", pad}}; }
+ir::Attrs conv_attrs(Ints stride, Ints pad, const char* activation) {
+  return {{"stride", stride}, {"pad", pad}, {"activation", std::string(activation)}};
+}
 
 }  // namespace
 
@@ -37,6 +41,27 @@ static const std::vector<OpCase> kConv = {
     OpCase().shapes({{1, 1, 1, 1}, {1, 1, 1, 1}}),
     OpCase().shapes({{5, 3, 9, 9}, {4, 3, 3, 3}}).attrs(conv_attrs({1, 1}, {1, 1})),
     OpCase().shapes({{20, 2, 4, 4}, {3, 2, 3, 3}}).attrs(conv_attrs({1, 1}, {1, 1})),
+    // Channel counts oneDNN blocks by 16 (and not), a 7x7 kernel over a 7x7 input, stride 2
+    // leaving the last rows unread.
+    // (144-term sums in f32 leave the finite differences a few percent of noise.)
+    OpCase()
+        .shapes({{2, 16, 6, 6}, {32, 16, 3, 3}})
+        .attrs(conv_attrs({1, 1}, {1, 1}))
+        .tolerance(5e-2),
+    OpCase().shapes({{3, 17, 5, 7}, {19, 17, 3, 3}}).attrs(conv_attrs({2, 2}, {1, 0})),
+    OpCase().shapes({{1, 4, 7, 7}, {3, 4, 7, 7}}),
+    OpCase().shapes({{2, 3, 8, 8}, {4, 3, 3, 3}}).attrs(conv_attrs({2, 2}, {0, 0})),
+    // Fused bias and ReLU, as the fusion pass or a user builds them: bias, bias + ReLU, ReLU.
+    OpCase().shapes({{2, 3, 7, 7}, {4, 3, 3, 3}, {4}}),
+    OpCase().shapes({{2, 3, 8, 8}, {5, 3, 3, 3}, {5}}).attrs(conv_attrs({1, 1}, {1, 1}, "relu")),
+    OpCase().shapes({{1, 2, 7, 5}, {3, 2, 3, 2}}).attrs(conv_attrs({2, 1}, {1, 0}, "relu")),
+    OpCase()
+        .shapes({{3, 16, 6, 6}, {32, 16, 3, 3}, {32}})
+        .attrs(conv_attrs({1, 1}, {1, 1}, "relu"))
+        .tolerance(5e-2),
+    OpCase().shapes({{2, 4, 6, 6}, {3, 4, 1, 1}, {3}}).attrs(conv_attrs({1, 1}, {0, 0}, "relu")),
+    OpCase().shapes({{1, 3, 5, 5}, {2, 3, 5, 5}, {2}}).attrs(conv_attrs({1, 1}, {0, 0}, "relu")),
+    OpCase().shapes({{20, 2, 4, 4}, {3, 2, 3, 3}, {3}}).attrs(conv_attrs({1, 1}, {1, 1}, "none")),
 };
 static const std::vector<BadCase> kConvBad = {
     {{{1, 3, 3, 3}, {2, 3, 5, 5}},
@@ -60,6 +85,22 @@ static const std::vector<BadCase> kConvBad = {
     {{{3, 8, 8}, {2, 3, 3, 3}}, {}, {}, "expected x [N,C,H,W], got rank 3"},
     {{{1, 3, 8, 8}, {2, 3, 3}}, {}, {}, "expected w [K,C,KH,KW], got rank 3"},
     {{{1, 3, 8, 8}, {2, 3, 3, 3}}, {DType::F32, DType::I32}, {}, "expected f32"},
+    {{{1, 3, 8, 8}, {2, 3, 3, 3}},
+     {},
+     conv_attrs({1, 1}, {0, 0}, "gelu"),
+     "unknown activation 'gelu' (expected none or relu); x=[1,3,8,8] w=[2,3,3,3]"},
+    {{{1, 3, 8, 8}, {2, 3, 3, 3}, {3}},
+     {},
+     {},
+     "bias must be [2], one per filter; x=[1,3,8,8] w=[2,3,3,3] bias=[3]"},
+    {{{1, 3, 8, 8}, {2, 3, 3, 3}, {2}},
+     {DType::F32, DType::F32, DType::I32},
+     {},
+     "expected an f32 bias"},
+    {{{1, 3, 2, 2}, {2, 3, 3, 3}, {2}},
+     {},
+     conv_attrs({1, 1}, {0, 0}, "relu"),
+     "kernel 3x3 exceeds padded input 2x2; x=[1,3,2,2] w=[2,3,3,3] bias=[2]"},
 };
 MINIDL_OP_TEST(conv2d, kConv, kConvBad)
 
@@ -200,5 +241,93 @@ TEST(Conv2d, SameResultForAnyThreadCount) {
         EXPECT_EQ(0, std::memcmp(a.raw(), b.raw(), a.nbytes())) << "threads 1 vs " << t + 1;
       }
     }
+  }
+}
+
+// The fused node computes what the chain it stands for computes, relu(bias_add(conv2d(x, w), b)),
+// forward and backward, on every backend: the gradient rule is exact, not only close to finite
+// differences.
+TEST(Conv2d, FusedBiasReluMatchesTheChain) {
+  std::vector<ir::Backend> backends = {ir::Backend::Native};
+#if MINIDL_WITH_ONEDNN
+  backends.push_back(ir::Backend::OneDnn);
+#endif
+  const Shape xs{3, 5, 9, 8}, ws{6, 5, 3, 3}, ys{3, 6, 5, 8};
+  const CounterRng rng(11);
+  Tensor xt = Tensor::empty(xs), wt = Tensor::empty(ws), bt = Tensor::empty({6}),
+         rt = Tensor::empty(ys);
+  rng.fill_normal(xt, 1, 0.0f, 1.0f);
+  rng.fill_normal(wt, 2, 0.0f, 0.3f);
+  rng.fill_normal(bt, 3, 0.0f, 1.0f);
+  rng.fill_normal(rt, 4, 0.0f, 1.0f);
+  for (const ir::Backend backend : backends) {
+    for (const bool relu : {false, true}) {
+      SCOPED_TRACE(fmt::format("{} relu={}", ir::backend_name(backend), relu));
+      std::vector<std::vector<Tensor>> results;
+      for (const bool fused : {true, false}) {
+        ir::Graph g;
+        ir::Value* x = ops::parameter(g, "x", xt);
+        ir::Value* w = ops::parameter(g, "w", wt);
+        ir::Value* b = ops::parameter(g, "b", bt);
+        ir::Value* y = nullptr;
+        if (fused) {
+          y = ops::apply("conv2d", {x, w, b}, conv_attrs({2, 1}, {1, 1}, relu ? "relu" : "none"));
+        } else {
+          y = ops::bias_add(ops::apply("conv2d", {x, w}, conv_attrs({2, 1}, {1, 1})), b);
+          if (relu) y = ops::relu(y);
+        }
+        ASSERT_EQ(y->shape(), ys);
+        ir::Value* loss = ops::sum(ops::mul(y, ops::parameter(g, "r", rt)));
+        const auto grads = autograd::differentiate(g, loss, {x, w, b});
+        g.add_output(y);
+        for (ir::Value* v : grads) g.add_output(v);
+        runtime::Executable exe(g, {.backend = backend});
+        exe.run();
+        results.push_back({exe.value(y).clone(), exe.value(grads[0]).clone(),
+                           exe.value(grads[1]).clone(), exe.value(grads[2]).clone()});
+      }
+      const char* names[] = {"y", "dx", "dw", "db"};
+      for (std::size_t t = 0; t < results[0].size(); ++t) {
+        const Tensor& a = results[0][t];
+        const Tensor& b = results[1][t];
+        ASSERT_EQ(a.shape(), b.shape()) << names[t];
+        for (std::int64_t i = 0; i < a.numel(); ++i) {
+          ASSERT_NEAR(a.at(i), b.at(i), 1e-5 * (1.0 + std::fabs(b.at(i)))) << names[t] << " " << i;
+        }
+      }
+    }
+  }
+}
+
+// im2col and col2im have AVX-512 row loops for unit column stride next to the portable ones:
+// both give the same bits (copies, and sums in the same order), on maps narrower than a vector,
+// of whole vectors and in between, with and without padding.
+TEST(Conv2d, Im2colPathsAgree) {
+  if (!native::im2col_uses_avx512()) GTEST_SKIP() << "this CPU runs the portable loops only";
+  struct Geom {
+    std::int64_t C, H, W, K, S, P;
+  };
+  for (const Geom& t :
+       {Geom{3, 7, 7, 3, 1, 1}, Geom{2, 16, 16, 3, 1, 1}, Geom{2, 28, 28, 3, 1, 0},
+        Geom{1, 9, 40, 5, 2, 2}, Geom{4, 5, 33, 2, 1, 0}, Geom{2, 20, 20, 1, 1, 0}}) {
+    native::ConvGeom g;
+    g.C = t.C, g.H = t.H, g.W = t.W, g.KH = g.KW = t.K, g.SH = t.S, g.SW = 1, g.PH = g.PW = t.P;
+    g.OH = native::window_out_size(g.H, g.KH, g.SH, g.PH);
+    g.OW = native::window_out_size(g.W, g.KW, g.SW, g.PW);
+    SCOPED_TRACE(fmt::format("C{} H{} W{} K{} S{} P{}", t.C, t.H, t.W, t.K, t.S, t.P));
+    Tensor x = Tensor::empty({g.C, g.H, g.W}), cols = Tensor::empty({g.rows(), g.cols()});
+    CounterRng(4).fill_normal(x, 0, 0.0f, 1.0f);
+    CounterRng(4).fill_normal(cols, 1, 0.0f, 1.0f);
+    std::vector<Tensor> col(2), img(2);
+    for (int portable = 0; portable < 2; ++portable) {
+      native::im2col_force_portable(portable == 1);
+      col[portable] = Tensor::full({g.rows(), g.cols()}, 7.0f);
+      img[portable] = Tensor::full({g.C, g.H, g.W}, 7.0f);
+      native::im2col(g, x.data<float>(), col[portable].data<float>());
+      native::col2im(g, cols.data<float>(), img[portable].data<float>());
+    }
+    native::im2col_force_portable(false);
+    EXPECT_EQ(0, std::memcmp(col[0].raw(), col[1].raw(), col[0].nbytes())) << "im2col";
+    EXPECT_EQ(0, std::memcmp(img[0].raw(), img[1].raw(), img[0].nbytes())) << "col2im";
   }
 }

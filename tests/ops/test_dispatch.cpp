@@ -7,6 +7,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "minidl/autograd/autograd.hpp"
 #include "minidl/core/rng.hpp"
 #include "minidl/frontend/trainer.hpp"
 #include "minidl/ops/ops.hpp"
@@ -169,5 +170,68 @@ TEST(Dispatch, TrainingGivesTheSameLossOnBothBackends) {
     }
     for (std::int64_t i = 0; i < native_w.numel(); ++i)
       ASSERT_NEAR(onednn_w.at(i), native_w.at(i), 1e-5 * (1.0 + std::fabs(native_w.at(i)))) << i;
+  }
+}
+
+namespace {
+
+// x [2,3,10,10] -> conv2d(w, b, relu) [2,8,10,10] -> max_pool2d 2x2 [2,8,5,5] -> avg_pool2d 2x2
+// (pad 1, count_include_pad off) [2,8,3,3] -> sum, with the gradients of x, w and b.
+struct ConvNet {
+  Tensor w = Tensor::empty({8, 3, 3, 3}), b = Tensor::empty({8});
+  ir::Graph g;
+  ir::Value* loss = nullptr;
+  std::vector<ir::Value*> grads;
+  ConvNet() {
+    CounterRng(6).fill_normal(w, 1, 0.0f, 0.3f);
+    CounterRng(6).fill_normal(b, 2, 0.0f, 0.3f);
+    ir::Value* x = ops::input(g, "x", {2, 3, 10, 10});
+    ir::Value* wv = ops::parameter(g, "w", w);
+    ir::Value* bv = ops::parameter(g, "b", b);
+    ir::Value* y = ops::apply("conv2d", {x, wv, bv},
+                              {{"pad", ir::Ints{1, 1}}, {"activation", std::string("relu")}});
+    y = ops::apply("max_pool2d", {y}, {{"kernel", ir::Ints{2, 2}}});
+    y = ops::apply(
+        "avg_pool2d", {y},
+        {{"kernel", ir::Ints{2, 2}}, {"pad", ir::Ints{1, 1}}, {"count_include_pad", false}});
+    loss = ops::sum(y);
+    grads = autograd::differentiate(g, loss, {x, wv, bv});
+    g.add_output(loss);
+    for (ir::Value* v : grads) g.add_output(v);
+  }
+};
+
+const char* const kConvNetOps[] = {"conv2d",        "conv2d_bwd_data", "conv2d_bwd_weights",
+                                   "max_pool2d",    "max_pool2d_bwd",  "avg_pool2d",
+                                   "avg_pool2d_bwd"};
+
+}  // namespace
+
+TEST(Dispatch, ConvolutionAndPoolingNodesTakeTheChosenBackend) {
+  ConvNet net;
+  runtime::Executable native(net.g, {.backend = ir::Backend::Native});
+  for (const char* op : kConvNetOps) EXPECT_EQ(kernel_of(native, op), "native") << op;
+#if MINIDL_WITH_ONEDNN
+  runtime::Executable onednn(net.g, {.backend = ir::Backend::OneDnn});
+  for (const char* op : kConvNetOps) EXPECT_EQ(kernel_of(onednn, op), "onednn") << op;
+#endif
+}
+
+TEST(Dispatch, BothBackendsComputeTheSameConvNet) {
+  SKIP_WITHOUT_ONEDNN();
+  ConvNet net;
+  runtime::Executable native(net.g, {.backend = ir::Backend::Native});
+  runtime::Executable onednn(net.g, {.backend = ir::Backend::OneDnn});
+  for (runtime::Executable* e : {&native, &onednn}) {
+    Tensor x = e->input("x");
+    CounterRng(9).fill_normal(x, 0, 0.0f, 1.0f);
+    e->run();
+    e->run();  // a second step reuses the bound buffers and the reorders' own
+  }
+  for (ir::Value* v : net.g.outputs()) {
+    const Tensor& a = native.value(v);
+    const Tensor& b = onednn.value(v);
+    for (std::int64_t i = 0; i < a.numel(); ++i)
+      ASSERT_NEAR(a.at(i), b.at(i), 1e-4 * (1.0 + std::fabs(a.at(i)))) << v->ref() << " " << i;
   }
 }

@@ -1,7 +1,10 @@
+#include <gmock/gmock.h>
+
 #include <limits>
 
 #include "harness.hpp"
 #include "minidl/autograd/autograd.hpp"
+#include "minidl/core/rng.hpp"
 #include "minidl/ops/ops.hpp"
 #include "minidl/ops/registry.hpp"
 #include "minidl/runtime/executable.hpp"
@@ -30,6 +33,8 @@ static const std::vector<OpCase> kMaxPool = {
     OpCase().shapes({{1, 1, 1, 1}}).attrs(pool_attrs({1, 1})).avoid_ties(),
     OpCase().shapes({{2, 2, 5, 5}}).attrs(pool_attrs({5, 5})).avoid_ties(),
     OpCase().shapes({{4, 8, 12, 12}}).attrs(pool_attrs({2, 2})).avoid_ties(),
+    OpCase().shapes({{2, 16, 9, 9}}).attrs(pool_attrs({3, 3}, {2, 2}, {1, 1})).avoid_ties(),
+    OpCase().shapes({{1, 1, 7, 7}}).attrs(pool_attrs({7, 7}, {1, 1}, {3, 3})).avoid_ties(),
 };
 static const std::vector<BadCase> kMaxPoolBad = {
     {{{1, 3, 3, 3}}, {}, pool_attrs({6, 6}, {1, 1}, {1, 1}), "kernel 6x6 exceeds padded input 5x5"},
@@ -47,12 +52,14 @@ static const std::vector<BadCase> kMaxPoolBad = {
 };
 MINIDL_OP_TEST(max_pool2d, kMaxPool, kMaxPoolBad)
 
+// argmax is drawn at random, so the window is the whole plane: every index is one a forward
+// could have chosen (oneDNN's backward can only route dy inside each window).
 static const std::vector<OpCase> kMaxPoolBwd = {
     OpCase()
-        .shapes({{2, 3, 4, 4}, {2, 3, 4, 4}})
+        .shapes({{2, 3, 1, 1}, {2, 3, 1, 1}})
         .dtypes({DType::F32, DType::I32})
         .ints_below(64)
-        .attrs({{"kernel", Ints{2, 2}}, {"in_shape", Ints{2, 3, 8, 8}}}),
+        .attrs({{"kernel", Ints{8, 8}}, {"in_shape", Ints{2, 3, 8, 8}}}),
 };
 static const std::vector<BadCase> kMaxPoolBwdBad = {
     {{{2, 3, 4, 4}, {2, 3, 4, 4}},
@@ -100,4 +107,84 @@ TEST(MaxPool2d, KnownValuesAndIndices) {
   // d sum(y) / dx counts the windows that picked each element.
   const std::vector<float> want_dx = {2, 2, 0, 1, 1, 0, 0, 2, 1, 0, 2, 1};
   for (int i = 0; i < 12; ++i) EXPECT_EQ(exe.value(dx).at(i), want_dx[i]) << i;
+}
+
+// The harness compares f32 outputs only; argmax (i32) must agree exactly between the backends,
+// since max_pool2d_bwd on either reads the other's. The inputs here are small integers, so many
+// windows hold ties: both backends pick the first maximum in window order.
+TEST(MaxPool2d, BackendsAgreeOnArgmaxAndTies) {
+#if !MINIDL_WITH_ONEDNN
+  GTEST_SKIP() << "built without oneDNN (MINIDL_WITH_ONEDNN=OFF)";
+#endif
+  struct Case {
+    Shape x;
+    ir::Attrs attrs;
+  };
+  const std::vector<Case> cases = {
+      {{2, 3, 8, 8}, pool_attrs({2, 2})},
+      {{2, 3, 7, 7}, pool_attrs({2, 2})},
+      {{1, 2, 7, 9}, pool_attrs({3, 3}, {2, 2}, {1, 1})},
+      {{2, 1, 6, 5}, pool_attrs({3, 2}, {1, 2}, {1, 0})},
+      {{1, 3, 5, 5}, pool_attrs({3, 3}, {1, 1})},
+      {{3, 2, 4, 4}, pool_attrs({1, 1}, {2, 2})},
+      {{2, 2, 5, 5}, pool_attrs({5, 5})},
+      {{4, 32, 16, 16}, pool_attrs({2, 2})},
+      {{2, 16, 9, 9}, pool_attrs({3, 3}, {2, 2}, {1, 1})},
+      {{1, 1, 20, 20}, pool_attrs({17, 17}, {1, 1}, {8, 8})},  // a window of > 255 taps
+  };
+  for (const Case& c : cases) {
+    for (const std::int64_t levels : {3, 1000000}) {  // many ties, next to none
+      SCOPED_TRACE(fmt::format("x={} levels={}", c.x, levels));
+      Tensor xt = Tensor::empty(c.x);
+      const CounterRng rng(3);
+      for (std::int64_t i = 0; i < xt.numel(); ++i)
+        xt.data<float>()[i] = static_cast<float>(rng.bits(1, i) % levels);
+      ir::Graph g;
+      ir::Value* x = ops::parameter(g, "x", xt);
+      ir::Node* n = ops::apply_node("max_pool2d", {x}, c.attrs);
+      Tensor rt = Tensor::empty(n->output(0)->shape());
+      rng.fill_normal(rt, 2, 0.0f, 1.0f);
+      ir::Value* loss = ops::sum(ops::mul(n->output(0), ops::parameter(g, "r", rt)));
+      ir::Value* dx = autograd::differentiate(g, loss, {x})[0];
+      g.add_output(n->output(0));
+      g.add_output(n->output(1));
+      g.add_output(dx);
+      runtime::Executable native(g, {.backend = ir::Backend::Native});
+      runtime::Executable onednn(g, {.backend = ir::Backend::OneDnn});
+      ASSERT_THAT(onednn.kernel_table(), ::testing::HasSubstr("max_pool2d_bwd"));
+      native.run();
+      onednn.run();
+      const Tensor& am_n = native.value(n->output(1));
+      const Tensor& am_o = onednn.value(n->output(1));
+      for (std::int64_t i = 0; i < am_n.numel(); ++i) {
+        ASSERT_EQ(am_n.data<std::int32_t>()[i], am_o.data<std::int32_t>()[i]) << "argmax " << i;
+        ASSERT_EQ(native.value(n->output(0)).at(i), onednn.value(n->output(0)).at(i)) << "y " << i;
+      }
+      for (std::int64_t i = 0; i < xt.numel(); ++i)
+        ASSERT_NEAR(native.value(dx).at(i), onednn.value(dx).at(i), 1e-5) << "dx " << i;
+    }
+  }
+}
+
+// oneDNN's backward routes dy through a workspace, which can only name taps of each window: an
+// argmax outside its window (no forward produces one) is refused with the node named.
+TEST(MaxPool2d, OneDnnBackwardRefusesArgmaxOutsideItsWindow) {
+#if !MINIDL_WITH_ONEDNN
+  GTEST_SKIP() << "built without oneDNN (MINIDL_WITH_ONEDNN=OFF)";
+#endif
+  ir::Graph g;
+  ir::Value* dy = ops::parameter(g, "dy", Tensor::full({1, 1, 2, 2}, 1.0f));
+  // Plane 4x4, 2x2 windows: output (0, 1) reads columns 2..3 of rows 0..1; index 4 is (1, 0).
+  Tensor am = Tensor::from<std::int32_t>({1, 1, 2, 2}, {0, 4, 8, 10});
+  ir::Value* dx = ops::apply("max_pool2d_bwd", {dy, ops::parameter(g, "am", am)},
+                             {{"kernel", Ints{2, 2}}, {"in_shape", Ints{1, 1, 4, 4}}}, 0);
+  g.add_output(dx);
+  runtime::Executable exe(g, {.backend = ir::Backend::OneDnn});
+  try {
+    exe.run();
+    FAIL() << "an argmax outside its window was accepted";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("max_pool2d_bwd"));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("an argmax lies outside its 2x2 window"));
+  }
 }

@@ -46,6 +46,12 @@ inline void im2col(const ConvGeom& g, const float* src, float* dst) { im2col(g, 
 void col2im(const ConvGeom& g, const float* src, float* dst, std::int64_t c0, std::int64_t c1);
 inline void col2im(const ConvGeom& g, const float* src, float* dst) { col2im(g, src, dst, 0, g.C); }
 
+/// Whether im2col and col2im run their AVX-512 row loops (unit column stride on a CPU with
+/// avx512f) or the portable ones. `portable` = true forces the portable loops, false restores
+/// the automatic choice: for tests that cover both paths. The two give identical results.
+bool im2col_uses_avx512();
+void im2col_force_portable(bool portable);
+
 /// A 64-byte aligned buffer of at least `floats` floats private to the calling thread, kept
 /// between calls (it grows, never shrinks) so that steady-state kernels do not allocate: a
 /// kernel's working buffer (a column matrix, a padded plane). Its contents are unspecified;

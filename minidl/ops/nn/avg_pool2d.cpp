@@ -6,6 +6,7 @@
 
 #include "minidl/core/threading.hpp"
 #include "minidl/ops/nn/window.hpp"
+#include "minidl/ops/onednn/kernels.hpp"
 #include "minidl/ops/registry.hpp"
 
 namespace minidl::ops {
@@ -115,6 +116,10 @@ MINIDL_OP(avg_pool2d)
     .attr<ir::Ints>("pad", ir::Ints{0, 0})
     .attr<bool>("count_include_pad", true)
     .infer(infer)
+#if MINIDL_WITH_ONEDNN
+    .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::avg_pool2d_kernel,
+                    onednn::avg_pool2d_supports)
+#endif
     .kernel(ir::Backend::Native, avg_pool2d_fwd)
     .grad(grad);
 
@@ -127,6 +132,10 @@ MINIDL_OP(avg_pool2d_bwd)
     .attr<bool>("count_include_pad", true)
     .attr<ir::Ints>("in_shape")
     .infer(infer_bwd)
+#if MINIDL_WITH_ONEDNN
+    .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::avg_pool2d_bwd_kernel,
+                    onednn::avg_pool2d_bwd_supports)
+#endif
     .kernel(ir::Backend::Native, avg_pool2d_bwd)
     .no_grad("backward-only op; second derivatives are not supported");
 

@@ -8,6 +8,7 @@
 #include "minidl/core/threading.hpp"
 #include "minidl/ops/native/im2col.hpp"
 #include "minidl/ops/nn/window.hpp"
+#include "minidl/ops/onednn/kernels.hpp"
 #include "minidl/ops/registry.hpp"
 
 namespace minidl::ops {
@@ -138,6 +139,10 @@ MINIDL_OP(max_pool2d)
     .attr<ir::Ints>("stride", ir::Ints{})  // empty: the kernel
     .attr<ir::Ints>("pad", ir::Ints{0, 0})
     .infer(infer)
+#if MINIDL_WITH_ONEDNN
+    .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::max_pool2d_kernel,
+                    onednn::max_pool2d_supports)
+#endif
     .kernel(ir::Backend::Native, max_pool2d_fwd)
     .grad(grad);
 
@@ -149,6 +154,10 @@ MINIDL_OP(max_pool2d_bwd)
     .attr<ir::Ints>("pad", ir::Ints{0, 0})
     .attr<ir::Ints>("in_shape")
     .infer(infer_bwd)
+#if MINIDL_WITH_ONEDNN
+    .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::max_pool2d_bwd_kernel,
+                    onednn::max_pool2d_bwd_supports)
+#endif
     .kernel(ir::Backend::Native, max_pool2d_bwd)
     .no_grad("backward-only op; second derivatives are not supported");
 

@@ -38,4 +38,27 @@ bool eltwise_supports(const ir::Node& n, std::string* why);
 ir::KernelFactory softmax_cross_entropy_kernel(ir::KernelFn loss);
 bool softmax_cross_entropy_supports(const ir::Node& n, std::string* why);
 
+/// conv2d: src x [N,C,H,W], weights w [K,C,KH,KW], optional bias [K] -> dst y [N,K,OH,OW], the
+/// fused ReLU an eltwise post-op. The backward ops: diff_dst dy, weights w -> diff_src dx, and
+/// diff_dst dy, src x -> diff_weights dw. Each runs in oneDNN's blocked layouts, reordering from
+/// and to our plain ones around the primitive.
+ir::Kernel conv2d_kernel(const ir::Node& n);
+ir::Kernel conv2d_bwd_data_kernel(const ir::Node& n);
+ir::Kernel conv2d_bwd_weights_kernel(const ir::Node& n);
+bool conv2d_supports(const ir::Node& n, std::string* why);
+bool conv2d_bwd_data_supports(const ir::Node& n, std::string* why);
+bool conv2d_bwd_weights_supports(const ir::Node& n, std::string* why);
+
+/// max_pool2d: src x -> dst y and argmax (converted from oneDNN's workspace); max_pool2d_bwd:
+/// diff_dst dy, argmax (converted back into a workspace) -> diff_src dx. avg_pool2d and
+/// avg_pool2d_bwd likewise, with count_include_pad as include/exclude padding. Plain NCHW.
+ir::Kernel max_pool2d_kernel(const ir::Node& n);
+ir::Kernel max_pool2d_bwd_kernel(const ir::Node& n);
+ir::Kernel avg_pool2d_kernel(const ir::Node& n);
+ir::Kernel avg_pool2d_bwd_kernel(const ir::Node& n);
+bool max_pool2d_supports(const ir::Node& n, std::string* why);
+bool max_pool2d_bwd_supports(const ir::Node& n, std::string* why);
+bool avg_pool2d_supports(const ir::Node& n, std::string* why);
+bool avg_pool2d_bwd_supports(const ir::Node& n, std::string* why);
+
 }  // namespace minidl::ops::onednn

@@ -113,4 +113,50 @@ ir::Kernel primitive_kernel(dnnl::primitive p, Args args, ir::KernelFn then) {
   };
 }
 
+void Staged::add(int arg, const memory::desc& plain, const memory::desc& chosen, Args::Side side,
+                 int index) {
+  user_.add(arg, plain, side, index);
+  const memory& tensor = user_.map().at(arg);
+  if (chosen == plain) {
+    args_.emplace(arg, tensor);
+    return;
+  }
+  memory own(chosen, engine());
+  args_.emplace(arg, own);
+  if (side == Args::Side::In) {
+    const dnnl::reorder::primitive_desc pd(engine(), plain, engine(), chosen);
+    before_.push_back({dnnl::reorder(pd), {{DNNL_ARG_FROM, tensor}, {DNNL_ARG_TO, own}}});
+  } else {
+    const dnnl::reorder::primitive_desc pd(engine(), chosen, engine(), plain);
+    after_.push_back({dnnl::reorder(pd), {{DNNL_ARG_FROM, own}, {DNNL_ARG_TO, tensor}}});
+  }
+}
+
+memory Staged::buffer(int arg, const memory::desc& md) {
+  memory own(md, engine());
+  const bool inserted = args_.emplace(arg, own).second;
+  MINIDL_ASSERT(inserted, "oneDNN argument ", arg, " added twice");
+  return own;
+}
+
+void Staged::run(const ir::KernelArgs& k) {
+  user_.bind(k);
+  try {
+    for (Step& s : before_) s.p.execute(stream(), s.args);
+    p_.execute(stream(), args_);
+    for (Step& s : after_) s.p.execute(stream(), s.args);
+    stream().wait();
+  } catch (const dnnl::error& e) {
+    fail(*k.node, e);
+  }
+}
+
+ir::Kernel staged_kernel(Staged s, ir::KernelFn then) {
+  auto st = std::make_shared<Staged>(std::move(s));
+  return [st, then](const ir::KernelArgs& k) {
+    st->run(k);
+    if (then != nullptr) then(k);
+  };
+}
+
 }  // namespace minidl::ops::onednn

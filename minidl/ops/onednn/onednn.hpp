@@ -75,6 +75,38 @@ class Args {
 /// (work the primitive does not do, e.g. the loss next to a softmax) if given.
 ir::Kernel primitive_kernel(dnnl::primitive p, Args args, ir::KernelFn then = nullptr);
 
+/// A primitive run on a node's plain tensors in the layouts its primitive descriptor chose (the
+/// descriptors were created with format `any`). An argument whose chosen layout is the plain one is
+/// bound to the node's tensor directly; any other gets a buffer of its own and a reorder, both
+/// created once, that run every step before (inputs) or after (outputs) the primitive.
+class Staged {
+ public:
+  explicit Staged(dnnl::primitive p) : p_(std::move(p)) {}
+
+  /// Argument `arg` is the kernel's input or output `index`, stored as `plain`; the primitive
+  /// wants it as `chosen`.
+  void add(int arg, const dnnl::memory::desc& plain, const dnnl::memory::desc& chosen,
+           Args::Side side, int index);
+  /// An argument no tensor holds (a workspace): a buffer owned by the kernel, returned so that the
+  /// kernel's own code can read or write it around run().
+  dnnl::memory buffer(int arg, const dnnl::memory::desc& md);
+  /// Binds this step's tensors, reorders the inputs in, executes, reorders the outputs out, waits.
+  void run(const ir::KernelArgs& k);
+
+ private:
+  struct Step {
+    dnnl::primitive p;
+    std::unordered_map<int, dnnl::memory> args;
+  };
+  dnnl::primitive p_;
+  Args user_;                                   // the node's tensors, plain
+  std::unordered_map<int, dnnl::memory> args_;  // what p_ receives
+  std::vector<Step> before_, after_;
+};
+
+/// The per-step kernel of a Staged primitive, then `then` if given.
+ir::Kernel staged_kernel(Staged s, ir::KernelFn then = nullptr);
+
 /// Runs make() (primitive creation at compile time), turning a dnnl::error into a minidl::Error
 /// that names node n.
 template <typename Make>

@@ -1,0 +1,393 @@
+// The models' ops on each backend. Every benchmark is one row of a table of cases (op, attributes,
+// input shapes, cost formula) run by one generic routine: build a one-node graph through the op
+// registry with the inputs as graph inputs, compile it with the requested backend, check in the
+// executable's kernel table which kernel the node got, fill the inputs with seeded random data and
+// time Executable::run(). A node that the requested backend declines is skipped with the reason,
+// so a native run is never reported under the oneDNN name.
+#include <benchmark/benchmark.h>
+
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <set>
+#include <sstream>
+
+#include "bench.hpp"
+#include "minidl/core/rng.hpp"
+#include "minidl/ops/ops.hpp"
+#include "minidl/ops/registry.hpp"
+#include "minidl/runtime/executable.hpp"
+
+namespace minidl::bench {
+namespace {
+
+using ir::Ints;
+using std::int64_t;
+
+constexpr std::uint64_t kSeed = 2024;
+
+/// How an input is filled: N(0,1) floats, i32 labels in [0, classes), or output `output` of op
+/// `from` run once on the native backend over N(0,1) inputs of shapes `from_shapes` (an argmax
+/// must point inside its window, so it is made by the forward op, not drawn).
+struct Input {
+  Shape shape;
+  DType dtype = DType::F32;
+  int64_t classes = 0;
+  std::string from;
+  ir::Attrs from_attrs;
+  std::vector<Shape> from_shapes;
+  int output = 0;
+};
+
+Input f32(Shape s) { return {.shape = std::move(s)}; }
+Input labels(int64_t n, int64_t classes) {
+  return {.shape = Shape{n}, .dtype = DType::I32, .classes = classes};
+}
+
+/// The cost of one run of a node: FLOPs (compute-bound ops), or null for memory-bound ops, whose
+/// cost is the bytes of every input read once and every output written once.
+using FlopFn = std::function<double(const ir::Node&)>;
+
+struct Case {
+  std::string bench;  // "conv2d_fwd"
+  std::string op;     // "conv2d"
+  std::string shape;  // "N32_C3_H32_W32_K32_R3"
+  ir::Attrs attrs;
+  std::vector<Input> inputs;
+  FlopFn flops;
+};
+
+double numel(const ir::Value* v) { return static_cast<double>(v->shape().numel()); }
+
+// 2*M*N*K from the output [M,N] and the inner dimension of input 0.
+double matmul_flops(const ir::Node& n) {
+  const Shape& a = n.input(0)->shape();
+  const int64_t k = n.attrs().get<bool>("trans_a") ? a[0] : a[1];
+  return 2.0 * numel(n.output(0)) * static_cast<double>(k);
+}
+
+// 2 * |dst or diff_dst| * C*KH*KW, w [K,C,KH,KW] being input or output `w_out` of the node.
+FlopFn conv_flops(bool w_is_output) {
+  return [w_is_output](const ir::Node& n) {
+    const Shape& w = w_is_output ? n.output(0)->shape() : n.input(1)->shape();
+    const ir::Value* y = n.op() == "conv2d" ? n.output(0) : n.input(0);
+    return 2.0 * numel(y) * static_cast<double>(w[1] * w[2] * w[3]);
+  };
+}
+
+double bytes_moved(const ir::Node& n) {
+  double b = 0.0;
+  for (const ir::Value* v : n.inputs()) b += numel(v) * static_cast<double>(dtype_size(v->dtype()));
+  for (const ir::Value* v : n.outputs())
+    b += numel(v) * static_cast<double>(dtype_size(v->dtype()));
+  return b;
+}
+
+std::string nchw_label(const Shape& s) {
+  if (s.rank() == 4) return fmt::format("N{}_C{}_H{}_W{}", s[0], s[1], s[2], s[3]);
+  return fmt::format("N{}_C{}", s[0], s[1]);
+}
+
+// ---- the table --------------------------------------------------------------------------------
+
+class Table {
+ public:
+  /// The cases, each benchmark name once (layers of different models may share a shape).
+  std::vector<Case> cases;
+
+  void add(Case c) {
+    if (names_.insert(c.bench + "/" + c.shape).second) cases.push_back(std::move(c));
+  }
+
+  // A linear layer's product y[m,n] = x[m,k] w[k,n] and its two backward products, all labelled
+  // with the forward shape: dX = dY W^T (trans_b), dW = X^T dY (trans_a).
+  void matmul(int64_t m, int64_t k, int64_t n) {
+    const std::string s = fmt::format("M{}_K{}_N{}", m, k, n);
+    add({"matmul_fwd", "matmul", s, {}, {f32({m, k}), f32({k, n})}, matmul_flops});
+    add({"matmul_bwd_data",
+         "matmul",
+         s,
+         {{"trans_b", true}},
+         {f32({m, n}), f32({k, n})},
+         matmul_flops});
+    add({"matmul_bwd_weights",
+         "matmul",
+         s,
+         {{"trans_a", true}},
+         {f32({m, k}), f32({m, n})},
+         matmul_flops});
+  }
+
+  // The same forward product with the bias and ReLU fused into the node, as the fusion pass
+  // leaves a layer followed by ReLU. Its cost counts the product only.
+  void matmul_bias_relu(int64_t m, int64_t k, int64_t n) {
+    add({"matmul_bias_relu_fwd",
+         "matmul",
+         fmt::format("M{}_K{}_N{}", m, k, n),
+         {{"activation", std::string("relu")}},
+         {f32({m, k}), f32({k, n}), f32({n})},
+         matmul_flops});
+  }
+
+  // conv2d x[n,c,h,w] * w[k,c,r,r] (stride 1, zero padding `pad`), both halves of its backward,
+  // and the forward with bias and ReLU fused (every convolution of the models is followed by ReLU).
+  void conv(int64_t n, int64_t c, int64_t h, int64_t w, int64_t k, int64_t r, int64_t pad) {
+    const std::string s = fmt::format("N{}_C{}_H{}_W{}_K{}_R{}", n, c, h, w, k, r);
+    const int64_t oh = h + 2 * pad - r + 1, ow = w + 2 * pad - r + 1;
+    const Ints stride{1, 1}, padding{pad, pad};
+    add({"conv2d_fwd",
+         "conv2d",
+         s,
+         {{"stride", stride}, {"pad", padding}},
+         {f32({n, c, h, w}), f32({k, c, r, r})},
+         conv_flops(false)});
+    add({"conv2d_bwd_data",
+         "conv2d_bwd_data",
+         s,
+         {{"stride", stride}, {"pad", padding}, {"in_shape", Ints{n, c, h, w}}},
+         {f32({n, k, oh, ow}), f32({k, c, r, r})},
+         conv_flops(false)});
+    add({"conv2d_bwd_weights",
+         "conv2d_bwd_weights",
+         s,
+         {{"stride", stride}, {"pad", padding}, {"kernel", Ints{r, r}}},
+         {f32({n, k, oh, ow}), f32({n, c, h, w})},
+         conv_flops(true)});
+    add({"conv2d_bias_relu_fwd",
+         "conv2d",
+         s,
+         {{"stride", stride}, {"pad", padding}, {"activation", std::string("relu")}},
+         {f32({n, c, h, w}), f32({k, c, r, r}), f32({k})},
+         conv_flops(false)});
+  }
+
+  // bias_add over dimension 1 of x and its backward (the bias gradient).
+  void bias(const Shape& x) {
+    add({"bias_add_fwd", "bias_add", nchw_label(x), {}, {f32(x), f32({x[1]})}, nullptr});
+    add({"bias_add_bwd", "bias_add_bwd", nchw_label(x), {}, {f32(x)}, nullptr});
+  }
+
+  void relu(const Shape& x) {
+    add({"relu_fwd", "relu", nchw_label(x), {}, {f32(x)}, nullptr});
+    add({"relu_bwd", "relu_bwd", nchw_label(x), {}, {f32(x), f32(x)}, nullptr});
+  }
+
+  // max_pool2d with an r x r window and stride r over x, and its backward from the argmax that
+  // the forward op computes on random x.
+  void pool(const Shape& x, int64_t r) {
+    const std::string s = fmt::format("{}_R{}", nchw_label(x), r);
+    const ir::Attrs a{{"kernel", Ints{r, r}}};
+    ir::Attrs bwd = a;
+    bwd.set("in_shape", x.dims());
+    const Shape y{x[0], x[1], x[2] / r, x[3] / r};
+    Input argmax{.shape = y, .dtype = DType::I32, .from = "max_pool2d", .from_attrs = a};
+    argmax.from_shapes = {x};
+    argmax.output = 1;
+    add({"max_pool2d_fwd", "max_pool2d", s, a, {f32(x)}, nullptr});
+    add({"max_pool2d_bwd", "max_pool2d_bwd", s, bwd, {f32(y), argmax}, nullptr});
+  }
+
+  void loss(int64_t n, int64_t classes) {
+    const std::string s = fmt::format("N{}_C{}", n, classes);
+    add({"softmax_cross_entropy_fwd",
+         "softmax_cross_entropy",
+         s,
+         {},
+         {f32({n, classes}), labels(n, classes)},
+         nullptr});
+    add({"softmax_cross_entropy_bwd",
+         "softmax_cross_entropy_bwd",
+         s,
+         {},
+         {f32(Shape{}), f32({n, classes}), labels(n, classes)},
+         nullptr});
+  }
+
+ private:
+  std::set<std::string> names_;
+};
+
+std::vector<Case> model_cases() {
+  Table t;
+  // MNIST MLP 784-256-128-10, batch 64 (report 000).
+  t.matmul(64, 784, 256);
+  t.matmul_bias_relu(64, 784, 256);
+  t.bias({64, 256});
+  t.relu({64, 256});
+  t.matmul(64, 256, 128);
+  t.matmul_bias_relu(64, 256, 128);
+  t.bias({64, 128});
+  t.relu({64, 128});
+  t.matmul(64, 128, 10);
+  t.bias({64, 10});
+  t.loss(64, 10);
+  // MNIST CNN, batch 32 (report 004): conv 8 3x3 -> ReLU -> max-pool 2 -> linear 1352-10.
+  t.conv(32, 1, 28, 28, 8, 3, 0);
+  t.bias({32, 8, 26, 26});
+  t.relu({32, 8, 26, 26});
+  t.pool({32, 8, 26, 26}, 2);
+  t.matmul(32, 1352, 10);
+  t.bias({32, 10});
+  t.loss(32, 10);
+  // CIFAR-10 CNN, batch 32 (report 002): conv 32 3x3 pad 1 -> ReLU -> max-pool 2 -> conv 64 3x3
+  // pad 1 -> ReLU -> max-pool 2 -> linear 4096-256 -> ReLU -> linear 256-10.
+  t.conv(32, 3, 32, 32, 32, 3, 1);
+  t.bias({32, 32, 32, 32});
+  t.relu({32, 32, 32, 32});
+  t.pool({32, 32, 32, 32}, 2);
+  t.conv(32, 32, 16, 16, 64, 3, 1);
+  t.bias({32, 64, 16, 16});
+  t.relu({32, 64, 16, 16});
+  t.pool({32, 64, 16, 16}, 2);
+  t.matmul(32, 4096, 256);
+  t.matmul_bias_relu(32, 4096, 256);
+  t.bias({32, 256});
+  t.relu({32, 256});
+  t.matmul(32, 256, 10);
+  return std::move(t.cases);
+}
+
+// ---- the routine ------------------------------------------------------------------------------
+
+/// A one-node graph of case c: inputs in0, in1, ... and every output of the node a graph output.
+struct OneNode {
+  ir::Graph g;
+  ir::Node* node = nullptr;
+  OneNode(const std::string& op, const ir::Attrs& attrs, const std::vector<Shape>& shapes,
+          const std::vector<DType>& dtypes, const std::string& name) {
+    std::vector<ir::Value*> in;
+    for (std::size_t i = 0; i < shapes.size(); ++i)
+      in.push_back(ops::input(g, fmt::format("in{}", i), shapes[i], dtypes[i]));
+    node = ops::apply_node(op, std::move(in), attrs, name);
+    for (ir::Value* v : node->outputs()) g.add_output(v);
+  }
+};
+
+void fill_normal(const Tensor& t, std::uint64_t stream) {
+  Tensor view = t;
+  CounterRng(kSeed).fill_normal(view, stream, 0.0f, 1.0f);
+}
+
+void fill_input(const Tensor& t, const Input& in, std::uint64_t stream) {
+  if (in.classes > 0) {
+    const CounterRng rng(kSeed);
+    std::int32_t* p = t.data<std::int32_t>();
+    for (int64_t i = 0; i < t.numel(); ++i)
+      p[i] =
+          static_cast<std::int32_t>(rng.bits(stream, i) % static_cast<std::uint64_t>(in.classes));
+  } else if (!in.from.empty()) {
+    OneNode src(in.from, in.from_attrs, in.from_shapes,
+                std::vector<DType>(in.from_shapes.size(), DType::F32), in.from);
+    runtime::Executable exe(src.g, {.backend = ir::Backend::Native});
+    for (std::size_t i = 0; i < in.from_shapes.size(); ++i)
+      fill_normal(exe.input(fmt::format("in{}", i)), stream * 16 + i);
+    exe.run();
+    const Tensor& out = exe.value(src.node->output(in.output));
+    MINIDL_CHECK(out.shape() == t.shape() && out.dtype() == t.dtype(), in.from, " output ",
+                 in.output, " is ", out.shape(), " ", out.dtype(), ", the input needs ", t.shape(),
+                 " ", t.dtype());
+    std::memcpy(t.raw(), out.raw(), t.nbytes());
+  } else {
+    fill_normal(t, stream);
+  }
+}
+
+/// The kernel the executable chose for its only node, from its kernel table ("<node> -> name").
+const ir::KernelDef& chosen_kernel(const runtime::Executable& exe, const ir::Node& node) {
+  std::istringstream lines(exe.kernel_table());
+  std::string line, name;
+  int steps = 0;
+  while (std::getline(lines, line)) {
+    const auto at = line.rfind(" -> ");
+    MINIDL_CHECK(at != std::string::npos, "unexpected kernel table line '", line, "'");
+    name = line.substr(at + 4);
+    ++steps;
+  }
+  MINIDL_CHECK(steps == 1, "expected one kernel for ", node.describe(), ", the table has ", steps,
+               ":\n", exe.kernel_table());
+  for (const ir::KernelDef& k : node.def().kernels())
+    if (k.name == name) return k;
+  MINIDL_FAIL(node.describe(), " got kernel '", name, "', which its op does not declare");
+}
+
+/// Why no kernel of backend `want` runs node n: the reasons its kernels gave, or that it has none.
+std::string declined(const ir::Node& n, ir::Backend want, const ir::KernelDef& got) {
+  std::string why;
+  for (const ir::KernelDef& k : n.def().kernels()) {
+    std::string reason;
+    if (k.backend != want || k.supports == nullptr || k.supports(n, &reason)) continue;
+    why += fmt::format("{}{} declined: {}", why.empty() ? "" : "; ", k.name, reason);
+  }
+  if (why.empty()) {
+    why = want == ir::Backend::OneDnn && !MINIDL_WITH_ONEDNN
+              ? std::string("built without oneDNN (MINIDL_WITH_ONEDNN=OFF)")
+              : fmt::format("{} has no {} kernel", n.op(), ir::backend_name(want));
+  }
+  return fmt::format("{} (the node would run the {} kernel)", why, got.name);
+}
+
+/// What case c needs that its op does not declare in this build (an attribute or an input that
+/// is still to come), or empty.
+std::string missing_in_schema(const Case& c) {
+  const ir::OpDef& def = ops::op(c.op);
+  for (const auto& [name, value] : c.attrs.items()) {
+    bool declared = false;
+    for (const ir::AttrDecl& d : def.attr_decls()) declared = declared || d.name == name;
+    if (!declared) return fmt::format("{} has no attribute '{}' in this build", c.op, name);
+  }
+  if (c.inputs.size() > def.input_names().size()) {
+    return fmt::format("{} takes at most {} inputs in this build, the case has {}", c.op,
+                       def.input_names().size(), c.inputs.size());
+  }
+  return {};
+}
+
+void run_case(benchmark::State& state, const Case& c, ir::Backend backend) {
+  try {
+    if (const std::string missing = missing_in_schema(c); !missing.empty()) {
+      state.SkipWithError(missing.c_str());
+      return;
+    }
+    std::vector<Shape> shapes;
+    std::vector<DType> dtypes;
+    for (const Input& in : c.inputs) shapes.push_back(in.shape), dtypes.push_back(in.dtype);
+    OneNode one(c.op, c.attrs, shapes, dtypes, c.bench);
+    runtime::Executable exe(one.g, {.backend = backend});
+    const ir::KernelDef& kernel = chosen_kernel(exe, *one.node);
+    if (kernel.backend != backend) {
+      state.SkipWithError(declined(*one.node, backend, kernel).c_str());
+      return;
+    }
+    for (std::size_t i = 0; i < c.inputs.size(); ++i)
+      fill_input(exe.input(fmt::format("in{}", i)), c.inputs[i], i);
+    exe.run();  // first touch of the buffers and oneDNN's first execution, outside the timing
+    for (auto _ : state) exe.run();
+    if (c.flops) {
+      state.counters["FLOP/s"] =
+          benchmark::Counter(c.flops(*one.node), benchmark::Counter::kIsIterationInvariantRate);
+    } else {
+      state.counters["bytes/s"] =
+          benchmark::Counter(bytes_moved(*one.node), benchmark::Counter::kIsIterationInvariantRate);
+    }
+    state.SetLabel(kernel.name);
+  } catch (const std::exception& e) {
+    count_failure();
+    state.SkipWithError(fmt::format("failed: {}", e.what()).c_str());
+  }
+}
+
+}  // namespace
+
+void register_op_benchmarks() {
+  for (const Case& c : model_cases()) {
+    auto shared = std::make_shared<const Case>(c);
+    for (const ir::Backend b : {ir::Backend::Native, ir::Backend::OneDnn}) {
+      const std::string name = bench_name(c.bench, std::string(ir::backend_name(b)), c.shape);
+      configure(benchmark::RegisterBenchmark(
+          name.c_str(), [shared, b](benchmark::State& s) { run_case(s, *shared, b); }));
+    }
+  }
+}
+
+}  // namespace minidl::bench

@@ -1,0 +1,114 @@
+// Every collective op under mpirun (ctest runs 2 and 3 ranks) against the same computation done
+// serially from the formula each rank's data follows, and the node/leader split.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "minidl/ops/ops.hpp"
+#include "minidl/parallel/collectives.hpp"
+#include "minidl/runtime/executable.hpp"
+
+using namespace minidl;
+
+namespace {
+
+// Rank r's contribution: x_r[i] = 100 r + i + 0.5 (exact in f32 and in every sum here).
+float value(int r, std::int64_t i) { return 100.0f * static_cast<float>(r) + i + 0.5f; }
+
+Tensor contribution(int r, Shape s) {
+  Tensor t = Tensor::empty(std::move(s));
+  for (std::int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = value(r, i);
+  return t;
+}
+
+}  // namespace
+
+TEST(MpiCollectives, EveryOpMatchesTheSerialComputation) {
+  parallel::Communicator& world = parallel::world();
+  const int p = world.size(), r = world.rank();
+  ASSERT_GT(p, 1) << "run this test under mpirun with at least 2 ranks";
+  const int last = p - 1, second = 1;
+  Tensor a = contribution(r, {3, 4}), b = contribution(r, {5}), c = contribution(r, {2, 3}),
+         d = contribution(r, {2, 2}), e = contribution(r, {1000}), f = contribution(r, {7}),
+         s = contribution(r, {6});
+  ir::Graph g;
+  ir::Value* ya = parallel::allreduce(ops::parameter(g, "a", a), 0.5);
+  ir::Value* yb = parallel::reduce(ops::parameter(g, "b", b), 2.0, last);
+  ir::Value* yc = parallel::broadcast(ops::parameter(g, "c", c), second);
+  ir::Value* yd = parallel::allgather(ops::parameter(g, "d", d));
+  // Two reductions in flight at once, work and polling in between, waited in the other order.
+  const parallel::InFlight fe = parallel::allreduce_start(ops::parameter(g, "e", e), 0.25);
+  const parallel::InFlight ff = parallel::allreduce_start(ops::parameter(g, "f", f), 1.0);
+  ir::Value* work = ops::scale(ops::fill(g, {8}, 1.0f), 2.0);
+  parallel::comm_progress(g);
+  ir::Value* yf = parallel::allreduce_wait(ff);
+  parallel::comm_progress(g);
+  ir::Value* ye = parallel::allreduce_wait(fe);
+  // A ring: rank 0 sends first, every other rank receives first, so no blocking send waits on
+  // a rank that is itself sending.
+  ir::Value* ys = nullptr;
+  const int next = (r + 1) % p, prev = (r + p - 1) % p;
+  if (r == 0) {
+    parallel::send(ops::parameter(g, "s", s), next, 7);
+    ys = parallel::recv(g, {6}, DType::F32, prev, 7);
+  } else {
+    ys = parallel::recv(g, {6}, DType::F32, prev, 7);
+    parallel::send(ops::parameter(g, "s", s), next, 7);
+  }
+  for (ir::Value* v : {ya, yb, yc, yd, ye, yf, ys, work}) g.add_output(v);
+  runtime::Executable exe(g);
+  exe.run();
+
+  auto sum = [&](std::int64_t i) {
+    double t = 0;
+    for (int q = 0; q < p; ++q) t += value(q, i);
+    return t;
+  };
+  for (std::int64_t i = 0; i < 12; ++i) ASSERT_EQ(a.at(i), 0.5 * sum(i)) << "allreduce " << i;
+  for (std::int64_t i = 0; i < 5; ++i)
+    ASSERT_EQ(b.at(i), r == last ? 2.0 * sum(i) : 2.0 * value(r, i)) << "reduce " << i;
+  for (std::int64_t i = 0; i < 6; ++i) ASSERT_EQ(c.at(i), value(second, i)) << "broadcast " << i;
+  const Tensor& gathered = exe.value(yd);
+  ASSERT_EQ(gathered.shape(), (Shape{2 * p, 2}));
+  for (int q = 0; q < p; ++q)
+    for (std::int64_t i = 0; i < 4; ++i)
+      ASSERT_EQ(gathered.at(q * 4 + i), value(q, i)) << "allgather rank " << q << " " << i;
+  for (std::int64_t i = 0; i < 1000; ++i) ASSERT_EQ(e.at(i), 0.25 * sum(i)) << "start/wait " << i;
+  for (std::int64_t i = 0; i < 7; ++i) ASSERT_EQ(f.at(i), sum(i)) << "start/wait " << i;
+  EXPECT_EQ(world.progress(), 0);
+  const Tensor& got = exe.value(ys);
+  for (std::int64_t i = 0; i < 6; ++i) ASSERT_EQ(got.at(i), value(prev, i)) << "recv " << i;
+}
+
+// MINIDL_RANKS_PER_NODE=k pretends nodes of k consecutive ranks; without it all ranks of this
+// one-machine job share a node.
+TEST(MpiCollectives, SplitIntoNodesAndLeaders) {
+  parallel::Communicator& world = parallel::world();
+  const int p = world.size(), r = world.rank();
+  const char* env = std::getenv("MINIDL_RANKS_PER_NODE");
+  const int k = env ? std::atoi(env) : p;
+  const auto& s = world.split_shared();
+  const int node_first = r / k * k;
+  EXPECT_EQ(s.node->size(), std::min(k, p - node_first));
+  EXPECT_EQ(s.node->rank(), r - node_first);
+  EXPECT_EQ(s.leader, r % k == 0);
+  EXPECT_EQ(s.nodes, (p + k - 1) / k);
+  EXPECT_EQ(s.leaders->size(), s.leader ? s.nodes : 1);
+  EXPECT_EQ(&world.split_shared(), &s) << "the split is made once";
+
+  // The two levels through the ops: rank r contributes r + 1.
+  Tensor x = Tensor::full({4}, static_cast<float>(r + 1));
+  ir::Graph g;
+  const int node = parallel::register_group(s.node), leaders = parallel::register_group(s.leaders);
+  ir::Value* v = parallel::reduce(ops::parameter(g, "x", x), 1.0, 0, node);
+  v = parallel::allreduce(v, 1.0, leaders);
+  parallel::broadcast(v, 0, node);
+  runtime::Executable exe(g);
+  exe.run();
+  for (std::int64_t i = 0; i < 4; ++i) EXPECT_EQ(x.at(i), p * (p + 1) / 2);
+
+  // An explicit value wins over the environment.
+  const auto& ones = world.split_shared(1);
+  EXPECT_EQ(ones.node->size(), 1);
+  EXPECT_EQ(ones.nodes, p);
+}
