@@ -114,7 +114,7 @@ int train(const std::string& program, AppConfig& c, const ModelBuilder& build) {
   topt.replicas = c.thread_mode == "replicas" ? max_threads() : 1;
   topt.reduce_strategy = parallel::parse_reduce_strategy(c.reduce);
   topt.bucket_bytes = static_cast<std::int64_t>(c.bucket_mb * 1024 * 1024);
-  topt.overlap = !c.no_overlap;
+  topt.overlap = c.overlap;
   Trainer trainer(*model, sgd, topt);
   if (!c.dump_graph.empty() && root) {
     ir::write_graph(trainer.training_graph(sample), c.dump_graph);
@@ -226,8 +226,8 @@ int run_training_app(int argc, char** argv, const std::string& description, AppC
                  "gradient bucket size in MiB (0: one reduction per gradient)")
       ->check(CLI::Range(0.0, 1024.0))
       ->capture_default_str();
-  app.add_flag("--no-overlap", c.no_overlap,
-               "reduce gradients after the whole backward instead of during it");
+  app.add_flag("--overlap", c.overlap,
+               "start each gradient bucket's reduction during the backward (non-blocking)");
   app.add_flag("--no-fuse", c.no_fuse, "do not fold bias_add and relu into matmul/conv2d");
   app.add_option("--upscale", c.upscale,
                  "enlarge every image K times per side (more work per sample)")

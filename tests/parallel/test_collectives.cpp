@@ -3,6 +3,8 @@
 // behaviour is in mpi_test_collectives.cpp.
 #include <gmock/gmock.h>
 
+#include <cstdlib>
+
 #include "minidl/ops/ops.hpp"
 #include "minidl/parallel/collectives.hpp"
 #include "minidl/runtime/executable.hpp"
@@ -248,4 +250,10 @@ TEST(Collectives, SplitSharedOfOneProcess) {
   EXPECT_EQ(s.nodes, 1);
   EXPECT_THAT([&] { local->split_shared(-1); },
               ThrowsMessage<Error>(HasSubstr("ranks per node must be positive")));
+  ::setenv("MINIDL_RANKS_PER_NODE", "two", 1);
+  EXPECT_THAT([&] { local->split_shared(); },
+              ThrowsMessage<Error>(HasSubstr(
+                  "MINIDL_RANKS_PER_NODE must be a positive integer (ranks per pretended node), "
+                  "got 'two'")));
+  ::unsetenv("MINIDL_RANKS_PER_NODE");
 }
