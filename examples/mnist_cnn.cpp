@@ -12,6 +12,8 @@ int main(int argc, char** argv) {
   defaults.epochs = 5;
   defaults.batch_size = 32;
   defaults.lr = 0.01;
+  // Measured slightly faster than intra-op at 2 threads (0.41 s vs 0.43 s per 20000 samples).
+  defaults.thread_mode = "replicas";
   return run_training_app(
       argc, argv, "Train report 004's CNN on MNIST or Fashion-MNIST", defaults,
       [](const AppConfig&, const Shape& sample) {

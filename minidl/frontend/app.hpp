@@ -34,13 +34,14 @@ struct AppConfig {
   // backward per thread) or "intra-op" (one graph, kernels parallel inside). Each example sets
   // the one measured faster for its model.
   std::string thread_mode = "intra-op";
-  std::string reduce = "allreduce";  // gradient reduction across ranks: allreduce, root, hierarchical
-  double bucket_mb = 0.25;           // gradient bucket size; 0: one collective per gradient
-  bool overlap = false;  // non-blocking reductions started during the backward (default off:
-                         // measured no faster on a 2-core machine, see DataParallelOptions)
-  bool no_fuse = false;              // keep bias_add and relu as separate nodes
-  std::int64_t upscale = 1;          // images enlarged k times per side (granularity studies)
-  bool profile = false;              // per-kernel timing: the epoch split and a kernel table
+  std::string reduce =
+      "allreduce";           // gradient reduction across ranks: allreduce, root, hierarchical
+  double bucket_mb = 0.25;   // gradient bucket size; 0: one collective per gradient
+  bool overlap = false;      // non-blocking reductions started during the backward (default off:
+                             // measured no faster on a 2-core machine, see DataParallelOptions)
+  bool no_fuse = false;      // keep bias_add and relu as separate nodes
+  std::int64_t upscale = 1;  // images enlarged k times per side (granularity studies)
+  bool profile = false;      // per-kernel timing: the epoch split and a kernel table
   std::int64_t train_limit = 0;
   std::int64_t test_limit = 0;
   std::string metrics;

@@ -1,7 +1,5 @@
 #include "minidl/frontend/datasets.hpp"
 
-#include "minidl/core/threading.hpp"
-
 #include <zlib.h>
 
 #include <algorithm>

@@ -39,8 +39,7 @@ Trainer::Trainer(nn::Module& model, optim::Sgd& optimizer, TrainerOptions option
   MINIDL_CHECK(options.batch_size >= comm_.size(), "batch size ", options.batch_size,
                " is smaller than the number of ranks, ", comm_.size(),
                ": every rank needs at least one sample of each batch");
-  MINIDL_CHECK(options.replicas >= 1, "thread replicas must be at least 1, got ",
-               options.replicas);
+  MINIDL_CHECK(options.replicas >= 1, "thread replicas must be at least 1, got ", options.replicas);
   MINIDL_CHECK(options.eval_batch_size >= 1, "evaluation batch size must be at least 1, got ",
                options.eval_batch_size);
 }

@@ -120,8 +120,8 @@ TEST(Training, ThreadReplicasMatchOneGraph) {
   for (bool cnn : {false, true}) {
     const auto [want_stats, want] = run(1, true, cnn);
     for (auto [replicas, fuse] : {std::pair{2, true}, std::pair{3, true}, std::pair{2, false}}) {
-      SCOPED_TRACE(::testing::Message() << "cnn " << cnn << ", replicas " << replicas << ", fuse "
-                                        << fuse);
+      SCOPED_TRACE(::testing::Message()
+                   << "cnn " << cnn << ", replicas " << replicas << ", fuse " << fuse);
       const auto [stats, got] = run(replicas, fuse, cnn);
       EXPECT_NEAR(stats.loss, want_stats.loss, 1e-4 * want_stats.loss);
       EXPECT_NEAR(stats.accuracy, want_stats.accuracy, 2.0 / 1000);

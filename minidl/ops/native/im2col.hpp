@@ -46,9 +46,10 @@ inline void im2col(const ConvGeom& g, const float* src, float* dst) { im2col(g, 
 void col2im(const ConvGeom& g, const float* src, float* dst, std::int64_t c0, std::int64_t c1);
 inline void col2im(const ConvGeom& g, const float* src, float* dst) { col2im(g, src, dst, 0, g.C); }
 
-/// Whether im2col and col2im run their AVX-512 row loops (unit column stride on a CPU with
-/// avx512f) or the portable ones. `portable` = true forces the portable loops, false restores
-/// the automatic choice: for tests that cover both paths. The two give identical results.
+/// Whether im2col and col2im may run their AVX-512 row loops (on a CPU with avx512f; they take
+/// unit column stride, col2im only rows of whole vectors or shorter than one) or the portable
+/// ones only. `portable` = true forces the portable loops, false restores the automatic choice:
+/// for tests that cover both paths. The two give identical results.
 bool im2col_uses_avx512();
 void im2col_force_portable(bool portable);
 
