@@ -10,7 +10,9 @@ const dnnl::engine& engine() {
 }
 
 dnnl::stream& stream() {
-  static dnnl::stream s(engine());
+  // One stream per thread: thread replicas run oneDNN kernels from several threads at once, and a
+  // stream must not be used concurrently.
+  thread_local dnnl::stream s(engine());
   return s;
 }
 

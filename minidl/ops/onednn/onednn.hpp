@@ -15,8 +15,9 @@ namespace minidl::ops::onednn {
 
 /// The CPU engine, created on first use (thread-safe) and kept for the process.
 const dnnl::engine& engine();
-/// The in-order stream on engine(), created on first use (thread-safe). On the CPU runtime a
-/// primitive runs in the calling thread, so every kernel submits to this one stream.
+/// The calling thread's in-order stream on engine(), created on its first use. On the CPU
+/// runtime a primitive runs in the calling thread; one stream per thread lets thread replicas
+/// run oneDNN kernels concurrently.
 dnnl::stream& stream();
 
 /// Dimensions of s; a scalar (rank 0) is one element, [1].
