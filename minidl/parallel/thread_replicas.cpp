@@ -94,11 +94,6 @@ bool balance_sums(ir::Graph& g) {
 
 }  // namespace
 
-int replica_of(const ir::Node& n) {
-  const ir::AttrValue* a = n.annotations().find("replica");
-  return a ? static_cast<int>(std::get<std::int64_t>(*a)) : -1;
-}
-
 void set_replica(ir::Node& n, int replica) {
   n.annotations().set("replica", std::int64_t{replica});
 }

@@ -15,6 +15,7 @@
 #pragma once
 
 #include "minidl/ir/pass.hpp"
+#include "minidl/runtime/executable.hpp"
 
 namespace minidl::parallel {
 
@@ -24,8 +25,8 @@ class ThreadReplicas final : public ir::Pass {
   bool run(ir::Graph& g) override;
 };
 
-/// The "replica" annotation of n, or -1.
-int replica_of(const ir::Node& n);
+/// The "replica" annotation of n, or -1 (the runtime's reading of it).
+using runtime::replica_of;
 void set_replica(ir::Node& n, int replica);
 
 }  // namespace minidl::parallel

@@ -23,7 +23,8 @@ std::optional<ir::Backend> node_backend(const ir::Node& n) {
   MINIDL_FAIL(n.describe(), ": unknown backend '", s, "' (expected native or onednn)");
 }
 
-// The node's "replica" annotation, or -1.
+}  // namespace
+
 int replica_of(const ir::Node& n) {
   const ir::AttrValue* a = n.annotations().find("replica");
   if (!a) return -1;
@@ -32,8 +33,6 @@ int replica_of(const ir::Node& n) {
                " is outside [0, 1024)");
   return static_cast<int>(r);
 }
-
-}  // namespace
 
 Executable::Executable(const ir::Graph& g, CompileOptions options) : options_(options) {
   plan_memory(g);

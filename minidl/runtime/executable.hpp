@@ -19,6 +19,9 @@
 
 namespace minidl::runtime {
 
+/// The node's "replica" annotation (its thread in a parallel section), or -1 when it has none.
+int replica_of(const ir::Node& n);
+
 struct CompileOptions {
   /// Preferred backend; others are the fallback when it declines a node. A node annotation
   /// "backend" (native|onednn) overrides this for that node.
