@@ -78,6 +78,21 @@ std::vector<std::string> backends() {
   return b;
 }
 
+/// The --profile table: rank 0's kernel time per node over all training epochs.
+void print_kernel_times(const std::vector<Trainer::KernelTime>& rows) {
+  double total = 0.0;
+  for (const auto& r : rows) total += r.seconds;
+  fmt::print("\nkernel time per node (rank 0, training steps, {:.3f} s in kernels):\n", total);
+  fmt::print("{:>9} {:>6} {:>10} {:>10}  {:<22} {:<20} {}\n", "total ms", "share", "calls",
+             "us/call", "op", "kernel", "node");
+  for (const auto& r : rows) {
+    fmt::print("{:>9.1f} {:>5.1f}% {:>10} {:>10.1f}  {:<22} {:<20} {}\n", 1e3 * r.seconds,
+               total > 0 ? 100.0 * r.seconds / total : 0.0, r.calls,
+               r.calls ? 1e6 * r.seconds / static_cast<double>(r.calls) : 0.0, r.op, r.kernel,
+               r.node);
+  }
+}
+
 int train(const std::string& program, AppConfig& c, const ModelBuilder& build) {
   if (c.threads > 0) set_num_threads(c.threads);
   parallel::Communicator& comm = parallel::world();
@@ -163,6 +178,7 @@ int train(const std::string& program, AppConfig& c, const ModelBuilder& build) {
                  {"comm_seconds", s.comm_seconds},
                  {"wait_seconds", s.wait_seconds}});
   }
+  if (c.profile && root) print_kernel_times(trainer.kernel_times());
   if (!c.save.empty() && root) {
     save_safetensors(c.save, model->parameters(), {{"format", "pt"}, {"framework", "minidl"}});
   }

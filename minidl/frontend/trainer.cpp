@@ -1,5 +1,6 @@
 #include "minidl/frontend/trainer.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <numeric>
@@ -265,6 +266,26 @@ std::pair<double, double> Trainer::comm_wait_seconds() const {
     }
   }
   return {comm, wait};
+}
+
+std::vector<Trainer::KernelTime> Trainer::kernel_times() const {
+  std::map<std::string, KernelTime> by_name;
+  for (const auto& [key, p] : programs_) {
+    if (!std::get<0>(key)) continue;
+    for (const runtime::KernelProfile& k : p->exe->profile()) {
+      KernelTime& t = by_name[k.node->name()];
+      t.node = k.node->name();
+      t.op = k.node->op();
+      t.kernel = k.kernel;
+      t.calls += k.calls;
+      t.seconds += k.seconds;
+    }
+  }
+  std::vector<KernelTime> rows;
+  for (auto& [name, t] : by_name) rows.push_back(std::move(t));
+  std::stable_sort(rows.begin(), rows.end(),
+                   [](const KernelTime& a, const KernelTime& b) { return a.seconds > b.seconds; });
+  return rows;
 }
 
 EvalStats Trainer::evaluate(const Dataset& d) {

@@ -65,6 +65,16 @@ class Trainer {
   /// This rank's training graph for a full batch of samples of shape `sample`.
   const ir::Graph& training_graph(const Shape& sample);
 
+  /// Kernel time of every training program so far, summed per node name over programs (and
+  /// over thread replicas: their copies share the name), largest first. Empty unless
+  /// CompileOptions::profile.
+  struct KernelTime {
+    std::string node, op, kernel;
+    std::int64_t calls = 0;
+    double seconds = 0.0;
+  };
+  std::vector<KernelTime> kernel_times() const;
+
   /// This rank's share [begin, end) of a global batch of n samples starting at start.
   std::pair<std::int64_t, std::int64_t> share(std::int64_t start, std::int64_t n) const;
 
