@@ -663,6 +663,10 @@ constexpr int64_t kMinFmaPerThread = int64_t{1} << 18;
 // prices the packing that each extra thread duplicates (A for a column split, B for a row split).
 constexpr int64_t kPackCost = 8;
 
+// Reading one element of C from another core's cache costs about as much as this many
+// multiply-adds (measured: the MLP's first-layer weight gradient and its SGD update).
+constexpr int64_t kTransferCost = 2;
+
 Partition choose_partition(const Kernels& kn, int64_t M, int64_t N, int64_t K, int threads) {
   Partition best;
   best.rows = M;
@@ -675,7 +679,11 @@ Partition choose_partition(const Kernels& kn, int64_t M, int64_t N, int64_t K, i
     // Columns go in whole vectors, not whole panels: 256 splits 128 + 128 rather than 144 + 112;
     // the edge panel of each half then runs the narrower kernel instance.
     const int64_t cols = round_up(ceil_div(N, tn), kn.vl);
-    const int64_t cost = rows * cols * K + kPackCost * (rows + cols) * K;
+    // A column split leaves each thread a strided part of C, while the elementwise kernels that
+    // read C next (bias, activation gradients, the optimizer update) split it into contiguous
+    // ranges: each thread would then read part of its range from the other core's cache.
+    const int64_t transfer = tn > 1 ? kTransferCost * M * N * (tn - 1) / tn : 0;
+    const int64_t cost = rows * cols * K + kPackCost * (rows + cols) * K + transfer;
     if (best_cost < 0 || cost < best_cost) {
       best = {tm, tn, rows, cols};
       best_cost = cost;
