@@ -126,13 +126,6 @@ int train(const std::string& program, AppConfig& c, const ModelBuilder& build) {
   topt.compile.backend = c.backend == "onednn" ? ir::Backend::OneDnn : ir::Backend::Native;
   topt.compile.profile = c.profile;
   topt.fuse = !c.no_fuse;
-  // oneDNN kernels inside a parallel section of thread replicas stall (an open problem), so with
-  // the oneDNN backend the threads work inside each op instead.
-  if (c.thread_mode == "replicas" && c.backend == "onednn") {
-    if (root)
-      fmt::print(stderr, "{}: note: --backend onednn uses --thread-mode intra-op\n", program);
-    c.thread_mode = "intra-op";
-  }
   topt.replicas = c.thread_mode == "replicas" ? max_threads() : 1;
   topt.reduce_strategy = parallel::parse_reduce_strategy(c.reduce);
   topt.bucket_bytes = static_cast<std::int64_t>(c.bucket_mb * 1024 * 1024);

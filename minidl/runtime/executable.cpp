@@ -196,7 +196,24 @@ void Executable::choose_kernels(const ir::Graph& g) {
     }
     MINIDL_CHECK(chosen != nullptr, n->describe(), ": no kernel accepts this node", declined);
     log_verbose("dispatch", "{} -> {}{}", n->describe(), chosen->name, declined);
-    Step s{n, chosen->make(*n), {}, {}, {}, chosen->name};
+    // A node of a parallel section runs on one thread: its kernel is made for one thread too
+    // (oneDNN plans a primitive's thread partition when it is created and would otherwise wait
+    // for threads that the section does not have).
+    ir::Kernel kernel;
+    if (replica_of(*n) >= 0) {
+      const int threads = omp_get_max_threads();
+      omp_set_num_threads(1);
+      try {
+        kernel = chosen->make(*n);
+      } catch (...) {
+        omp_set_num_threads(threads);
+        throw;
+      }
+      omp_set_num_threads(threads);
+    } else {
+      kernel = chosen->make(*n);
+    }
+    Step s{n, std::move(kernel), {}, {}, {}, chosen->name};
     for (const ir::Value* v : n->inputs()) s.in.push_back(view.at(v));
     for (const ir::Value* v : n->outputs()) s.out.push_back(view.at(v));
     steps_.push_back(std::move(s));
@@ -258,6 +275,8 @@ void Executable::run_section(const Section& sec) {
   std::exception_ptr error;
 #pragma omp parallel num_threads(sec.replicas)
   {
+    // Kernels asking how many threads they may use get one (see choose_kernels).
+    omp_set_num_threads(1);
     try {
       run_steps(sec.begin, sec.end, omp_get_thread_num());
     } catch (...) {

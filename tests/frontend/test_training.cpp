@@ -100,7 +100,7 @@ TEST(Modules, LoadParametersSaysWhatDiffers) {
 // with the single-graph run after a whole epoch; the CNN path too. The epoch's statistics agree.
 TEST(Training, ThreadReplicasMatchOneGraph) {
   Dataset train = blobs(1000, 9);
-  auto run = [&](int replicas, bool fuse, bool cnn) {
+  auto run = [&](int replicas, bool fuse, bool cnn, ir::Backend backend = ir::Backend::Native) {
     std::unique_ptr<nn::Sequential> model = mlp();
     if (cnn) {
       model = std::make_unique<nn::Sequential>();
@@ -112,17 +112,35 @@ TEST(Training, ThreadReplicasMatchOneGraph) {
     }
     model->reset(7);
     optim::Sgd sgd({.lr = 0.05, .momentum = 0.9});
-    Trainer t(*model, sgd, {.batch_size = 32, .seed = 3, .fuse = fuse, .replicas = replicas});
+    Trainer t(*model, sgd,
+              {.batch_size = 32,
+               .seed = 3,
+               .compile = {.backend = backend},
+               .fuse = fuse,
+               .replicas = replicas});
     const EpochStats s = t.train_epoch(train, 1);
     EXPECT_EQ(s.samples, 1000);
     return std::make_pair(s, model->parameters());
   };
+  // Kernels of a parallel section run on one thread each, also when they were made while more
+  // threads were available (oneDNN primitives plan their threads when they are created).
+  const int threads = max_threads();
+  set_num_threads(2);
+  struct Case {
+    int replicas;
+    bool fuse;
+    ir::Backend backend;
+  };
+  std::vector<Case> cases{{2, true, ir::Backend::Native},
+                          {3, true, ir::Backend::Native},
+                          {2, false, ir::Backend::Native}};
+  if (MINIDL_WITH_ONEDNN) cases.push_back({2, true, ir::Backend::OneDnn});
   for (bool cnn : {false, true}) {
     const auto [want_stats, want] = run(1, true, cnn);
-    for (auto [replicas, fuse] : {std::pair{2, true}, std::pair{3, true}, std::pair{2, false}}) {
-      SCOPED_TRACE(::testing::Message()
-                   << "cnn " << cnn << ", replicas " << replicas << ", fuse " << fuse);
-      const auto [stats, got] = run(replicas, fuse, cnn);
+    for (const auto [replicas, fuse, backend] : cases) {
+      SCOPED_TRACE(::testing::Message() << "cnn " << cnn << ", replicas " << replicas << ", fuse "
+                                        << fuse << ", backend " << static_cast<int>(backend));
+      const auto [stats, got] = run(replicas, fuse, cnn, backend);
       EXPECT_NEAR(stats.loss, want_stats.loss, 1e-4 * want_stats.loss);
       EXPECT_NEAR(stats.accuracy, want_stats.accuracy, 2.0 / 1000);
       ASSERT_EQ(got.size(), want.size());
@@ -135,4 +153,5 @@ TEST(Training, ThreadReplicasMatchOneGraph) {
       }
     }
   }
+  set_num_threads(threads);
 }
