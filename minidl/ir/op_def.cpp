@@ -88,6 +88,11 @@ OpDef& OpDef::alias(int out, int in) {
   alias_ = true;
   return *this;
 }
+OpDef& OpDef::flops(FlopsFn fn) {
+  flops_ = fn;
+  return *this;
+}
+
 OpDef& OpDef::side_effect() {
   side_effect_ = true;
   return *this;

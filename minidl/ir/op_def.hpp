@@ -69,6 +69,8 @@ struct KernelDef {
 
 using InferFn = void (*)(InferCtx&);
 using GradFn = void (*)(GradCtx&);
+/// Floating-point operations one run of the node performs (profiler figures).
+using FlopsFn = std::int64_t (*)(const Node&);
 
 struct AttrDecl {
   std::string name;
@@ -102,6 +104,9 @@ class OpDef {
   OpDef& kernel_factory(Backend backend, std::string name, KernelFactory make,
                         SupportsFn supports = nullptr);
   OpDef& grad(GradFn fn);
+  /// How many floating-point operations a node of this op performs (the profiler's GFLOP/s);
+  /// ops without a count are reported by time only.
+  OpDef& flops(FlopsFn fn);
   /// The op has no gradient; why says so in errors and in the op-table test.
   OpDef& no_grad(std::string why);
   /// Output out is written into input in's buffer (optimizer updates).
@@ -122,6 +127,7 @@ class OpDef {
   InferFn infer_fn() const { return infer_; }
   const std::vector<KernelDef>& kernels() const { return kernels_; }
   GradFn grad_fn() const { return grad_; }
+  FlopsFn flops_fn() const { return flops_; }
   const std::string& no_grad_reason() const { return no_grad_; }
   bool has_grad_rule() const { return grad_ != nullptr || !no_grad_.empty(); }
   /// Input index whose buffer output out shares (in place or alias), or -1.
@@ -139,6 +145,7 @@ class OpDef {
   InferFn infer_ = nullptr;
   std::vector<KernelDef> kernels_;
   GradFn grad_ = nullptr;
+  FlopsFn flops_ = nullptr;
   std::string no_grad_;
   std::vector<std::pair<int, int>> shares_;
   bool alias_ = false;

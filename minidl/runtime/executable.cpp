@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
 #include <exception>
 #include <limits>
 #include <unordered_map>
@@ -24,6 +25,12 @@ std::optional<ir::Backend> node_backend(const ir::Node& n) {
 }
 
 }  // namespace
+
+double trace_clock_us() {
+  return std::chrono::duration<double, std::micro>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 int replica_of(const ir::Node& n) {
   const ir::AttrValue* a = n.annotations().find("replica");
@@ -221,8 +228,16 @@ void Executable::choose_kernels(const ir::Graph& g) {
   // Spans into the steps' own vectors, taken once the steps no longer move.
   for (Step& s : steps_) s.args = ir::KernelArgs{s.node, s.in, s.out};
   find_sections();
-  if (options_.profile) {
-    for (const Step& s : steps_) profile_.push_back({s.node, s.kernel_name});
+  if (options_.profile || options_.trace) {
+    for (const Step& s : steps_) {
+      const ir::FlopsFn flops = s.node->def().flops_fn();
+      profile_.push_back({s.node, s.kernel_name, 0, 0.0, flops ? flops(*s.node) : 0});
+    }
+  }
+  if (options_.trace) {
+    int threads = 1;
+    for (const Section& sec : sections_) threads = std::max(threads, sec.replicas);
+    trace_.resize(static_cast<std::size_t>(threads));
   }
 }
 
@@ -256,18 +271,39 @@ void Executable::find_sections() {
 }
 
 void Executable::run_steps(std::size_t begin, std::size_t end, int replica) {
+  const bool timed = options_.profile || options_.trace;
   for (std::size_t i = begin; i < end; ++i) {
     if (replica >= 0 && step_replica_[i] != replica) continue;
-    if (!options_.profile) {
+    if (!timed) {
       steps_[i].kernel(steps_[i].args);
       continue;
     }
-    const auto t0 = std::chrono::steady_clock::now();
+    const double t0 = trace_clock_us();
     steps_[i].kernel(steps_[i].args);
-    const auto t1 = std::chrono::steady_clock::now();
+    const double t1 = trace_clock_us();
     profile_[i].calls++;
-    profile_[i].seconds += std::chrono::duration<double>(t1 - t0).count();
+    profile_[i].seconds += (t1 - t0) * 1e-6;
+    if (options_.trace) {
+      TraceBuffer& b = trace_[static_cast<std::size_t>(std::max(replica, 0))];
+      if (b.events.size() < options_.trace_limit / trace_.size()) {
+        b.events.push_back({steps_[i].node, std::max(replica, 0), t0, t1 - t0});
+      } else {
+        ++b.dropped;
+      }
+    }
   }
+}
+
+std::vector<TraceEvent> Executable::trace() const {
+  std::vector<TraceEvent> all;
+  for (const TraceBuffer& b : trace_) all.insert(all.end(), b.events.begin(), b.events.end());
+  return all;
+}
+
+std::size_t Executable::dropped_events() const {
+  std::size_t n = 0;
+  for (const TraceBuffer& b : trace_) n += b.dropped;
+  return n;
 }
 
 void Executable::run_section(const Section& sec) {

@@ -9,7 +9,6 @@
 // compile time), and no buffer is shared between values of a section.
 #pragma once
 
-#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
@@ -30,6 +29,10 @@ struct CompileOptions {
   bool reuse_memory = true;
   /// Measure each kernel's time (see Executable::profile()).
   bool profile = false;
+  /// Record every kernel call as a timeline event (see Executable::trace()), at most
+  /// trace_limit events; later calls are counted but not recorded.
+  bool trace = false;
+  std::size_t trace_limit = 4'000'000;
 };
 
 struct MemoryPlan {
@@ -44,7 +47,20 @@ struct KernelProfile {
   std::string kernel;
   std::int64_t calls = 0;
   double seconds = 0.0;
+  std::int64_t flops = 0;  // per call, from the op's count (0: the op has none)
 };
+
+/// One kernel call on the timeline: the node, the thread that ran it (its replica in a parallel
+/// section, else 0) and its start and length in microseconds of trace_clock_us().
+struct TraceEvent {
+  const ir::Node* node;
+  int thread;
+  double begin_us;
+  double duration_us;
+};
+
+/// Microseconds of the monotonic clock, the same in every process of one machine.
+double trace_clock_us();
 
 class Executable {
  public:
@@ -65,6 +81,10 @@ class Executable {
   /// One line per node: the kernel chosen.
   std::string kernel_table() const;
   const std::vector<KernelProfile>& profile() const { return profile_; }
+  /// The recorded kernel calls in the order they ended per thread; empty unless
+  /// CompileOptions::trace. dropped_events() counts the calls past the limit.
+  std::vector<TraceEvent> trace() const;
+  std::size_t dropped_events() const;
 
  private:
   struct Step {
@@ -94,6 +114,13 @@ class Executable {
   std::vector<std::pair<std::string, Tensor>> inputs_;
   std::vector<const ir::Value*> readable_;
   std::vector<KernelProfile> profile_;
+  // One event list per thread of a section (index 0 also for steps outside sections), so that
+  // replicas record without locking.
+  struct TraceBuffer {
+    std::vector<TraceEvent> events;
+    std::size_t dropped = 0;
+  };
+  std::vector<TraceBuffer> trace_;
   MemoryPlan plan_;
 };
 

@@ -90,3 +90,40 @@ TEST(Executable, BoundStorageMustMatch) {
   EXPECT_THAT([&] { runtime::Executable e(h); },
               ::testing::ThrowsMessage<Error>(::testing::HasSubstr("bound storage is [2]")));
 }
+
+// Profiling counts every kernel call with the op's FLOP count; tracing records one event per
+// call, ordered and non-overlapping on the thread, and stops at its limit.
+TEST(Executable, ProfileAndTrace) {
+  Mlp m;
+  runtime::Executable e(m.g, {.profile = true, .trace = true});
+  feed(e);
+  e.run();
+  e.run();
+  std::size_t kernels = 0;
+  for (const runtime::KernelProfile& k : e.profile()) {
+    EXPECT_EQ(k.calls, 2) << k.node->describe();
+    EXPECT_GE(k.seconds, 0.0);
+    if (k.node->name() == "matmul") {  // x[16,20] * w1^T[20,32]
+      EXPECT_EQ(k.flops, 2 * 16 * 32 * 20);
+    } else if (k.node->op() != "matmul") {
+      EXPECT_EQ(k.flops, 0) << k.node->describe();
+    }
+    ++kernels;
+  }
+  ASSERT_GT(kernels, 10u);
+  const std::vector<runtime::TraceEvent> events = e.trace();
+  ASSERT_EQ(events.size(), 2 * kernels);
+  EXPECT_EQ(e.dropped_events(), 0u);
+  for (std::size_t i = 0; i < events.size(); ++i) {
+    EXPECT_EQ(events[i].thread, 0);
+    EXPECT_GE(events[i].duration_us, 0.0);
+    EXPECT_EQ(events[i].node, e.profile()[i % kernels].node);
+    if (i > 0) EXPECT_GE(events[i].begin_us, events[i - 1].begin_us + events[i - 1].duration_us);
+  }
+
+  runtime::Executable limited(m.g, {.trace = true, .trace_limit = 5});
+  feed(limited);
+  limited.run();
+  EXPECT_EQ(limited.trace().size(), 5u);
+  EXPECT_EQ(limited.dropped_events(), kernels - 5);
+}

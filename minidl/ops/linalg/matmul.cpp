@@ -64,6 +64,12 @@ void grad(ir::GradCtx& g) {
   }
 }
 
+std::int64_t flops(const ir::Node& n) {
+  const Shape& a = n.input(0)->shape();
+  const std::int64_t k = n.attrs().get<bool>("trans_a") ? a[0] : a[1];
+  return 2 * n.output()->shape().numel() * k;
+}
+
 }  // namespace
 
 MINIDL_OP(matmul)
@@ -72,6 +78,7 @@ MINIDL_OP(matmul)
     .attr<bool>("trans_b", false)
     .attr<std::string>("activation", "none")
     .infer(infer)
+    .flops(flops)
 #if MINIDL_WITH_ONEDNN
     .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::matmul_kernel, onednn::matmul_supports)
 #endif

@@ -288,6 +288,14 @@ void grad(ir::GradCtx& g) {
   }
 }
 
+// 2 * (elements of the product's output) * (inputs each sums over): for every convolution pass
+// the product's output is one of y, dy, dw and each element sums C*R*S or N*OH*OW terms.
+std::int64_t conv_flops(const ir::Node& n) {
+  const Shape& w = n.op() == "conv2d_bwd_weights" ? n.output()->shape() : n.input(1)->shape();
+  const Shape& y = n.op() == "conv2d" ? n.output()->shape() : n.input(0)->shape();
+  return 2 * y.numel() * (w.numel() / w[0]);
+}
+
 }  // namespace
 
 MINIDL_OP(conv2d)
@@ -296,6 +304,7 @@ MINIDL_OP(conv2d)
     .attr<ir::Ints>("pad", ir::Ints{0, 0})
     .attr<std::string>("activation", "none")
     .infer(infer)
+    .flops(conv_flops)
 #if MINIDL_WITH_ONEDNN
     .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::conv2d_kernel, onednn::conv2d_supports)
 #endif
@@ -309,6 +318,7 @@ MINIDL_OP(conv2d_bwd_data)
     .attr<ir::Ints>("pad", ir::Ints{0, 0})
     .attr<ir::Ints>("in_shape")
     .infer(infer_bwd_data)
+    .flops(conv_flops)
 #if MINIDL_WITH_ONEDNN
     .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::conv2d_bwd_data_kernel,
                     onednn::conv2d_bwd_data_supports)
@@ -323,6 +333,7 @@ MINIDL_OP(conv2d_bwd_weights)
     .attr<ir::Ints>("pad", ir::Ints{0, 0})
     .attr<ir::Ints>("kernel")
     .infer(infer_bwd_weights)
+    .flops(conv_flops)
 #if MINIDL_WITH_ONEDNN
     .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::conv2d_bwd_weights_kernel,
                     onednn::conv2d_bwd_weights_supports)
