@@ -60,21 +60,8 @@ struct Case {
 
 double numel(const ir::Value* v) { return static_cast<double>(v->shape().numel()); }
 
-// 2*M*N*K from the output [M,N] and the inner dimension of input 0.
-double matmul_flops(const ir::Node& n) {
-  const Shape& a = n.input(0)->shape();
-  const int64_t k = n.attrs().get<bool>("trans_a") ? a[0] : a[1];
-  return 2.0 * numel(n.output(0)) * static_cast<double>(k);
-}
-
-// 2 * |dst or diff_dst| * C*KH*KW, w [K,C,KH,KW] being input or output `w_out` of the node.
-FlopFn conv_flops(bool w_is_output) {
-  return [w_is_output](const ir::Node& n) {
-    const Shape& w = w_is_output ? n.output(0)->shape() : n.input(1)->shape();
-    const ir::Value* y = n.op() == "conv2d" ? n.output(0) : n.input(0);
-    return 2.0 * numel(y) * static_cast<double>(w[1] * w[2] * w[3]);
-  };
-}
+// The op's own FLOP count (ir::OpDef::flops): the profiler reports the same figure.
+double op_flops(const ir::Node& n) { return static_cast<double>(n.def().flops_fn()(n)); }
 
 double bytes_moved(const ir::Node& n) {
   double b = 0.0;
@@ -100,23 +87,19 @@ class Table {
     if (names_.insert(c.bench + "/" + c.shape).second) cases.push_back(std::move(c));
   }
 
-  // A linear layer's product y[m,n] = x[m,k] w[k,n] and its two backward products, all labelled
-  // with the forward shape: dX = dY W^T (trans_b), dW = X^T dY (trans_a).
+  // A linear layer's product y[m,n] = x[m,k] w[n,k]^T (weights [out, in], as nn::Linear and
+  // PyTorch store them) and its two backward products, all labelled with the forward shape:
+  // dX = dY W, dW = dY^T X.
   void matmul(int64_t m, int64_t k, int64_t n) {
     const std::string s = fmt::format("M{}_K{}_N{}", m, k, n);
-    add({"matmul_fwd", "matmul", s, {}, {f32({m, k}), f32({k, n})}, matmul_flops});
-    add({"matmul_bwd_data",
-         "matmul",
-         s,
-         {{"trans_b", true}},
-         {f32({m, n}), f32({k, n})},
-         matmul_flops});
+    add({"matmul_fwd", "matmul", s, {{"trans_b", true}}, {f32({m, k}), f32({n, k})}, op_flops});
+    add({"matmul_bwd_data", "matmul", s, {}, {f32({m, n}), f32({n, k})}, op_flops});
     add({"matmul_bwd_weights",
          "matmul",
          s,
          {{"trans_a", true}},
-         {f32({m, k}), f32({m, n})},
-         matmul_flops});
+         {f32({m, n}), f32({m, k})},
+         op_flops});
   }
 
   // The same forward product with the bias and ReLU fused into the node, as the fusion pass
@@ -125,9 +108,9 @@ class Table {
     add({"matmul_bias_relu_fwd",
          "matmul",
          fmt::format("M{}_K{}_N{}", m, k, n),
-         {{"activation", std::string("relu")}},
-         {f32({m, k}), f32({k, n}), f32({n})},
-         matmul_flops});
+         {{"activation", std::string("relu")}, {"trans_b", true}},
+         {f32({m, k}), f32({n, k}), f32({n})},
+         op_flops});
   }
 
   // conv2d x[n,c,h,w] * w[k,c,r,r] (stride 1, zero padding `pad`), both halves of its backward,
@@ -141,25 +124,25 @@ class Table {
          s,
          {{"stride", stride}, {"pad", padding}},
          {f32({n, c, h, w}), f32({k, c, r, r})},
-         conv_flops(false)});
+         op_flops});
     add({"conv2d_bwd_data",
          "conv2d_bwd_data",
          s,
          {{"stride", stride}, {"pad", padding}, {"in_shape", Ints{n, c, h, w}}},
          {f32({n, k, oh, ow}), f32({k, c, r, r})},
-         conv_flops(false)});
+         op_flops});
     add({"conv2d_bwd_weights",
          "conv2d_bwd_weights",
          s,
          {{"stride", stride}, {"pad", padding}, {"kernel", Ints{r, r}}},
          {f32({n, k, oh, ow}), f32({n, c, h, w})},
-         conv_flops(true)});
+         op_flops});
     add({"conv2d_bias_relu_fwd",
          "conv2d",
          s,
          {{"stride", stride}, {"pad", padding}, {"activation", std::string("relu")}},
          {f32({n, c, h, w}), f32({k, c, r, r}), f32({k})},
-         conv_flops(false)});
+         op_flops});
   }
 
   // bias_add over dimension 1 of x and its backward (the bias gradient).

@@ -149,10 +149,10 @@ struct Shape3 {
 };
 
 // Odd sizes, sizes around the tile widths (MR is 4/6/8, NR 16/48) and the MLP training shapes.
-const Shape3 kShapes[] = {{1, 1, 1},     {7, 13, 5},    {33, 65, 17},  {8, 32, 16}, {9, 33, 3},
-                          {8, 48, 16},   {9, 49, 3},    {16, 97, 8},   {6, 16, 1},  {5, 17, 31},
-                          {64, 10, 128}, {64, 128, 10}, {10, 128, 64}, {1, 257, 9}, {95, 1, 40},
-                          {48, 47, 129}, {17, 100, 300}};
+const Shape3 kShapes[] = {{1, 1, 1},     {7, 13, 5},     {33, 65, 17},   {8, 32, 16}, {9, 33, 3},
+                          {8, 48, 16},   {9, 49, 3},     {16, 97, 8},    {6, 16, 1},  {5, 17, 31},
+                          {64, 10, 128}, {64, 128, 10},  {10, 128, 64},  {1, 257, 9}, {95, 1, 40},
+                          {48, 47, 129}, {17, 100, 300}, {32, 10, 1352}, {3, 16, 16}, {5, 13, 47}};
 
 TEST(Gemm, MatchesReferenceOnEveryIsa) {
   for (const std::string& isa : runnable_isas()) {
@@ -292,7 +292,8 @@ TEST(Gemm, ThreadCountDoesNotChangeResult) {
   // Threads split C into disjoint tiles and never split K, so results are bitwise identical.
   // The shapes make the partition split columns (wide C) and rows (tall, narrow C).
   const int saved = omp_get_max_threads();
-  for (const Shape3& s : {Shape3{130, 300, 700}, Shape3{600, 20, 300}, Shape3{64, 256, 128}}) {
+  for (const Shape3& s :
+       {Shape3{130, 300, 700}, Shape3{600, 20, 300}, Shape3{64, 256, 128}, Shape3{900, 10, 300}}) {
     for (const bool trans_a : {false, true}) {
       for (const bool trans_b : {false, true}) {
         SCOPED_TRACE(

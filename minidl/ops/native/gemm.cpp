@@ -26,6 +26,7 @@
 #include <exception>
 #include <new>
 #include <string_view>
+#include <utility>
 
 #include "minidl/core/error.hpp"
 
@@ -637,6 +638,76 @@ void gemm_block(const Kernels& kn, const GemmArgs& g, int64_t i0, int64_t m, int
   }
 }
 
+/// The 16 horizontal sums of v[0..15] as one vector (lane j: the sum of v[j]'s lanes): pairs are
+/// interleaved and added, halving the vectors at each of four levels.
+MINIDL_TARGET_AVX512 inline __m512 transpose_sum16(const __m512 (&v)[16]) {
+  __m512 w[4];
+#pragma GCC unroll 4
+  for (int g = 0; g < 4; ++g) {
+    // Within each 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3], then [a, b, c, d] lane sums.
+    const __m512 a = v[4 * g], b = v[4 * g + 1], c = v[4 * g + 2], d = v[4 * g + 3];
+    const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+    const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+    w[g] = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  // Across the four 128-bit lanes: lane g of the result is the total of w[g]'s lanes.
+  const __m512 z01 =
+      _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], 0x88), _mm512_shuffle_f32x4(w[0], w[1], 0xdd));
+  const __m512 z23 =
+      _mm512_add_ps(_mm512_shuffle_f32x4(w[2], w[3], 0x88), _mm512_shuffle_f32x4(w[2], w[3], 0xdd));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(z01, z23, 0x88), _mm512_shuffle_f32x4(z01, z23, 0xdd));
+}
+
+/// C rows [i0, i1) of a product at most 16 columns wide whose operands are both contiguous along
+/// K (A untransposed, B transposed: a classifier layer, N = classes): per row, N dot products
+/// accumulated 16 k at a time and summed across lanes together. Nothing is packed: for such a
+/// product the packing would cost more than the arithmetic.
+template <int N>
+MINIDL_TARGET_AVX512 void gemm_narrow_avx512(const GemmArgs& g, int64_t i0, int64_t i1) {
+  const int64_t k16 = g.K / 16 * 16;
+  const auto tail = static_cast<__mmask16>((1u << (g.K - k16)) - 1u);
+  const auto mask = static_cast<__mmask16>((1u << N) - 1u);
+  const __m512 bias = g.bias != nullptr ? _mm512_maskz_loadu_ps(mask, g.bias) : _mm512_setzero_ps();
+  for (int64_t i = i0; i < i1; ++i) {
+    const float* a = g.A + i * g.lda;
+    __m512 acc[16];
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < k16; k += 16) {
+      const __m512 x = _mm512_loadu_ps(a + k);
+#pragma GCC unroll 16
+      for (int j = 0; j < N; ++j)
+        acc[j] = _mm512_fmadd_ps(x, _mm512_loadu_ps(g.B + j * g.ldb + k), acc[j]);
+    }
+    if (tail != 0) {
+      const __m512 x = _mm512_maskz_loadu_ps(tail, a + k16);
+#pragma GCC unroll 16
+      for (int j = 0; j < N; ++j) {
+        acc[j] = _mm512_fmadd_ps(x, _mm512_maskz_loadu_ps(tail, g.B + j * g.ldb + k16), acc[j]);
+      }
+    }
+    float* c = g.C + i * g.ldc;
+    __m512 y = _mm512_mul_ps(transpose_sum16(acc), _mm512_set1_ps(g.alpha));
+    if (g.beta != 0.0f)
+      y = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, c), _mm512_set1_ps(g.beta), y);
+    y = _mm512_add_ps(y, bias);
+    if (g.relu) y = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(y, _mm512_setzero_ps(), _CMP_GT_OQ), y);
+    _mm512_mask_storeu_ps(c, mask, y);
+  }
+}
+
+using NarrowFn = void (*)(const GemmArgs&, int64_t, int64_t);
+template <std::size_t... N>
+constexpr std::array<NarrowFn, sizeof...(N)> narrow_table(std::index_sequence<N...>) {
+  return {&gemm_narrow_avx512<static_cast<int>(N) + 1>...};
+}
+constexpr auto kNarrow = narrow_table(std::make_index_sequence<16>());
+
+bool narrow_case(const Kernels& kn, const GemmArgs& g) {
+  return &kn == &kAvx512 && !g.trans_a && g.trans_b && g.N <= 16;
+}
+
 /// C = relu?(beta * C + bias) for the cases with no product to add (K == 0 or alpha == 0).
 void scale_c(const GemmArgs& g) {
   for (int64_t i = 0; i < g.M; ++i) {
@@ -715,6 +786,17 @@ void sgemm_impl(const GemmArgs& g) {
   int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
   const int64_t fma = g.M * g.N * g.K;
   threads = static_cast<int>(std::clamp<int64_t>(fma / kMinFmaPerThread, 1, threads));
+  if (narrow_case(kn, g)) {
+    // Rows of C split over the threads; each element's sum is the same whoever computes it.
+    const NarrowFn narrow = kNarrow[static_cast<std::size_t>(g.N - 1)];
+    if (threads == 1) return narrow(g, 0, g.M);
+#pragma omp parallel num_threads(threads)
+    {
+      const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+      narrow(g, g.M * t / nt, g.M * (t + 1) / nt);
+    }
+    return;
+  }
   if (threads == 1) {
     gemm_block(kn, g, 0, g.M, 0, g.N);
     return;
