@@ -1,4 +1,5 @@
-# Shared compile settings for every minidl target.
+# Shared compile settings for every minidl target. Build-tree only: an installed minidl does not
+# impose our warning flags on its users.
 add_library(minidl_options INTERFACE)
 target_compile_options(minidl_options INTERFACE -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers)
 if(MINIDL_WERROR)
@@ -10,13 +11,51 @@ if(MINIDL_SANITIZE)
   target_link_options(minidl_options INTERFACE -fsanitize=${_minidl_san})
 endif()
 
+include(GNUInstallDirs)
+# Where `cmake --install` puts the package config; find_package(minidl) looks there.
+set(MINIDL_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/minidl)
+
 # minidl_add_library(<layer> SOURCES ... DEPS ...): one library target per folder, minidl::<layer>.
+# The target is installed into the export set minidlTargets (as minidl::<layer>) together with
+# the folder's headers, under include/minidl/<layer>/ as the code includes them.
 function(minidl_add_library layer)
   cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
   add_library(minidl_${layer} ${ARG_SOURCES})
   add_library(minidl::${layer} ALIAS minidl_${layer})
   target_include_directories(minidl_${layer} PUBLIC
-    $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}> $<INSTALL_INTERFACE:include>)
-  target_link_libraries(minidl_${layer} PUBLIC ${ARG_DEPS} PRIVATE minidl_options)
-  set_target_properties(minidl_${layer} PROPERTIES OUTPUT_NAME minidl_${layer})
+    $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}> $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
+  target_link_libraries(minidl_${layer} PUBLIC ${ARG_DEPS} PRIVATE $<BUILD_INTERFACE:minidl_options>)
+  set_target_properties(minidl_${layer} PROPERTIES OUTPUT_NAME minidl_${layer} EXPORT_NAME ${layer})
+  if(MINIDL_SANITIZE)
+    # Instrumented static libraries need the sanitizer runtimes in the user's link too.
+    target_link_options(minidl_${layer} INTERFACE $<INSTALL_INTERFACE:-fsanitize=${_minidl_san}>)
+  endif()
+  install(TARGETS minidl_${layer} EXPORT minidlTargets
+          ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+          LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+          RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+  set(_exclude)
+  if(NOT MINIDL_WITH_ONEDNN)
+    set(_exclude PATTERN onednn EXCLUDE)  # those headers include oneDNN's
+  endif()
+  install(DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR}/
+          DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/minidl/${layer}
+          FILES_MATCHING PATTERN "*.hpp" ${_exclude})
+endfunction()
+
+# The package: minidlTargets.cmake (the exported targets, namespace minidl::), minidlConfig.cmake
+# (finds what the targets link: static libraries carry their dependencies to the user's link) and
+# minidlConfigVersion.cmake. Called once, after every library target exists.
+function(minidl_install_package)
+  include(CMakePackageConfigHelpers)
+  install(EXPORT minidlTargets NAMESPACE minidl:: FILE minidlTargets.cmake
+          DESTINATION ${MINIDL_INSTALL_CMAKEDIR})
+  configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/minidlConfig.cmake.in
+                                ${PROJECT_BINARY_DIR}/minidlConfig.cmake
+                                INSTALL_DESTINATION ${MINIDL_INSTALL_CMAKEDIR})
+  write_basic_package_version_file(${PROJECT_BINARY_DIR}/minidlConfigVersion.cmake
+                                   COMPATIBILITY SameMinorVersion)
+  install(FILES ${PROJECT_BINARY_DIR}/minidlConfig.cmake
+                ${PROJECT_BINARY_DIR}/minidlConfigVersion.cmake
+          DESTINATION ${MINIDL_INSTALL_CMAKEDIR})
 endfunction()

@@ -2,12 +2,16 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "minidl/core/threading.hpp"
+#include "minidl/frontend/checkpoint.hpp"
+#include "minidl/frontend/progress.hpp"
 #include "minidl/frontend/safetensors.hpp"
 #include "minidl/frontend/trainer.hpp"
 #include "minidl/ir/printer.hpp"
@@ -93,6 +97,42 @@ void print_kernel_times(const std::vector<Trainer::KernelTime>& rows) {
   }
 }
 
+/// The settings a checkpoint records and a resuming run is checked against.
+std::vector<checkpoint::Setting> run_settings(const AppConfig& c, const nn::Module& model,
+                                              const Dataset& train_set, int ranks) {
+  using R = checkpoint::Rule;
+  const auto str = [](const auto& v) { return fmt::format("{}", v); };
+  return {{"model", model.describe(), R::Same, "the model"},
+          {"dataset", c.dataset, R::SameMidEpoch, "--dataset"},
+          {"train_samples", str(train_set.size()), R::SameMidEpoch,
+           "the training set size (--train-limit)"},
+          {"upscale", str(c.upscale), R::SameMidEpoch, "--upscale"},
+          {"batch_size", str(c.batch_size), R::SameMidEpoch, "--batch-size"},
+          {"seed", str(c.seed), R::SameMidEpoch, "--seed"},
+          {"shuffle", str(!c.no_shuffle), R::SameMidEpoch, "shuffling (--no-shuffle)"},
+          {"lr", str(c.lr), R::Note, "--lr"},
+          {"momentum", str(c.momentum), R::Note, "--momentum"},
+          {"ranks", str(ranks), R::Note, "the number of ranks"},
+          {"threads", str(max_threads()), R::Note, "the number of threads (--threads)"},
+          {"thread_mode", c.thread_mode, R::Note, "--thread-mode"},
+          {"backend", c.backend, R::Note, "--backend"},
+          {"reduce", c.reduce, R::Note, "--reduce"},
+          {"bucket_mb", str(c.bucket_mb), R::Note, "--bucket-mb"},
+          {"overlap", str(c.overlap), R::Note, "--overlap"},
+          {"fuse", str(!c.no_fuse), R::Note, "fusion (--no-fuse)"}};
+}
+
+/// MINIDL_TEST_KILL_AFTER_STEP (see run_training_app): 0 when unset.
+std::int64_t kill_after_step() {
+  const char* v = std::getenv("MINIDL_TEST_KILL_AFTER_STEP");
+  if (v == nullptr || *v == '\0') return 0;
+  char* end = nullptr;
+  const long long step = std::strtoll(v, &end, 10);
+  MINIDL_CHECK(*end == '\0' && step > 0, "MINIDL_TEST_KILL_AFTER_STEP is '", v,
+               "', expected a positive step number");
+  return step;
+}
+
 int train(const std::string& program, AppConfig& c, const ModelBuilder& build) {
   if (c.threads > 0) set_num_threads(c.threads);
   parallel::Communicator& comm = parallel::world();
@@ -134,33 +174,137 @@ int train(const std::string& program, AppConfig& c, const ModelBuilder& build) {
   if (!c.dump_graph.empty() && root) {
     ir::write_graph(trainer.training_graph(sample), c.dump_graph);
   }
-  MetricsWriter metrics(root ? c.metrics : std::string());
+  const bool talk = root && !c.quiet;  // headers, per-epoch lines, notes
+  const std::int64_t kill_after = kill_after_step();
+  if (!c.checkpoint_dir.empty() && c.checkpoint_every == 0 && c.checkpoint_every_steps == 0)
+    c.checkpoint_every = 1;
+  const std::vector<checkpoint::Setting> settings = run_settings(c, *model, train_set, comm.size());
 
+  int first_epoch = 1;
+  std::int64_t first_sample = 0, first_epoch_step = 0;
+  std::string resumed, resumed_from;  // what to say about it after the header; the file
+  if (!c.resume.empty()) {
+    const checkpoint::Loaded ckpt =
+        checkpoint::load_shared(comm, c.resume, model->parameters(), sgd.state());
+    // Rank 0 judges; on an error it ends the job, the others waiting in their first step.
+    if (root) {
+      for (const std::string& note : checkpoint::check_settings(ckpt, settings))
+        if (talk) fmt::print(stderr, "{}: note: {}\n", program, note);
+    }
+    trainer.resume(ckpt.position);
+    first_epoch = ckpt.position.epoch;
+    first_sample = ckpt.position.next_sample;
+    first_epoch_step = ckpt.position.epoch_step;
+    resumed_from = ckpt.path;
+    resumed = fmt::format(
+        "{}: resumed from {}: {} epoch(s) done, {} step(s) into epoch {} "
+        "(training step {})\n",
+        program, ckpt.path, first_epoch - 1, ckpt.position.epoch_step, first_epoch,
+        ckpt.position.step);
+    if (first_epoch > c.epochs)
+      resumed += fmt::format("{}: nothing left to train with --epochs {}\n", program, c.epochs);
+  }
+
+  if (!c.checkpoint_dir.empty() && root) {
+    std::error_code ec;
+    std::filesystem::create_directories(c.checkpoint_dir, ec);
+    MINIDL_CHECK(!ec, "--checkpoint-dir: cannot create '", c.checkpoint_dir, "': ", ec.message());
+    // Checkpoints of another run, or of this one from further on, would mix with the new ones
+    // (and --resume of the directory would take the newest).
+    const std::vector<std::string> later =
+        checkpoint::list_after(c.checkpoint_dir, first_epoch - 1, first_epoch_step);
+    MINIDL_CHECK(later.empty(), "--checkpoint-dir '", c.checkpoint_dir, "' already holds ",
+                 later.size(), " checkpoint(s) past where this run starts, up to '", later.back(),
+                 "': continue from them (--resume ", c.checkpoint_dir,
+                 ") or use another directory");
+  }
+
+  MetricsWriter metrics(root ? c.metrics : std::string());
   std::int64_t n_params = 0;
   for (const auto& [name, t] : model->parameters()) n_params += t.numel();
-  if (root) {
+  metrics.add({{"config",
+                {{"program", program},
+                 {"model", model->describe()},
+                 {"parameters", n_params},
+                 {"dataset", c.dataset},
+                 {"train_samples", train_set.size()},
+                 {"test_samples", test_set.size()},
+                 {"normalize", c.normalize},
+                 {"upscale", c.upscale},
+                 {"ranks", comm.size()},
+                 {"threads", max_threads()},
+                 {"thread_mode", c.thread_mode},
+                 {"backend", c.backend},
+                 {"reduce", c.reduce},
+                 {"bucket_mb", c.bucket_mb},
+                 {"overlap", c.overlap},
+                 {"fuse", !c.no_fuse},
+                 {"batch_size", c.batch_size},
+                 {"lr", c.lr},
+                 {"momentum", c.momentum},
+                 {"seed", c.seed},
+                 {"shuffle", !c.no_shuffle},
+                 {"epochs", c.epochs},
+                 {"resume", resumed_from.empty() ? nlohmann::json() : nlohmann::json(resumed_from)},
+                 {"first_epoch", first_epoch}}}});
+
+  if (talk) {
     fmt::print(
         "{}: {} on {}{} ({} train, {} test samples), {} parameters, {} rank(s) x {} "
         "thread(s) ({}), {} kernels\n",
         program, model->describe(), c.dataset, c.normalize ? " (normalised per channel)" : "",
         train_set.size(), test_set.size(), n_params, comm.size(), max_threads(), c.thread_mode,
         c.backend);
+    fmt::print("{}", resumed);
     std::fflush(stdout);
   }
-  for (int epoch = 1; epoch <= c.epochs; ++epoch) {
-    const EpochStats s = trainer.train_epoch(train_set, epoch);
-    const EvalStats e = trainer.evaluate(test_set);
-    const double sps = static_cast<double>(s.samples) / s.seconds;
-    if (!root) continue;
-    fmt::print(
-        "epoch {:>2}/{}  loss {:.4f}  train acc {:6.2f}%  test acc {:6.2f}%  {:.2f} s  {:.0f} "
-        "samples/s\n",
-        epoch, c.epochs, s.loss, 100.0 * s.accuracy, 100.0 * e.accuracy, s.seconds, sps);
-    if (c.profile) {
-      fmt::print("           compute {:.3f} s  communication {:.3f} s  waiting {:.3f} s\n",
-                 s.seconds - s.comm_seconds - s.wait_seconds, s.comm_seconds, s.wait_seconds);
+  Progress progress(root ? progress_mode(stdout, c.quiet) : ProgressMode::Quiet, c.epochs);
+  // Every rank takes part (the position's statistics are reduced); rank 0 writes, and the
+  // others wait until the file is in place.
+  auto save_checkpoint = [&] {
+    const TrainerPosition pos = trainer.position();
+    if (root) {
+      const std::string path =
+          checkpoint::save(c.checkpoint_dir, pos, model->parameters(), sgd.state(),
+                           checkpoint::settings_metadata(settings), c.checkpoint_keep);
+      if (talk) {
+        progress.clear();
+        fmt::print("           checkpoint {}\n", path);
+        std::fflush(stdout);
+      }
     }
-    std::fflush(stdout);
+    comm.barrier();
+  };
+  auto on_step = [&](const StepInfo& info) {
+    progress.update(info.position, info.running_loss);
+    if (c.checkpoint_every_steps > 0 && info.step % c.checkpoint_every_steps == 0)
+      save_checkpoint();
+    if (kill_after > 0 && info.step == kill_after) {
+      std::fflush(stdout);
+      std::raise(SIGKILL);
+    }
+  };
+  EvalStats last{};
+  bool evaluated = false;
+  for (int epoch = first_epoch; epoch <= c.epochs; ++epoch) {
+    progress.start_epoch(epoch, train_set.size(), epoch == first_epoch ? first_sample : 0);
+    const EpochStats s = trainer.train_epoch(train_set, epoch, on_step);
+    const EvalStats e = trainer.evaluate(test_set);
+    last = e;
+    evaluated = true;
+    const double sps = static_cast<double>(s.timed_samples) / s.seconds;
+    progress.clear();
+    if (talk) {
+      fmt::print(
+          "epoch {:>2}/{}  loss {:.4f}  train acc {:6.2f}%  test acc {:6.2f}%  {:.2f} s  {:.0f} "
+          "samples/s\n",
+          epoch, c.epochs, s.loss, 100.0 * s.accuracy, 100.0 * e.accuracy, s.seconds, sps);
+      if (c.profile) {
+        fmt::print("           compute {:.3f} s  communication {:.3f} s  waiting {:.3f} s\n",
+                   s.seconds - s.comm_seconds - s.wait_seconds, s.comm_seconds, s.wait_seconds);
+      }
+      std::fflush(stdout);
+    }
     metrics.add({{"epoch", epoch},
                  {"train_loss", s.loss},
                  {"train_accuracy", s.accuracy},
@@ -170,8 +314,17 @@ int train(const std::string& program, AppConfig& c, const ModelBuilder& build) {
                  {"samples_per_second", sps},
                  {"comm_seconds", s.comm_seconds},
                  {"wait_seconds", s.wait_seconds}});
+    if (c.checkpoint_every > 0 && epoch % c.checkpoint_every == 0) save_checkpoint();
   }
-  if (c.profile && root) print_kernel_times(trainer.kernel_times());
+  if (c.quiet) {
+    if (!evaluated) last = trainer.evaluate(test_set);
+    if (root) {
+      fmt::print("{}: {} epoch(s)  test loss {:.4f}  test acc {:.2f}%\n", program, c.epochs,
+                 last.loss, 100.0 * last.accuracy);
+      std::fflush(stdout);
+    }
+  }
+  if (c.profile && talk) print_kernel_times(trainer.kernel_times());
   if (!c.save.empty() && root) {
     save_safetensors(c.save, model->parameters(), {{"format", "pt"}, {"framework", "minidl"}});
   }
@@ -226,11 +379,34 @@ int run_training_app(int argc, char** argv, const std::string& description, AppC
       ->check(CLI::NonNegativeNumber);
   app.add_option("--test-limit", c.test_limit, "use the first N test samples (0: all)")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--metrics", c.metrics, "write one JSON line per epoch to FILE");
+  app.add_option("--metrics", c.metrics,
+                 "write JSON lines to FILE: {\"config\": {...}} with the run's settings, then "
+                 "one record per epoch");
   app.add_option("--save", c.save, "save the trained parameters to FILE.safetensors");
-  app.add_option("--init", c.init, "start from the parameters in FILE.safetensors");
+  CLI::Option* init =
+      app.add_option("--init", c.init, "start from the parameters in FILE.safetensors");
   app.add_option("--dump-graph", c.dump_graph, "write the training graph to FILE (.dot or .txt)");
   app.add_flag("--no-shuffle", c.no_shuffle, "keep the data in file order every epoch");
+  app.add_flag("--quiet", c.quiet,
+               "print nothing but errors and one final line (test loss and accuracy)");
+  CLI::Option* ckpt_dir = app.add_option(
+      "--checkpoint-dir", c.checkpoint_dir,
+      "write checkpoints (parameters, optimizer state, position) to DIR, every epoch unless "
+      "--checkpoint-every or --checkpoint-every-steps says otherwise");
+  app.add_option("--checkpoint-every", c.checkpoint_every, "checkpoint every N epochs")
+      ->check(CLI::Range(1, 100000))
+      ->needs(ckpt_dir);
+  app.add_option("--checkpoint-every-steps", c.checkpoint_every_steps,
+                 "checkpoint every N training steps")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40))
+      ->needs(ckpt_dir);
+  app.add_option("--checkpoint-keep", c.checkpoint_keep, "keep the newest K checkpoints")
+      ->check(CLI::Range(1, 1000000))
+      ->needs(ckpt_dir)
+      ->capture_default_str();
+  app.add_option("--resume", c.resume,
+                 "continue from a checkpoint FILE, or from the newest checkpoint in a directory")
+      ->excludes(init);
   app.add_option("--thread-mode", c.thread_mode,
                  "use of each rank's threads: data-parallel replicas or parallel kernels")
       ->check(CLI::IsMember({"replicas", "intra-op"}))

@@ -49,6 +49,18 @@ struct AppConfig {
   std::string init;
   std::string dump_graph;
   bool no_shuffle = false;
+  // --quiet: nothing on stdout but one final line (test loss and accuracy after the last
+  // epoch); errors still go to stderr. No header, per-epoch lines, bar, notes or profile.
+  bool quiet = false;
+  // Checkpoints (checkpoint.hpp): written by rank 0 to checkpoint_dir every checkpoint_every
+  // epochs and/or every checkpoint_every_steps training steps (a directory alone: every
+  // epoch), keeping the newest checkpoint_keep. resume: a checkpoint file, or a directory
+  // meaning its newest checkpoint, to continue from.
+  std::string checkpoint_dir;
+  int checkpoint_every = 0;
+  std::int64_t checkpoint_every_steps = 0;
+  int checkpoint_keep = 3;
+  std::string resume;
 
   /// The parsed --hidden list (empty for softmax regression).
   std::vector<std::int64_t> hidden_sizes() const;
@@ -58,6 +70,14 @@ using ModelBuilder = std::function<std::unique_ptr<nn::Module>(const AppConfig&,
 
 /// Parses flags over the defaults in config, trains, and returns the process exit code. Every
 /// error (bad flag, missing data, corrupt file) is one line on stderr and a non-zero exit.
+///
+/// Output of rank 0: a header line, one line per epoch and, when stdout is a terminal, a live
+/// progress bar (progress.hpp); --quiet prints one final line instead. --metrics FILE writes
+/// JSON lines: first {"config": {...}} with the run's settings, then one record per epoch.
+///
+/// Testing hook: the environment variable MINIDL_TEST_KILL_AFTER_STEP=G makes every rank kill
+/// itself (SIGKILL) right after training step G (counted from the start of training, the
+/// checkpoint of that step written), so tests can interrupt a run at a known point.
 int run_training_app(int argc, char** argv, const std::string& description, AppConfig config,
                      const ModelBuilder& build);
 

@@ -1,5 +1,7 @@
 #include "minidl/frontend/optim.hpp"
 
+#include <algorithm>
+
 #include "minidl/ops/ops.hpp"
 
 namespace minidl::optim {
@@ -39,6 +41,16 @@ void Sgd::apply(ir::Graph& g, const std::vector<ir::Value*>& params,
                           name + ".sgd");
     }
     update->annotations().set("phase", std::string("update"));
+  }
+}
+
+void Sgd::init_state(const NamedTensors& params) {
+  if (options_.momentum == 0.0) return;
+  for (const auto& [name, t] : params) {
+    const std::string key = name + ".momentum_buffer";
+    auto it = std::find_if(velocity_.begin(), velocity_.end(),
+                           [&](const auto& v) { return v.first == key; });
+    if (it == velocity_.end()) velocity_.emplace_back(key, Tensor::zeros(t.shape(), t.dtype()));
   }
 }
 

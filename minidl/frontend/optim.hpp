@@ -24,7 +24,12 @@ class Sgd {
   void apply(ir::Graph& g, const std::vector<ir::Value*>& params,
              const std::vector<ir::Value*>& grads);
   const SgdOptions& options() const { return options_; }
-  /// Optimizer state, named "<param>.momentum_buffer".
+  /// Creates the state of every parameter (zero momentum buffers; nothing without momentum)
+  /// before any graph is built, so a checkpoint can be loaded into it. apply() uses these
+  /// buffers; it creates a missing one itself.
+  void init_state(const NamedTensors& params);
+  /// Optimizer state, named "<param>.momentum_buffer", in parameter order. The tensors share
+  /// the optimizer's storage: copying into them sets the state (checkpoint::load).
   NamedTensors state() const;
 
  private:

@@ -1,5 +1,6 @@
 #include "minidl/frontend/safetensors.hpp"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -128,6 +129,14 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
   fs::rename(tmp.path, path, ec);
   if (ec) MINIDL_FAIL("cannot write ", file, ": renaming '", tmp.path, "' failed: ", ec.message());
   tmp.keep = true;
+  // The rename lasts through a crash only once the directory is on disk too (best effort: not
+  // every file system lets a directory be synced).
+  const fs::path parent = fs::path(path).parent_path();
+  if (const int dir = ::open(parent.empty() ? "." : parent.c_str(), O_RDONLY | O_DIRECTORY);
+      dir >= 0) {
+    (void)::fsync(dir);
+    ::close(dir);
+  }
 }
 
 SafetensorsFile load_safetensors(const std::string& path) {

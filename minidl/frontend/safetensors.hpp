@@ -14,8 +14,9 @@ namespace minidl {
 
 /// Writes the .safetensors format (8-byte little-endian header length, JSON header with
 /// dtype/shape/data_offsets per tensor and optional "__metadata__" string map, then data, each
-/// tensor's bytes in the given order). Writes to "<path>.tmp" then renames, so no half-written
-/// file is ever left at path; removes the temp file on failure.
+/// tensor's bytes in the given order). Writes to "<path>.tmp" (same directory), fsyncs it,
+/// renames it over path and fsyncs the directory, so no half-written file is ever left at path;
+/// removes the temp file on failure.
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 

@@ -43,6 +43,8 @@ Trainer::Trainer(nn::Module& model, optim::Sgd& optimizer, TrainerOptions option
   MINIDL_CHECK(options.replicas >= 1, "thread replicas must be at least 1, got ", options.replicas);
   MINIDL_CHECK(options.eval_batch_size >= 1, "evaluation batch size must be at least 1, got ",
                options.eval_batch_size);
+  // The optimizer's state exists before any graph is built, so a checkpoint can fill it.
+  optimizer_.init_state(model_.parameters());
 }
 
 Trainer::~Trainer() = default;
@@ -210,8 +212,10 @@ void Trainer::check_ranks_agree(const Dataset& d, const Shape& sample) {
   preflight_done_ = true;
 }
 
-EpochStats Trainer::train_epoch(const Dataset& d, int epoch) {
+EpochStats Trainer::train_epoch(const Dataset& d, int epoch, const StepCallback& on_step) {
   MINIDL_CHECK(d.size() > 0, "training set '", d.name, "' is empty");
+  MINIDL_CHECK(!resume_ || resume_->epoch == epoch, "the trainer resumes in epoch ",
+               resume_ ? resume_->epoch : 0, ", but was asked to train epoch ", epoch);
   const Shape sample = sample_shape(d);
   check_ranks_agree(d, sample);
   const auto t0 = std::chrono::steady_clock::now();
@@ -225,8 +229,21 @@ EpochStats Trainer::train_epoch(const Dataset& d, int epoch) {
   EpochStats s;
   s.epoch = epoch;
   Sums sums;
-  std::int64_t samples = 0;
-  for (std::int64_t start = 0; start < d.size(); start += options_.batch_size) {
+  TrainerPosition& pos = position_;
+  pos = TrainerPosition{.epoch = epoch, .step = steps_};
+  if (resume_) {
+    // The saved sums are over all ranks: rank 0 carries them, so the reduction below counts
+    // them once.
+    pos = *resume_;
+    if (comm_.rank() != 0) pos.loss_sum = pos.correct = 0.0;
+    sums.loss = pos.loss_sum;
+    sums.correct = pos.correct;
+    resume_.reset();
+  }
+  const std::int64_t resumed_samples = pos.samples;
+  double run_loss = 0.0;
+  std::int64_t run_samples = 0;
+  for (std::int64_t start = pos.next_sample; start < d.size(); start += options_.batch_size) {
     const std::int64_t n = std::min(options_.batch_size, d.size() - start);
     // A last batch smaller than the number of ranks would leave a rank without samples: every
     // rank skips it (each knows n and the rank count), so no rank waits for another.
@@ -240,19 +257,60 @@ EpochStats Trainer::train_epoch(const Dataset& d, int epoch) {
       p.rng_key.data<std::int64_t>()[1] = begin - start;
     }
     ++steps_;
+    const double before = sums.loss;
     step(p, d, order.data() + begin, end - begin, sums);
-    samples += n;
+    run_loss += sums.loss - before;
+    run_samples += end - begin;
+    pos.epoch_step += 1;
+    pos.next_sample = start + n;
+    pos.step = steps_;
+    pos.samples += n;
+    pos.loss_sum = sums.loss;
+    pos.correct = sums.correct;
+    if (on_step) {
+      on_step(StepInfo{
+          .epoch = epoch,
+          .epoch_step = pos.epoch_step,
+          .position = pos.next_sample,
+          .epoch_size = d.size(),
+          .step = steps_,
+          .running_loss = run_samples ? run_loss / static_cast<double>(run_samples) : 0.0});
+    }
   }
+  const std::int64_t samples = pos.samples;
+  position_ = TrainerPosition{.epoch = epoch + 1, .step = steps_};
   sums.reduce(comm_);
   const auto [comm, wait] = comm_wait_seconds();
   s.comm_seconds = comm - comm_wait_.first;
   s.wait_seconds = wait - comm_wait_.second;
   comm_wait_ = {comm, wait};
   s.samples = samples;
+  s.timed_samples = samples - resumed_samples;
   s.loss = sums.loss / static_cast<double>(samples);
   s.accuracy = sums.correct / static_cast<double>(samples);
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return s;
+}
+
+TrainerPosition Trainer::position() {
+  TrainerPosition p = position_;
+  double v[2] = {p.loss_sum, p.correct};
+  comm_.allreduce_sum(v, 2);
+  p.loss_sum = v[0];
+  p.correct = v[1];
+  return p;
+}
+
+void Trainer::resume(const TrainerPosition& p) {
+  MINIDL_CHECK(
+      p.epoch >= 1 && p.epoch_step >= 0 && p.next_sample >= 0 && p.step >= 0 && p.samples >= 0,
+      "cannot resume at an invalid position: epoch ", p.epoch, " (expected >= 1), step ",
+      p.epoch_step, " of the epoch, sample ", p.next_sample, ", step ", p.step, " of training, ",
+      p.samples, " samples (expected >= 0)");
+  steps_ = p.step;
+  position_ = p;
+  if (comm_.rank() != 0) position_.loss_sum = position_.correct = 0.0;
+  resume_ = p;
 }
 
 std::pair<double, double> Trainer::comm_wait_seconds() const {

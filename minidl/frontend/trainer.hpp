@@ -4,8 +4,10 @@
 // data-parallel pass reduces the gradients, and the statistics are summed over ranks.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 
 #include "minidl/frontend/datasets.hpp"
 #include "minidl/frontend/nn.hpp"
@@ -40,6 +42,9 @@ struct EpochStats {
   double accuracy = 0.0;  // fraction of the epoch's samples classified right (before each update)
   std::int64_t samples = 0;
   double seconds = 0.0;  // wall time of the training steps, data gathering included
+  // The samples trained in this call, which `seconds` covers: fewer than `samples` when the
+  // epoch was resumed from a checkpoint taken in its middle.
+  std::int64_t timed_samples = 0;
   // With CompileOptions::profile: the part of `seconds` spent in collective kernels (start,
   // blocking reductions, broadcasts) and in waiting for non-blocking ones to finish.
   double comm_seconds = 0.0;
@@ -52,13 +57,40 @@ struct EvalStats {
   std::int64_t samples = 0;
 };
 
+/// Where training stands between two steps: what a checkpoint records and Trainer::resume
+/// restores, so that training goes on exactly as if it had not stopped.
+struct TrainerPosition {
+  int epoch = 1;                 // the epoch in progress, or the next one when epoch_step is 0
+  std::int64_t epoch_step = 0;   // steps done in that epoch
+  std::int64_t next_sample = 0;  // place in the epoch's sample order of the next batch's start
+  std::int64_t step = 0;         // training steps since training began (dropout's key)
+  // The epoch's statistics so far, summed over the ranks (for its summary).
+  double loss_sum = 0.0;
+  double correct = 0.0;
+  std::int64_t samples = 0;
+};
+
+/// What the trainer tells every rank after each training step.
+struct StepInfo {
+  int epoch = 0;
+  std::int64_t epoch_step = 0;  // steps done in this epoch, this one included
+  std::int64_t position = 0;    // samples of the epoch's order done, over all ranks
+  std::int64_t epoch_size = 0;  // samples in the epoch
+  std::int64_t step = 0;        // training steps done since training began
+  // Mean loss over this rank's samples of the epoch trained in this call so far: read back
+  // every step anyway, so reporting it costs nothing.
+  double running_loss = 0.0;
+};
+using StepCallback = std::function<void(const StepInfo&)>;
+
 class Trainer {
  public:
   Trainer(nn::Module& model, optim::Sgd& optimizer, TrainerOptions options);
   ~Trainer();
 
-  /// One pass over d in the order fixed by (seed, epoch).
-  EpochStats train_epoch(const Dataset& d, int epoch);
+  /// One pass over d in the order fixed by (seed, epoch); after resume() to a position inside
+  /// this epoch, the rest of that pass. on_step runs after every step on every rank.
+  EpochStats train_epoch(const Dataset& d, int epoch, const StepCallback& on_step = {});
   /// Loss and accuracy over all of d; parameters are not changed.
   EvalStats evaluate(const Dataset& d);
 
@@ -74,6 +106,13 @@ class Trainer {
     double seconds = 0.0;
   };
   std::vector<KernelTime> kernel_times() const;
+
+  /// The current position (between steps or epochs), its statistics summed over the ranks: a
+  /// collective, every rank must call it at the same point.
+  TrainerPosition position();
+  /// Continues from p (a position() of a run with the same data, batch size, seed and rank
+  /// count): the next train_epoch must be for p.epoch and starts at p.next_sample.
+  void resume(const TrainerPosition& p);
 
   /// This rank's share [begin, end) of a global batch of n samples starting at start.
   std::pair<std::int64_t, std::int64_t> share(std::int64_t start, std::int64_t n) const;
@@ -98,7 +137,9 @@ class Trainer {
 
   bool preflight_done_ = false;
   std::pair<double, double> comm_wait_ = {0.0, 0.0};  // at the end of the previous epoch
-  std::int64_t steps_ = 0;  // training steps since the trainer started: dropout's key step
+  std::int64_t steps_ = 0;    // training steps since training began: dropout's key step
+  TrainerPosition position_;  // the statistics of which are this rank's own
+  std::optional<TrainerPosition> resume_;  // where the next train_epoch starts
   std::map<std::tuple<bool, std::int64_t, std::int64_t, std::vector<std::int64_t>>,
            std::unique_ptr<Program>>
       programs_;

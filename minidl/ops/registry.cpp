@@ -1,5 +1,6 @@
 #include "minidl/ops/registry.hpp"
 
+#include <algorithm>
 #include <mutex>
 #include <span>
 
@@ -44,7 +45,15 @@ const ir::OpDef& op(std::string_view name) {
 
 void register_op(const ir::OpDef& def) {
   MINIDL_CHECK(find_op(def.name()) == nullptr, "op '", def.name(), "' is already registered");
-  MINIDL_CHECK(def.infer_fn() != nullptr, "op '", def.name(), "' has no shape rule");
+  MINIDL_CHECK(def.infer_fn() != nullptr, "op '", def.name(), "' has no shape rule (.infer)");
+  // Sources (inputs, parameters) and aliases (reshape) run no kernel.
+  MINIDL_CHECK(
+      def.is_source() || def.is_alias() ||
+          std::any_of(def.kernels().begin(), def.kernels().end(),
+                      [](const ir::KernelDef& k) { return k.backend == ir::Backend::Native; }),
+      "op '", def.name(), "' has no native kernel (.kernel(ir::Backend::Native, ...))");
+  MINIDL_CHECK(def.has_grad_rule(), "op '", def.name(),
+               "' has no gradient rule (.grad(...), or .no_grad(\"why\"))");
   std::lock_guard lock(extra_mutex());
   extra_ops().push_back(&def);
 }

@@ -17,7 +17,12 @@ const ir::OpDef& op(std::string_view name);
 const ir::OpDef* find_op(std::string_view name);
 /// Every op: the generated table first, then those added with register_op.
 std::vector<const ir::OpDef*> all_ops();
-/// Adds an op defined outside ops/ (a custom layer in an application). def must outlive its use.
+/// Adds an op defined outside ops/ (a custom layer in an application, see
+/// docs/adding-a-layer.md): define it with MINIDL_OP in any namespace, then register it (and its
+/// backward op) before the first graph uses it. def must outlive its use, as a MINIDL_OP object
+/// does. Fails when the name is taken, or the op lacks a shape rule, a native kernel (every op
+/// but sources and aliases has one: the fallback of every backend) or a gradient rule (.grad, or
+/// .no_grad("why")).
 void register_op(const ir::OpDef& def);
 
 /// Adds a node of op `name` to the inputs' graph and returns it.
@@ -29,7 +34,9 @@ ir::Value* apply(std::string_view name, std::vector<ir::Value*> inputs, ir::Attr
 
 }  // namespace minidl::ops
 
-/// Declares op `name` in namespace minidl::ops: MINIDL_OP(relu).inputs({"x"}).infer(...)...;
+/// Defines op `name` as the object op_<name> in the enclosing namespace:
+/// MINIDL_OP(relu).inputs({"x"}).infer(...)...; Under ops/ that is minidl::ops, and the line
+/// enters the generated op table; elsewhere, pass op_<name> to register_op.
 #define MINIDL_OP(name)                       \
   extern const ::minidl::ir::OpDef op_##name; \
   const ::minidl::ir::OpDef op_##name = ::minidl::ir::OpDef(#name)
