@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string_view>
 
 namespace minidl {
 
@@ -22,7 +24,14 @@ int terminal_width(std::FILE* out) {
 
 ProgressMode progress_mode(std::FILE* out, bool quiet) {
   if (quiet) return ProgressMode::Quiet;
-  return ::isatty(::fileno(out)) ? ProgressMode::Live : ProgressMode::Lines;
+  // mpirun hands its ranks a pseudo-terminal whatever its own output is, so under a launcher a
+  // terminal says nothing: plain lines there, unless MINIDL_PROGRESS=live asks for the bar.
+  const char* forced = std::getenv("MINIDL_PROGRESS");
+  if (forced != nullptr && std::string_view(forced) == "live") return ProgressMode::Live;
+  if (forced != nullptr && std::string_view(forced) == "lines") return ProgressMode::Lines;
+  const bool launched =
+      std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_RANK") != nullptr;
+  return !launched && ::isatty(::fileno(out)) ? ProgressMode::Live : ProgressMode::Lines;
 }
 
 std::string format_duration(double seconds) {

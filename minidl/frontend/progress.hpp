@@ -17,7 +17,8 @@ enum class ProgressMode {
   Live,   // a live bar on a terminal, besides the per-epoch lines
 };
 
-/// Quiet when quiet, Live when out is a terminal, else Lines.
+/// Quiet when quiet; Live when out is a terminal and the process was not started by mpirun (whose
+/// ranks always see a terminal); else Lines. MINIDL_PROGRESS=live|lines overrides the choice.
 ProgressMode progress_mode(std::FILE* out, bool quiet);
 
 /// What one drawing of the bar shows.
