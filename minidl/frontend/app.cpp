@@ -8,11 +8,13 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <numeric>
 
 #include "minidl/core/threading.hpp"
 #include "minidl/frontend/checkpoint.hpp"
 #include "minidl/frontend/progress.hpp"
 #include "minidl/frontend/safetensors.hpp"
+#include "minidl/frontend/trace.hpp"
 #include "minidl/frontend/trainer.hpp"
 #include "minidl/ir/printer.hpp"
 #include "minidl/parallel/communicator.hpp"
@@ -82,19 +84,59 @@ std::vector<std::string> backends() {
   return b;
 }
 
-/// The --profile table: rank 0's kernel time per node over all training epochs.
-void print_kernel_times(const std::vector<Trainer::KernelTime>& rows) {
+/// The --profile table: kernel time per node over all training steps, largest first. With
+/// several ranks, the time is rank 0's and min/max give the spread over the ranks (every rank
+/// runs the same nodes: preflight checked the graphs). Collective.
+void print_kernel_times(parallel::Communicator& comm, std::vector<Trainer::KernelTime> rows,
+                        bool print) {
+  const int ranks = comm.size();
+  std::vector<double> all;
+  std::int64_t count = static_cast<std::int64_t>(rows.size()), min_count = count;
+  if (ranks > 1) {
+    std::vector<std::int64_t> counts(static_cast<std::size_t>(ranks));
+    comm.allgather(&count, counts.data(), sizeof(count));
+    min_count = *std::min_element(counts.begin(), counts.end());
+    if (min_count == *std::max_element(counts.begin(), counts.end())) {
+      std::vector<double> mine;
+      for (const auto& r : rows) mine.push_back(r.seconds);
+      all.resize(mine.size() * static_cast<std::size_t>(ranks));
+      comm.allgather(mine.data(), all.data(),
+                     static_cast<std::int64_t>(mine.size() * sizeof(double)));
+    }
+  }
+  if (!print) return;
+  const bool spread = !all.empty();
+  std::vector<std::pair<double, double>> range(rows.size());
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    range[i] = {rows[i].seconds, rows[i].seconds};
+    for (int r = 0; spread && r < ranks; ++r) {
+      const double t = all[static_cast<std::size_t>(r) * rows.size() + i];
+      range[i] = {std::min(range[i].first, t), std::max(range[i].second, t)};
+    }
+  }
+  std::vector<std::size_t> order(rows.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return rows[a].seconds > rows[b].seconds; });
   double total = 0.0;
   for (const auto& r : rows) total += r.seconds;
-  fmt::print("\nkernel time per node (rank 0, training steps, {:.3f} s in kernels):\n", total);
-  fmt::print("{:>9} {:>6} {:>10} {:>10}  {:<22} {:<20} {}\n", "total ms", "share", "calls",
-             "us/call", "op", "kernel", "node");
-  for (const auto& r : rows) {
-    fmt::print("{:>9.1f} {:>5.1f}% {:>10} {:>10.1f}  {:<22} {:<20} {}\n", 1e3 * r.seconds,
-               total > 0 ? 100.0 * r.seconds / total : 0.0, r.calls,
-               r.calls ? 1e6 * r.seconds / static_cast<double>(r.calls) : 0.0, r.op, r.kernel,
-               r.node);
+  fmt::print("\nkernel time per node (training steps, {:.3f} s in kernels on rank 0{}):\n", total,
+             spread ? fmt::format("; min/max over {} ranks", ranks) : std::string());
+  fmt::print("{:>9} {:>6} {:>19} {:>8} {:>9} {:>8}  {:<22} {:<10} {}\n", "total ms", "share",
+             spread ? "min/max ms" : "", "calls", "us/call", "GFLOP/s", "op", "kernel", "node");
+  for (std::size_t i : order) {
+    const auto& r = rows[i];
+    const std::string minmax =
+        spread ? fmt::format("{:.1f}/{:.1f}", 1e3 * range[i].first, 1e3 * range[i].second) : "";
+    const std::string gflops =
+        r.flops > 0 && r.seconds > 0 ? fmt::format("{:.1f}", r.flops / r.seconds * 1e-9) : "";
+    fmt::print("{:>9.1f} {:>5.1f}% {:>19} {:>8} {:>9.1f} {:>8}  {:<22} {:<10} {}\n",
+               1e3 * r.seconds, total > 0 ? 100.0 * r.seconds / total : 0.0, minmax, r.calls,
+               r.calls ? 1e6 * r.seconds / static_cast<double>(r.calls) : 0.0, gflops, r.op,
+               r.kernel, r.node);
   }
+  if (ranks > 1 && !spread)
+    fmt::print("(ranks ran different numbers of nodes: the times are rank 0's alone)\n");
 }
 
 /// The settings a checkpoint records and a resuming run is checked against.
@@ -165,6 +207,7 @@ int train(const std::string& program, AppConfig& c, const ModelBuilder& build) {
   topt.shuffle = !c.no_shuffle;
   topt.compile.backend = c.backend == "onednn" ? ir::Backend::OneDnn : ir::Backend::Native;
   topt.compile.profile = c.profile;
+  topt.compile.trace = !c.trace.empty();
   topt.fuse = !c.no_fuse;
   topt.replicas = c.thread_mode == "replicas" ? max_threads() : 1;
   topt.reduce_strategy = parallel::parse_reduce_strategy(c.reduce);
@@ -324,7 +367,11 @@ int train(const std::string& program, AppConfig& c, const ModelBuilder& build) {
       std::fflush(stdout);
     }
   }
-  if (c.profile && talk) print_kernel_times(trainer.kernel_times());
+  if (c.profile) print_kernel_times(comm, trainer.kernel_times(), talk);
+  if (!c.trace.empty()) {
+    const std::size_t events = write_chrome_trace(c.trace, comm, trainer.trace_spans());
+    if (talk) fmt::print("{}: wrote {} ({} kernel calls)\n", program, c.trace, events);
+  }
   if (!c.save.empty() && root) {
     save_safetensors(c.save, model->parameters(), {{"format", "pt"}, {"framework", "minidl"}});
   }
@@ -426,7 +473,11 @@ int run_training_app(int argc, char** argv, const std::string& description, AppC
       ->check(CLI::Range(1, 16))
       ->capture_default_str();
   app.add_flag("--profile", c.profile,
-               "time every kernel: per-epoch compute/communication/waiting split");
+               "time every kernel: per-epoch compute/communication/waiting split and a per-node "
+               "table at the end");
+  app.add_option("--trace", c.trace,
+                 "write every kernel call of the training steps to FILE.json (Chrome trace: "
+                 "Perfetto, chrome://tracing), one track per rank and thread");
   // Flags are the same on every rank, so only rank 0 reports their errors. Other errors may be
   // one rank's own: each rank reports its error and the job ends at once, so no rank waits
   // for a collective that will never come.

@@ -48,6 +48,7 @@ struct AppConfig {
   std::string save;
   std::string init;
   std::string dump_graph;
+  std::string trace;  // Chrome trace of every kernel call of the job (rank 0 writes it)
   bool no_shuffle = false;
   // --quiet: nothing on stdout but one final line (test loss and accuracy after the last
   // epoch); errors still go to stderr. No header, per-epoch lines, bar, notes or profile.

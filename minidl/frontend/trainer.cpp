@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 #include <numeric>
+#include <unordered_map>
 
 #include "minidl/autograd/autograd.hpp"
 #include "minidl/core/rng.hpp"
@@ -337,13 +338,37 @@ std::vector<Trainer::KernelTime> Trainer::kernel_times() const {
       t.kernel = k.kernel;
       t.calls += k.calls;
       t.seconds += k.seconds;
+      t.flops += static_cast<double>(k.flops) * static_cast<double>(k.calls);
     }
   }
   std::vector<KernelTime> rows;
   for (auto& [name, t] : by_name) rows.push_back(std::move(t));
-  std::stable_sort(rows.begin(), rows.end(),
-                   [](const KernelTime& a, const KernelTime& b) { return a.seconds > b.seconds; });
   return rows;
+}
+
+namespace {
+std::string category(const ir::Node& n) {
+  const ir::AttrValue* phase = n.annotations().find("phase");
+  const std::string p = phase ? std::get<std::string>(*phase) : std::string();
+  if (p == "communication") return n.op().ends_with("_wait") ? "wait" : "communication";
+  if (p == "update") return "update";
+  return "compute";
+}
+}  // namespace
+
+std::vector<TraceSpan> Trainer::trace_spans() const {
+  std::vector<TraceSpan> spans;
+  for (const auto& [key, p] : programs_) {
+    if (!std::get<0>(key)) continue;
+    std::unordered_map<const ir::Node*, const runtime::KernelProfile*> profile;
+    for (const runtime::KernelProfile& k : p->exe->profile()) profile[k.node] = &k;
+    for (const runtime::TraceEvent& e : p->exe->trace()) {
+      const runtime::KernelProfile* k = profile.at(e.node);
+      spans.push_back({e.node->name(), category(*e.node), e.node->op(), k->kernel, e.thread,
+                       e.begin_us, e.duration_us, static_cast<double>(k->flops)});
+    }
+  }
+  return spans;
 }
 
 EvalStats Trainer::evaluate(const Dataset& d) {

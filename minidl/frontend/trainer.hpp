@@ -12,6 +12,7 @@
 #include "minidl/frontend/datasets.hpp"
 #include "minidl/frontend/nn.hpp"
 #include "minidl/frontend/optim.hpp"
+#include "minidl/frontend/trace.hpp"
 #include "minidl/parallel/communicator.hpp"
 #include "minidl/parallel/data_parallel.hpp"
 #include "minidl/runtime/executable.hpp"
@@ -97,15 +98,18 @@ class Trainer {
   /// This rank's training graph for a full batch of samples of shape `sample`.
   const ir::Graph& training_graph(const Shape& sample);
 
-  /// Kernel time of every training program so far, summed per node name over programs (and
-  /// over thread replicas: their copies share the name), largest first. Empty unless
-  /// CompileOptions::profile.
+  /// Kernel time of every training program so far, summed per node name over the programs,
+  /// sorted by node name. Empty unless CompileOptions::profile.
   struct KernelTime {
     std::string node, op, kernel;
     std::int64_t calls = 0;
     double seconds = 0.0;
+    double flops = 0.0;  // over all calls (0: the op has no count)
   };
   std::vector<KernelTime> kernel_times() const;
+  /// Every recorded kernel call of the training programs (CompileOptions::trace), with its
+  /// category: communication, wait (for a non-blocking reduction), update or compute.
+  std::vector<TraceSpan> trace_spans() const;
 
   /// The current position (between steps or epochs), its statistics summed over the ranks: a
   /// collective, every rank must call it at the same point.
