@@ -9,6 +9,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <string_view>
+#include <thread>
 
 #include "minidl/core/threading.hpp"
 #include "minidl/frontend/checkpoint.hpp"
@@ -139,6 +141,23 @@ void print_kernel_times(parallel::Communicator& comm, std::vector<Trainer::Kerne
     fmt::print("(ranks ran different numbers of nodes: the times are rank 0's alone)\n");
 }
 
+/// More OpenMP threads on this machine than cores, with threads that spin when idle (OpenMP's
+/// default), make every parallel region wait for preempted threads: say how to avoid it.
+void warn_if_spinning_oversubscribed(const std::string& program) {
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  const int ranks = local != nullptr ? std::max(1, std::atoi(local)) : 1;
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  const char* policy = std::getenv("OMP_WAIT_POLICY");
+  const bool passive = policy != nullptr && std::string_view(policy) == "passive";
+  if (cores > 0 && ranks * max_threads() > cores && !passive) {
+    fmt::print(stderr,
+               "{}: note: {} rank(s) x {} thread(s) on {} cores: set OMP_WAIT_POLICY=passive "
+               "(mpirun -x OMP_WAIT_POLICY=passive), or idle threads spin on the cores the others "
+               "need\n",
+               program, ranks, max_threads(), cores);
+  }
+}
+
 /// The settings a checkpoint records and a resuming run is checked against.
 std::vector<checkpoint::Setting> run_settings(const AppConfig& c, const nn::Module& model,
                                               const Dataset& train_set, int ranks) {
@@ -218,6 +237,7 @@ int train(const std::string& program, AppConfig& c, const ModelBuilder& build) {
     ir::write_graph(trainer.training_graph(sample), c.dump_graph);
   }
   const bool talk = root && !c.quiet;  // headers, per-epoch lines, notes
+  if (talk) warn_if_spinning_oversubscribed(program);
   const std::int64_t kill_after = kill_after_step();
   if (!c.checkpoint_dir.empty() && c.checkpoint_every == 0 && c.checkpoint_every_steps == 0)
     c.checkpoint_every = 1;
