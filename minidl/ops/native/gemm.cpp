@@ -640,23 +640,40 @@ void gemm_block(const Kernels& kn, const GemmArgs& g, int64_t i0, int64_t m, int
 
 /// The 16 horizontal sums of v[0..15] as one vector (lane j: the sum of v[j]'s lanes): pairs are
 /// interleaved and added, halving the vectors at each of four levels.
+// The masked forms with every lane selected: GCC 12's plain forms of these start from an
+// undefined vector and trip -Wmaybe-uninitialized.
+MINIDL_TARGET_AVX512 inline __m512 unpack_lo(__m512 a, __m512 b) {
+  return _mm512_mask_unpacklo_ps(_mm512_setzero_ps(), 0xffff, a, b);
+}
+MINIDL_TARGET_AVX512 inline __m512 unpack_hi(__m512 a, __m512 b) {
+  return _mm512_mask_unpackhi_ps(_mm512_setzero_ps(), 0xffff, a, b);
+}
+template <int kImm>
+MINIDL_TARGET_AVX512 inline __m512 shuffle_in_lanes(__m512 a, __m512 b) {
+  return _mm512_mask_shuffle_ps(_mm512_setzero_ps(), 0xffff, a, b, kImm);
+}
+template <int kImm>
+MINIDL_TARGET_AVX512 inline __m512 shuffle_lanes(__m512 a, __m512 b) {
+  return _mm512_mask_shuffle_f32x4(_mm512_setzero_ps(), 0xffff, a, b, kImm);
+}
+
 MINIDL_TARGET_AVX512 inline __m512 transpose_sum16(const __m512 (&v)[16]) {
   __m512 w[4];
 #pragma GCC unroll 4
   for (int g = 0; g < 4; ++g) {
     // Within each 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3], then [a, b, c, d] lane sums.
     const __m512 a = v[4 * g], b = v[4 * g + 1], c = v[4 * g + 2], d = v[4 * g + 3];
-    const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
-    const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
-    w[g] = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
-                         _mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512 ab = _mm512_add_ps(unpack_lo(a, b), unpack_hi(a, b));
+    const __m512 cd = _mm512_add_ps(unpack_lo(c, d), unpack_hi(c, d));
+    w[g] = _mm512_add_ps(shuffle_in_lanes<_MM_SHUFFLE(1, 0, 1, 0)>(ab, cd),
+                         shuffle_in_lanes<_MM_SHUFFLE(3, 2, 3, 2)>(ab, cd));
   }
   // Across the four 128-bit lanes: lane g of the result is the total of w[g]'s lanes.
   const __m512 z01 =
-      _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], 0x88), _mm512_shuffle_f32x4(w[0], w[1], 0xdd));
+      _mm512_add_ps(shuffle_lanes<0x88>(w[0], w[1]), shuffle_lanes<0xdd>(w[0], w[1]));
   const __m512 z23 =
-      _mm512_add_ps(_mm512_shuffle_f32x4(w[2], w[3], 0x88), _mm512_shuffle_f32x4(w[2], w[3], 0xdd));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(z01, z23, 0x88), _mm512_shuffle_f32x4(z01, z23, 0xdd));
+      _mm512_add_ps(shuffle_lanes<0x88>(w[2], w[3]), shuffle_lanes<0xdd>(w[2], w[3]));
+  return _mm512_add_ps(shuffle_lanes<0x88>(z01, z23), shuffle_lanes<0xdd>(z01, z23));
 }
 
 /// C rows [i0, i1) of a product at most 16 columns wide whose operands are both contiguous along
