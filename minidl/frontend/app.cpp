@@ -12,6 +12,7 @@
 #include <string_view>
 #include <thread>
 
+#include "minidl/core/file.hpp"
 #include "minidl/core/threading.hpp"
 #include "minidl/frontend/checkpoint.hpp"
 #include "minidl/frontend/progress.hpp"
@@ -62,19 +63,7 @@ class MetricsWriter {
   }
 
  private:
-  void flush() {
-    const std::string tmp = path_ + ".tmp";
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f << text_;
-    f.close();
-    if (!f) {
-      std::remove(tmp.c_str());
-      MINIDL_FAIL("--metrics: cannot write '", path_, "'");
-    }
-    std::error_code ec;
-    std::filesystem::rename(tmp, path_, ec);
-    MINIDL_CHECK(!ec, "--metrics: cannot write '", path_, "': ", ec.message());
-  }
+  void flush() { write_file_atomically(path_, text_, "--metrics"); }
   std::string path_;
   std::string text_;
 };

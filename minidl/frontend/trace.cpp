@@ -1,14 +1,12 @@
 #include "minidl/frontend/trace.hpp"
 
 #include <algorithm>
-#include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "minidl/core/error.hpp"
+#include "minidl/core/file.hpp"
 
 namespace minidl {
 namespace {
@@ -83,22 +81,8 @@ std::size_t write_chrome_trace(const std::string& path, parallel::Communicator& 
     comm.recv(text.data(), static_cast<std::int64_t>(text.size()), r, kTraceTag);
     body += ",\n" + text;
   }
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f << "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n" << body << "\n]}\n";
-    f.close();
-    if (!f) {
-      std::remove(tmp.c_str());
-      MINIDL_FAIL("--trace: cannot write '", path, "'");
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::remove(tmp.c_str());
-    MINIDL_FAIL("--trace: cannot write '", path, "': ", ec.message());
-  }
+  write_file_atomically(
+      path, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n" + body + "\n]}\n", "--trace");
   std::size_t total = 0;
   for (std::int64_t c : counts) total += static_cast<std::size_t>(c);
   return total;

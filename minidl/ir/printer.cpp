@@ -1,8 +1,6 @@
 #include "minidl/ir/printer.hpp"
 
-#include <cstdio>
-#include <filesystem>
-#include <fstream>
+#include "minidl/core/file.hpp"
 
 namespace minidl::ir {
 
@@ -84,23 +82,7 @@ std::string to_dot(const Graph& g) {
 void write_graph(const Graph& g, const std::string& path) {
   const bool dot = path.size() >= 4 && path.compare(path.size() - 4, 4, ".dot") == 0;
   const std::string text = dot ? to_dot(g) : to_text(g);
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary);
-    MINIDL_CHECK(f.good(), "cannot write graph dump '", path, "'");
-    f << text;
-    f.close();
-    if (!f) {
-      std::remove(tmp.c_str());
-      MINIDL_FAIL("cannot write graph dump '", path, "'");
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::remove(tmp.c_str());
-    MINIDL_FAIL("cannot write graph dump '", path, "': ", ec.message());
-  }
+  write_file_atomically(path, text, "graph dump");
 }
 
 }  // namespace minidl::ir
