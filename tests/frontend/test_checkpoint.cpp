@@ -15,6 +15,7 @@
 #include "minidl/frontend/progress.hpp"
 #include "minidl/frontend/safetensors.hpp"
 #include "minidl/frontend/trainer.hpp"
+#include "support/error_of.hpp"
 #include "support/synthetic.hpp"
 
 namespace minidl {
@@ -24,16 +25,7 @@ namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected minidl::Error";
-  return {};
-}
+using minidl::testing::error_of;
 
 /// A fresh directory, removed at the end of the test.
 struct TempDir {

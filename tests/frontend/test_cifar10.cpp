@@ -18,6 +18,7 @@
 #include "minidl/core/error.hpp"
 #include "minidl/core/threading.hpp"
 #include "minidl/frontend/datasets.hpp"
+#include "support/error_of.hpp"
 
 namespace minidl {
 namespace {
@@ -60,16 +61,7 @@ Bytes gzip(const Bytes& raw) {
   return out;
 }
 
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected minidl::Error";
-  return {};
-}
+using minidl::testing::error_of;
 
 class Cifar10Test : public ::testing::Test {
  protected:

@@ -18,6 +18,7 @@
 
 #include "minidl/core/error.hpp"
 #include "minidl/frontend/datasets.hpp"
+#include "support/error_of.hpp"
 
 namespace minidl {
 namespace {
@@ -84,16 +85,7 @@ void write_file(const fs::path& p, const Bytes& b) {
   ASSERT_TRUE(f.good()) << p;
 }
 
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected minidl::Error";
-  return {};
-}
+using minidl::testing::error_of;
 
 class DatasetsTest : public ::testing::Test {
  protected:

@@ -18,6 +18,7 @@
 
 #include "minidl/core/error.hpp"
 #include "minidl/frontend/safetensors.hpp"
+#include "support/error_of.hpp"
 
 namespace minidl {
 namespace {
@@ -26,16 +27,7 @@ namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using Bytes = std::vector<std::uint8_t>;
 
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected minidl::Error";
-  return {};
-}
+using minidl::testing::error_of;
 
 Bytes read_bytes(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);
