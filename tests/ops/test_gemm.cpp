@@ -243,7 +243,8 @@ TEST(Gemm, Epilogue) {
     ForceIsa force(isa.c_str());
     SCOPED_TRACE("isa=" + isa);
     // K = 600 spans several K blocks: bias and ReLU must land once, after the last one.
-    for (const Shape3& s : {Shape3{7, 13, 5}, Shape3{33, 65, 17}, Shape3{64, 10, 600}}) {
+    for (const Shape3& s :
+         {Shape3{7, 13, 5}, Shape3{33, 65, 17}, Shape3{64, 10, 600}, Shape3{20, 48, 9}}) {
       for (const bool bias : {false, true}) {
         for (const bool relu : {false, true}) {
           for (const float beta : {0.0f, 1.0f}) {
@@ -292,8 +293,8 @@ TEST(Gemm, ThreadCountDoesNotChangeResult) {
   // Threads split C into disjoint tiles and never split K, so results are bitwise identical.
   // The shapes make the partition split columns (wide C) and rows (tall, narrow C).
   const int saved = omp_get_max_threads();
-  for (const Shape3& s :
-       {Shape3{130, 300, 700}, Shape3{600, 20, 300}, Shape3{64, 256, 128}, Shape3{900, 10, 300}}) {
+  for (const Shape3& s : {Shape3{130, 300, 700}, Shape3{600, 20, 300}, Shape3{64, 256, 128},
+                          Shape3{900, 10, 300}, Shape3{2000, 128, 10}}) {
     for (const bool trans_a : {false, true}) {
       for (const bool trans_b : {false, true}) {
         SCOPED_TRACE(

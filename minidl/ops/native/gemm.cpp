@@ -721,6 +721,46 @@ constexpr std::array<NarrowFn, sizeof...(N)> narrow_table(std::index_sequence<N.
 }
 constexpr auto kNarrow = narrow_table(std::make_index_sequence<16>());
 
+/// C rows [i0, i1) of an untransposed product with a short inner dimension (K <= 16: the input
+/// gradient of a classifier layer, K = classes) and C rows of NV whole vectors: each row is a sum
+/// of K broadcast A elements times B rows, read in place (B is small enough to stay in L1).
+template <int NV>
+MINIDL_TARGET_AVX512 void gemm_short_k_avx512(const GemmArgs& g, int64_t i0, int64_t i1) {
+  for (int64_t i = i0; i < i1; ++i) {
+    const float* a = g.A + i * g.lda;
+    __m512 acc[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) acc[v] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < g.K; ++k) {
+      const __m512 x = _mm512_set1_ps(a[k]);
+      const float* b = g.B + k * g.ldb;
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) acc[v] = _mm512_fmadd_ps(x, _mm512_loadu_ps(b + 16 * v), acc[v]);
+    }
+    float* c = g.C + i * g.ldc;
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) {
+      __m512 y = _mm512_mul_ps(acc[v], _mm512_set1_ps(g.alpha));
+      if (g.beta != 0.0f)
+        y = _mm512_fmadd_ps(_mm512_loadu_ps(c + 16 * v), _mm512_set1_ps(g.beta), y);
+      if (g.bias != nullptr) y = _mm512_add_ps(y, _mm512_loadu_ps(g.bias + 16 * v));
+      if (g.relu)
+        y = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(y, _mm512_setzero_ps(), _CMP_GT_OQ), y);
+      _mm512_storeu_ps(c + 16 * v, y);
+    }
+  }
+}
+
+template <std::size_t... NV>
+constexpr std::array<NarrowFn, sizeof...(NV)> short_k_table(std::index_sequence<NV...>) {
+  return {&gemm_short_k_avx512<static_cast<int>(NV) + 1>...};
+}
+constexpr auto kShortK = short_k_table(std::make_index_sequence<8>());
+
+bool short_k_case(const Kernels& kn, const GemmArgs& g) {
+  return &kn == &kAvx512 && !g.trans_a && !g.trans_b && g.K <= 16 && g.N % 16 == 0 && g.N <= 128;
+}
+
 bool narrow_case(const Kernels& kn, const GemmArgs& g) {
   return &kn == &kAvx512 && !g.trans_a && g.trans_b && g.N <= 16;
 }
@@ -803,6 +843,16 @@ void sgemm_impl(const GemmArgs& g) {
   int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
   const int64_t fma = g.M * g.N * g.K;
   threads = static_cast<int>(std::clamp<int64_t>(fma / kMinFmaPerThread, 1, threads));
+  if (short_k_case(kn, g)) {
+    const NarrowFn short_k = kShortK[static_cast<std::size_t>(g.N / 16 - 1)];
+    if (threads == 1) return short_k(g, 0, g.M);
+#pragma omp parallel num_threads(threads)
+    {
+      const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+      short_k(g, g.M * t / nt, g.M * (t + 1) / nt);
+    }
+    return;
+  }
   if (narrow_case(kn, g)) {
     // Rows of C split over the threads; each element's sum is the same whoever computes it.
     const NarrowFn narrow = kNarrow[static_cast<std::size_t>(g.N - 1)];
