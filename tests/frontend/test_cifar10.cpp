@@ -19,6 +19,7 @@
 #include "minidl/core/threading.hpp"
 #include "minidl/frontend/datasets.hpp"
 #include "support/error_of.hpp"
+#include "support/temp_dir.hpp"
 
 namespace minidl {
 namespace {
@@ -63,24 +64,8 @@ Bytes gzip(const Bytes& raw) {
 
 using minidl::testing::error_of;
 
-class Cifar10Test : public ::testing::Test {
+class Cifar10Test : public minidl::testing::TempDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::path(::testing::TempDir()) /
-           fmt::format("minidl_cifar10_{}_{}", ::getpid(),
-                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string file(const std::string& name, const Bytes& b) {
-    std::ofstream f(dir_ / name, std::ios::binary);
-    f.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
-    EXPECT_TRUE(f.good()) << name;
-    return (dir_ / name).string();
-  }
-
   /// data_batch_1..5.bin and test_batch.bin of kPerFile records each; file i holds records
   /// i * kPerFile.. with labels (record % 10). gz_from: files from this one on are gzipped.
   void write_all(int gz_from = 7) {
@@ -97,8 +82,6 @@ class Cifar10Test : public ::testing::Test {
         file(name, b);
     }
   }
-
-  fs::path dir_;
 };
 
 void expect_pixels(const Dataset& d, std::int64_t first_record) {

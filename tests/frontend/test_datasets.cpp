@@ -19,6 +19,7 @@
 #include "minidl/core/error.hpp"
 #include "minidl/frontend/datasets.hpp"
 #include "support/error_of.hpp"
+#include "support/temp_dir.hpp"
 
 namespace minidl {
 namespace {
@@ -87,25 +88,7 @@ void write_file(const fs::path& p, const Bytes& b) {
 
 using minidl::testing::error_of;
 
-class DatasetsTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::path(::testing::TempDir()) /
-           fmt::format("minidl_datasets_{}_{}", ::getpid(),
-                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  /// Writes b under the temp dir and returns the full path.
-  std::string file(const std::string& name, const Bytes& b) {
-    write_file(dir_ / name, b);
-    return (dir_ / name).string();
-  }
-
-  fs::path dir_;
-};
+class DatasetsTest : public minidl::testing::TempDirTest {};
 
 void expect_same(const Dataset& a, const Dataset& b) {
   ASSERT_EQ(a.images.shape(), b.images.shape());

@@ -19,6 +19,7 @@
 #include "minidl/core/error.hpp"
 #include "minidl/frontend/safetensors.hpp"
 #include "support/error_of.hpp"
+#include "support/temp_dir.hpp"
 
 namespace minidl {
 namespace {
@@ -59,20 +60,7 @@ bool same_bits(const Tensor& a, const Tensor& b) {
          (a.nbytes() == 0 || std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0);
 }
 
-class SafetensorsTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::path(::testing::TempDir()) /
-           fmt::format("minidl_safetensors_{}_{}", ::getpid(),
-                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-
-  fs::path dir_;
-};
+class SafetensorsTest : public minidl::testing::TempDirTest {};
 
 NamedTensors sample_tensors() {
   const float nan_payload = std::bit_cast<float>(0x7fc12345u);

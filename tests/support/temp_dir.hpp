@@ -1,0 +1,43 @@
+// A test fixture with a fresh directory per test (named after the process and the test, removed
+// afterwards) and a helper that writes a file into it.
+#pragma once
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace minidl::testing {
+
+class TempDirTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::path(::testing::TempDir()) /
+           fmt::format("minidl_{}_{}_{}", ::getpid(),
+                       ::testing::UnitTest::GetInstance()->current_test_info()->test_suite_name(),
+                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  /// The full path of name in the directory.
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  /// Writes bytes to name in the directory and returns its full path.
+  std::string file(const std::string& name, const std::vector<std::uint8_t>& bytes) {
+    std::ofstream f(dir_ / name, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
+    EXPECT_TRUE(f.good()) << name;
+    return path(name);
+  }
+
+  std::filesystem::path dir_;
+};
+
+}  // namespace minidl::testing
