@@ -169,7 +169,9 @@ std::vector<checkpoint::Setting> run_settings(const AppConfig& c, const nn::Modu
           {"reduce", c.reduce, R::Note, "--reduce"},
           {"bucket_mb", str(c.bucket_mb), R::Note, "--bucket-mb"},
           {"overlap", str(c.overlap), R::Note, "--overlap"},
-          {"fuse", str(!c.no_fuse), R::Note, "fusion (--no-fuse)"}};
+          {"fuse", str(!c.no_fuse), R::Note, "fusion (--no-fuse)"},
+          {"deterministic", str(c.deterministic), R::Note, "--deterministic"},
+          {"micro_batch", str(c.deterministic ? c.micro_batch : 0), R::Note, "--micro-batch"}};
 }
 
 /// MINIDL_TEST_KILL_AFTER_STEP (see run_training_app): 0 when unset.
@@ -221,6 +223,7 @@ int train(const std::string& program, AppConfig& c, const ModelBuilder& build) {
   topt.reduce_strategy = parallel::parse_reduce_strategy(c.reduce);
   topt.bucket_bytes = static_cast<std::int64_t>(c.bucket_mb * 1024 * 1024);
   topt.overlap = c.overlap;
+  topt.micro_batch = c.deterministic ? c.micro_batch : 0;
   Trainer trainer(*model, sgd, topt);
   if (!c.dump_graph.empty() && root) {
     ir::write_graph(trainer.training_graph(sample), c.dump_graph);
@@ -285,7 +288,9 @@ int train(const std::string& program, AppConfig& c, const ModelBuilder& build) {
                  {"upscale", c.upscale},
                  {"ranks", comm.size()},
                  {"threads", max_threads()},
-                 {"thread_mode", c.thread_mode},
+                 {"thread_mode", c.deterministic ? "deterministic" : c.thread_mode},
+                 {"deterministic", c.deterministic},
+                 {"micro_batch", c.deterministic ? c.micro_batch : 0},
                  {"backend", c.backend},
                  {"reduce", c.reduce},
                  {"bucket_mb", c.bucket_mb},
@@ -305,7 +310,9 @@ int train(const std::string& program, AppConfig& c, const ModelBuilder& build) {
         "{}: {} on {}{} ({} train, {} test samples), {} parameters, {} rank(s) x {} "
         "thread(s) ({}), {} kernels\n",
         program, model->describe(), c.dataset, c.normalize ? " (normalised per channel)" : "",
-        train_set.size(), test_set.size(), n_params, comm.size(), max_threads(), c.thread_mode,
+        train_set.size(), test_set.size(), n_params, comm.size(), max_threads(),
+        c.deterministic ? fmt::format("deterministic, micro-batch {}", c.micro_batch)
+                        : c.thread_mode,
         c.backend);
     fmt::print("{}", resumed);
     std::fflush(stdout);
@@ -463,19 +470,31 @@ int run_training_app(int argc, char** argv, const std::string& description, AppC
   app.add_option("--resume", c.resume,
                  "continue from a checkpoint FILE, or from the newest checkpoint in a directory")
       ->excludes(init);
+  CLI::Option* deterministic = app.add_flag(
+      "--deterministic", c.deterministic,
+      "bitwise the same parameters for any ranks x threads: micro-shards summed in one fixed "
+      "tree order");
+  app.add_option("--micro-batch", c.micro_batch,
+                 "samples per micro-shard in deterministic mode; must divide --batch-size")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20))
+      ->needs(deterministic)
+      ->capture_default_str();
   app.add_option("--thread-mode", c.thread_mode,
                  "use of each rank's threads: data-parallel replicas or parallel kernels")
       ->check(CLI::IsMember({"replicas", "intra-op"}))
+      ->excludes(deterministic)
       ->capture_default_str();
   app.add_option("--reduce", c.reduce, "gradient reduction across ranks")
       ->check(CLI::IsMember({"allreduce", "root", "hierarchical"}))
+      ->excludes(deterministic)
       ->capture_default_str();
   app.add_option("--bucket-mb", c.bucket_mb,
                  "gradient bucket size in MiB (0: one reduction per gradient)")
       ->check(CLI::Range(0.0, 1024.0))
       ->capture_default_str();
   app.add_flag("--overlap", c.overlap,
-               "start each gradient bucket's reduction during the backward (non-blocking)");
+               "start each gradient bucket's reduction during the backward (non-blocking)")
+      ->excludes(deterministic);
   app.add_flag("--no-fuse", c.no_fuse, "do not fold bias_add and relu into matmul/conv2d");
   app.add_option("--upscale", c.upscale,
                  "enlarge every image K times per side (more work per sample)")

@@ -35,10 +35,14 @@ struct AppConfig {
   // the one measured faster for its model.
   std::string thread_mode = "intra-op";
   std::string reduce =
-      "allreduce";           // gradient reduction across ranks: allreduce, root, hierarchical
-  double bucket_mb = 0.25;   // gradient bucket size; 0: one collective per gradient
-  bool overlap = false;      // non-blocking reductions started during the backward (default off:
-                             // measured no faster on a 2-core machine, see DataParallelOptions)
+      "allreduce";          // gradient reduction across ranks: allreduce, root, hierarchical
+  double bucket_mb = 0.25;  // gradient bucket size; 0: one collective per gradient
+  bool overlap = false;     // non-blocking reductions started during the backward (default off:
+                            // measured no faster on a 2-core machine, see DataParallelOptions)
+  // Deterministic training (TrainerOptions::micro_batch): the same parameter bits for any
+  // ranks x threads, with micro-shards of micro_batch samples.
+  bool deterministic = false;
+  std::int64_t micro_batch = 8;
   bool no_fuse = false;      // keep bias_add and relu as separate nodes
   std::int64_t upscale = 1;  // images enlarged k times per side (granularity studies)
   bool profile = false;      // per-kernel timing: the epoch split and a kernel table

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 #include <numeric>
+#include <tuple>
 #include <unordered_map>
 
 #include "minidl/autograd/autograd.hpp"
@@ -13,6 +14,7 @@
 #include "minidl/ops/ops.hpp"
 #include "minidl/parallel/data_parallel.hpp"
 #include "minidl/parallel/preflight.hpp"
+#include "minidl/parallel/reduction_tree.hpp"
 #include "minidl/parallel/thread_replicas.hpp"
 
 namespace minidl {
@@ -42,6 +44,16 @@ Trainer::Trainer(nn::Module& model, optim::Sgd& optimizer, TrainerOptions option
                " is smaller than the number of ranks, ", comm_.size(),
                ": every rank needs at least one sample of each batch");
   MINIDL_CHECK(options.replicas >= 1, "thread replicas must be at least 1, got ", options.replicas);
+  MINIDL_CHECK(options.micro_batch >= 0, "micro-batch must be positive (or 0: off), got ",
+               options.micro_batch);
+  MINIDL_CHECK(options.micro_batch == 0 || options.batch_size % options.micro_batch == 0,
+               "deterministic mode: the micro-batch ", options.micro_batch,
+               " does not divide the batch size ", options.batch_size);
+  MINIDL_CHECK(options.micro_batch == 0 || micro_shards(options.batch_size) >= comm_.size(),
+               "deterministic mode: a batch of ", options.batch_size, " holds ",
+               micro_shards(options.batch_size), " micro-shard(s) of ", options.micro_batch,
+               ", fewer than the ", comm_.size(),
+               " ranks: use a smaller --micro-batch or fewer ranks");
   MINIDL_CHECK(options.eval_batch_size >= 1, "evaluation batch size must be at least 1, got ",
                options.eval_batch_size);
   // The optimizer's state exists before any graph is built, so a checkpoint can fill it.
@@ -57,7 +69,16 @@ std::int64_t argmax(const float* row, std::int64_t n) {
   return best;
 }
 
+std::int64_t Trainer::micro_shards(std::int64_t n) const {
+  return (n + options_.micro_batch - 1) / options_.micro_batch;
+}
+
 std::pair<std::int64_t, std::int64_t> Trainer::share(std::int64_t start, std::int64_t n) const {
+  if (options_.micro_batch > 0) {
+    const auto [lo, hi] = parallel::tree_owners(
+        micro_shards(n), comm_.size())[static_cast<std::size_t>(comm_.rank())];
+    return {start + lo * options_.micro_batch, start + std::min(hi * options_.micro_batch, n)};
+  }
   const std::int64_t p = comm_.size(), r = comm_.rank();
   const std::int64_t base = n / p, extra = n % p;
   const std::int64_t begin = start + r * base + std::min(r, extra);
@@ -74,20 +95,32 @@ Trainer::Program& Trainer::program(bool train, std::int64_t batch, std::int64_t 
   ir::Graph& g = *p->graph;
   model_.train(train);  // e.g. Dropout adds its nodes to training graphs only
   // Thread replicas (training only): the forward once per replica on its slice of the batch,
-  // the loss the share-weighted sum of theirs; the thread-replicas pass does the rest.
-  const auto replicas = train ? std::min<std::int64_t>(options_.replicas, batch) : 1;
+  // the loss the share-weighted sum of theirs; the thread-replicas pass does the rest. In
+  // deterministic mode the replicas are the micro-shards (this rank's batch starts on a
+  // micro-shard boundary), each weighted by its share of the global batch.
+  const bool deterministic = train && options_.micro_batch > 0;
+  std::vector<std::pair<std::int64_t, std::int64_t>> slices;
+  if (deterministic) {
+    for (std::int64_t b = 0; b < batch; b += options_.micro_batch)
+      slices.emplace_back(b, std::min(b + options_.micro_batch, batch));
+  } else {
+    const auto replicas = train ? std::min<std::int64_t>(options_.replicas, batch) : 1;
+    for (std::int64_t r = 0; r < replicas; ++r)
+      slices.emplace_back(batch * r / replicas, batch * (r + 1) / replicas);
+  }
+  const auto replicas = static_cast<std::int64_t>(slices.size());
+  const bool sections = deterministic || replicas > 1;
   ir::Value* loss = nullptr;
   for (std::int64_t r = 0; r < replicas; ++r) {
     Program::Part part;
-    part.begin = batch * r / replicas;
-    part.end = batch * (r + 1) / replicas;
+    std::tie(part.begin, part.end) = slices[static_cast<std::size_t>(r)];
     const std::int64_t n = part.end - part.begin;
     const std::string suffix = replicas > 1 ? fmt::format(".{}", r) : "";
     std::vector<std::int64_t> dims{n};
     dims.insert(dims.end(), sample.dims().begin(), sample.dims().end());
     ir::Value* x = ops::input(g, "x" + suffix, Shape(dims));
     ir::Value* labels = ops::input(g, "labels" + suffix, Shape{n}, DType::I32);
-    if (replicas > 1) {
+    if (sections) {
       parallel::set_replica(*x->producer(), static_cast<int>(r));
       parallel::set_replica(*labels->producer(), static_cast<int>(r));
     }
@@ -95,15 +128,19 @@ Trainer::Program& Trainer::program(bool train, std::int64_t batch, std::int64_t 
     MINIDL_CHECK(logits->shape().rank() == 2 && logits->shape()[0] == n, "the model's output ",
                  logits->shape(), " is not [", n, ", classes]");
     auto [l, probs] = ops::softmax_cross_entropy(logits, labels);
-    if (replicas > 1) l = ops::scale(l, static_cast<double>(n) / static_cast<double>(batch));
+    if (deterministic)
+      l = ops::scale(l, static_cast<double>(n) / static_cast<double>(global));
+    else if (replicas > 1)
+      l = ops::scale(l, static_cast<double>(n) / static_cast<double>(batch));
     loss = loss ? ops::add(loss, l) : l;
     part.probs = probs;
     g.add_output(probs);
     p->parts.push_back(part);
   }
-  MINIDL_CHECK(replicas == 1 || g.find(nn::kRngKeyInput) == nullptr,
-               "thread replicas do not support dropout yet: use one replica per rank "
-               "(--thread-mode intra-op)");
+  MINIDL_CHECK(!sections || g.find(nn::kRngKeyInput) == nullptr,
+               deterministic ? "deterministic mode does not support dropout yet"
+                             : "thread replicas do not support dropout yet: use one replica per "
+                               "rank (--thread-mode intra-op)");
   p->loss = loss;
   g.add_output(p->loss);
   if (train) {
@@ -115,13 +152,18 @@ Trainer::Program& Trainer::program(bool train, std::int64_t batch, std::int64_t 
   ir::PassManager pm;
   pm.add(std::make_unique<ir::DeadCodeElimination>());
   if (options_.fuse) pm.add(std::make_unique<ops::FuseBiasActivation>());
-  if (replicas > 1) pm.add(std::make_unique<parallel::ThreadReplicas>());
+  if (sections) pm.add(std::make_unique<parallel::ThreadReplicas>());
   if (train && comm_.size() > 1) {
+    parallel::DataParallelOptions dp{.strategy = options_.reduce_strategy,
+                                     .bucket_bytes = options_.bucket_bytes,
+                                     .overlap = options_.overlap};
+    if (deterministic) {
+      dp.strategy = parallel::ReduceStrategy::Tree;
+      dp.overlap = false;
+      dp.tree_leaves = micro_shards(global);
+    }
     pm.add(std::make_unique<parallel::DataParallel>(
-        comm_, static_cast<double>(batch) / static_cast<double>(global),
-        parallel::DataParallelOptions{.strategy = options_.reduce_strategy,
-                                      .bucket_bytes = options_.bucket_bytes,
-                                      .overlap = options_.overlap}));
+        comm_, static_cast<double>(batch) / static_cast<double>(global), dp));
   }
   pm.run(g);
   // Passes may replace an output value (a fused node, a rebuilt sum) but keep its place in the
@@ -205,10 +247,19 @@ void Trainer::step(Program& p, const Dataset& d, const std::int64_t* idx, std::i
 
 void Trainer::check_ranks_agree(const Dataset& d, const Shape& sample) {
   if (preflight_done_ || comm_.size() == 1) return;
-  std::string description =
-      fmt::format("data {} samples of {}\nbatch {}\nseed {}\nshuffle {}\n", d.size(), sample,
-                  options_.batch_size, options_.seed, options_.shuffle);
-  description += parallel::fingerprint(training_graph(sample));
+  std::string description = fmt::format(
+      "data {} samples of {}\nbatch {}\nseed {}\nshuffle {}\nmicro-batch {}\n", d.size(), sample,
+      options_.batch_size, options_.seed, options_.shuffle, options_.micro_batch);
+  if (options_.micro_batch > 0) {
+    // Ranks may own subtrees of different sizes (3 ranks: 4, 2 and 2 of 8 micro-shards), so
+    // their graphs differ in the number of replicas: every rank compares rank 0's.
+    const auto [lo, hi] = parallel::tree_owners(micro_shards(options_.batch_size), comm_.size())[0];
+    const std::int64_t local =
+        std::min(hi * options_.micro_batch, options_.batch_size) - lo * options_.micro_batch;
+    description += parallel::fingerprint(*program(true, local, options_.batch_size, sample).graph);
+  } else {
+    description += parallel::fingerprint(training_graph(sample));
+  }
   parallel::preflight(comm_, description);
   preflight_done_ = true;
 }
@@ -240,6 +291,16 @@ EpochStats Trainer::train_epoch(const Dataset& d, int epoch, const StepCallback&
     sums.loss = pos.loss_sum;
     sums.correct = pos.correct;
     resume_.reset();
+  }
+  if (options_.micro_batch > 0) {
+    // The last, ragged batch must still give every rank a micro-shard: skipping it would make
+    // the result depend on the rank count.
+    const std::int64_t last = d.size() % options_.batch_size;
+    MINIDL_CHECK(last == 0 || micro_shards(last) >= comm_.size(), "deterministic mode: the last ",
+                 "batch of ", last, " samples holds ", micro_shards(last), " micro-shard(s) of ",
+                 options_.micro_batch, ", fewer than the ", comm_.size(),
+                 " ranks: use a smaller --micro-batch, fewer ranks, or a training set size that "
+                 "leaves a larger last batch");
   }
   const std::int64_t resumed_samples = pos.samples;
   double run_loss = 0.0;

@@ -30,6 +30,13 @@ struct TrainerOptions {
   // the forward and backward of its slice of the rank's batch on its own OpenMP thread. 1: one
   // graph whose kernels use the OpenMP threads inside each op (intra-op).
   int replicas = 1;
+  // Deterministic training when > 0: every global batch is cut into micro-shards of this many
+  // samples (the last one of a ragged batch may be smaller), each computed as a replica of its
+  // own whoever runs it, on one thread, and their gradients summed in the fixed tree of
+  // parallel/reduction_tree.hpp across threads and ranks (each owning a subtree). The
+  // parameters then have the same bits for any split into ranks x threads; `replicas`,
+  // `reduce_strategy` and `overlap` do not apply.
+  std::int64_t micro_batch = 0;
   parallel::Communicator* comm = nullptr;  // null: parallel::world()
   // How the data-parallel pass reduces gradients (with more than one rank).
   parallel::ReduceStrategy reduce_strategy = parallel::ReduceStrategy::Allreduce;
@@ -118,7 +125,8 @@ class Trainer {
   /// count): the next train_epoch must be for p.epoch and starts at p.next_sample.
   void resume(const TrainerPosition& p);
 
-  /// This rank's share [begin, end) of a global batch of n samples starting at start.
+  /// This rank's share [begin, end) of a global batch of n samples starting at start: an equal
+  /// split, or in deterministic mode the micro-shards of its subtree.
   std::pair<std::int64_t, std::int64_t> share(std::int64_t start, std::int64_t n) const;
 
  private:
@@ -131,6 +139,8 @@ class Trainer {
   void step(Program& p, const Dataset& d, const std::int64_t* idx, std::int64_t n, Sums& sums);
 
   void check_ranks_agree(const Dataset& d, const Shape& sample);
+  /// Deterministic mode: micro-shards in a global batch of n samples.
+  std::int64_t micro_shards(std::int64_t n) const;
 
   nn::Module& model_;
   optim::Sgd& optimizer_;

@@ -1,10 +1,14 @@
 #include "minidl/parallel/collectives.hpp"
 
 #include <cstring>
+#include <memory>
 #include <mutex>
+#include <utility>
+#include <vector>
 
 #include "minidl/ops/common.hpp"
 #include "minidl/ops/registry.hpp"
+#include "minidl/parallel/reduction_tree.hpp"
 
 namespace minidl::parallel {
 namespace {
@@ -112,6 +116,44 @@ ir::Kernel make_allgather(const ir::Node& node) {
                comm->size(), " ranks");
   return [comm](const ir::KernelArgs& k) {
     comm->allgather(k.in[0].raw(), k.out[0].raw(), static_cast<std::int64_t>(k.in[0].nbytes()));
+  };
+}
+
+// ---- tree_allreduce ---------------------------------------------------------------------------
+
+void infer_tree_allreduce(ir::InferCtx& c) {
+  ops::infer_unary_f32(c);
+  const auto leaves = c.attr<std::int64_t>("leaves");
+  MINIDL_CHECK_NODE(c, leaves >= 1, "leaves must be at least 1, got ", leaves);
+}
+
+// src/dst [...] in place: every rank's x is the sum over its subtree of the tree over `leaves`
+// micro-shards (reduction_tree.hpp); the ranks' parts are gathered and every rank joins them in
+// the tree's order, so all end with the same bits, whatever MPI's own reduction order.
+ir::Kernel make_tree_allreduce(const ir::Node& node) {
+  Communicator* comm = comm_of(node);
+  const auto leaves = node.attrs().get<std::int64_t>("leaves");
+  MINIDL_CHECK(leaves >= comm->size(), node.describe(), ": a tree over ", leaves,
+               " micro-shard(s) cannot give each of the ", comm->size(), " ranks of group ",
+               node.attrs().get<std::int64_t>("group"), " one");
+  std::vector<std::pair<int, int>> joins;
+  tree_combine_order(leaves, comm->size(), [&](int a, int b) { joins.emplace_back(a, b); });
+  const std::int64_t n = node.output()->shape().numel();
+  auto parts = std::make_shared<std::vector<float>>(static_cast<std::size_t>(n * comm->size()));
+  return [comm, joins, n, parts](const ir::KernelArgs& k) {
+    if (joins.empty()) return;  // one rank: its part is the whole tree
+    float* x = k.out[0].data<float>();
+    float* all = parts->data();
+    comm->allgather(x, all, n * static_cast<std::int64_t>(sizeof(float)));
+    for (const auto& [a, b] : joins) {
+      float* dst = all + a * n;
+      const float* src = all + b * n;
+      ops::elementwise(n, [&](std::int64_t lo, std::int64_t hi) {
+#pragma omp simd
+        for (std::int64_t i = lo; i < hi; ++i) dst[i] += src[i];
+      });
+    }
+    std::memcpy(x, all, static_cast<std::size_t>(n) * sizeof(float));
   };
 }
 
@@ -296,6 +338,19 @@ const ir::OpDef& allgather_def() {
   return def;
 }
 
+const ir::OpDef& tree_allreduce_def() {
+  static const ir::OpDef def = ir::OpDef("tree_allreduce")
+                                   .inputs({"x"})
+                                   .attr<int>("leaves")
+                                   .attr<int>("group", 0)
+                                   .infer(infer_tree_allreduce)
+                                   .kernel_factory(ir::Backend::Native, "mpi", make_tree_allreduce)
+                                   .inplace(0, 0)
+                                   .side_effect()
+                                   .no_grad(kNoGrad);
+  return def;
+}
+
 const ir::OpDef& start_def() {
   static const ir::OpDef def = ir::OpDef("allreduce_start")
                                    .inputs({"x"})
@@ -396,9 +451,9 @@ ir::Node* add(const ir::OpDef& def, std::vector<ir::Value*> inputs, ir::Attrs at
 void register_collective_ops() {
   static std::once_flag once;
   std::call_once(once, [] {
-    for (const ir::OpDef* d :
-         {&allreduce_def(), &reduce_def(), &broadcast_def(), &allgather_def(), &start_def(),
-          &wait_def(), &send_def(), &recv_def(), &pack_def(), &unpack_def(), &progress_def()})
+    for (const ir::OpDef* d : {&allreduce_def(), &reduce_def(), &broadcast_def(), &allgather_def(),
+                               &tree_allreduce_def(), &start_def(), &wait_def(), &send_def(),
+                               &recv_def(), &pack_def(), &unpack_def(), &progress_def()})
       ops::register_op(*d);
   });
 }
@@ -423,6 +478,11 @@ ir::Value* broadcast(ir::Value* x, int root, int group, const std::string& name)
 ir::Value* allgather(ir::Value* x, int group, const std::string& name) {
   const std::int64_t ranks = parallel::group(group).size();
   return add(allgather_def(), {x}, {{"ranks", ranks}, {"group", std::int64_t{group}}}, name)
+      ->output();
+}
+
+ir::Value* tree_allreduce(ir::Value* x, std::int64_t leaves, int group, const std::string& name) {
+  return add(tree_allreduce_def(), {x}, {{"leaves", leaves}, {"group", std::int64_t{group}}}, name)
       ->output();
 }
 

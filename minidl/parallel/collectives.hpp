@@ -7,6 +7,8 @@
 //   reduce(x)               the same on rank `root` only; the other ranks keep scale * x
 //   broadcast(x)            root's x on every rank, in place
 //   allgather(x)            [ranks * d0, ...]: every rank's x in rank order
+//   tree_allreduce(x)       y = the ranks' x joined in the fixed tree over `leaves` micro-shards
+//                           (reduction_tree.hpp), in place: the same bits on every rank
 //   allreduce_start(x)      starts an in-place allreduce: (in_flight, request); only the matching
 //   allreduce_wait(..)      wait may read them. The wait's output, in place, is the sum.
 //   send(x) / recv()        point to point, blocking; recv's shape and dtype are attributes
@@ -32,6 +34,12 @@ ir::Value* reduce(ir::Value* x, double scale, int root, int group = 0,
 ir::Value* broadcast(ir::Value* x, int root, int group = 0, const std::string& name = {});
 /// Every rank's x, concatenated along dimension 0 in rank order.
 ir::Value* allgather(ir::Value* x, int group = 0, const std::string& name = {});
+
+/// Deterministic sum over the ranks: x is this rank's subtree of the tree over `leaves`
+/// micro-shards (its range from tree_owners(leaves, ranks)); every rank gathers all parts and
+/// joins them in the tree's order. In place; needs leaves >= ranks.
+ir::Value* tree_allreduce(ir::Value* x, std::int64_t leaves, int group = 0,
+                          const std::string& name = {});
 
 /// The two outputs of allreduce_start: the buffer in flight and the request to wait for.
 struct InFlight {

@@ -17,14 +17,17 @@ std::string_view reduce_strategy_name(ReduceStrategy s) {
       return "root";
     case ReduceStrategy::Hierarchical:
       return "hierarchical";
+    case ReduceStrategy::Tree:
+      return "tree";
   }
   return "?";
 }
 
 ReduceStrategy parse_reduce_strategy(std::string_view s) {
-  for (auto r : {ReduceStrategy::Allreduce, ReduceStrategy::Root, ReduceStrategy::Hierarchical})
+  for (auto r : {ReduceStrategy::Allreduce, ReduceStrategy::Root, ReduceStrategy::Hierarchical,
+                 ReduceStrategy::Tree})
     if (reduce_strategy_name(r) == s) return r;
-  MINIDL_FAIL("unknown reduce strategy '", s, "' (expected allreduce, root or hierarchical)");
+  MINIDL_FAIL("unknown reduce strategy '", s, "' (expected allreduce, root, hierarchical or tree)");
 }
 
 namespace {
@@ -51,6 +54,13 @@ DataParallel::DataParallel(Communicator& comm, double share, DataParallelOptions
                share);
   MINIDL_CHECK(options.bucket_bytes >= 0, "data-parallel: bucket bytes must be >= 0, got ",
                options.bucket_bytes);
+  if (options.strategy == ReduceStrategy::Tree) {
+    MINIDL_CHECK(!options.overlap,
+                 "data-parallel: the tree reduction is blocking; overlap is not available with it");
+    MINIDL_CHECK(options.tree_leaves >= comm.size(), "data-parallel: a tree over ",
+                 options.tree_leaves, " micro-shard(s) cannot give each of the ", comm.size(),
+                 " ranks one");
+  }
   comm_.split_shared(options.ranks_per_node);
 }
 
@@ -251,6 +261,9 @@ bool DataParallel::run(ir::Graph& g) {
           v = add_late(allreduce(v, 1.0, leaders_group, prefix + ".leaders_allreduce"));
         }
         v = add_late(broadcast(v, 0, node_group, prefix + ".node_broadcast"));
+        break;
+      case ReduceStrategy::Tree:
+        v = add_late(tree_allreduce(v, options_.tree_leaves, group_, prefix + ".tree_allreduce"));
         break;
     }
     const ir::Node* after = ready;

@@ -17,9 +17,13 @@ enum class ReduceStrategy {
   Allreduce,     // every rank: allreduce of each bucket
   Root,          // reduce to rank 0, every rank updates, rank 0's parameters are broadcast
   Hierarchical,  // node-local reduce to the leader, allreduce among leaders, node broadcast
+  // Deterministic: each rank holds the sum over its subtree of micro-shards, already weighted;
+  // the parts are joined in the fixed tree of reduction_tree.hpp (tree_allreduce), so the sum
+  // has the same bits for any number of ranks. Blocking only.
+  Tree,
 };
 std::string_view reduce_strategy_name(ReduceStrategy s);
-/// "allreduce", "root" or "hierarchical"; anything else fails naming the allowed values.
+/// "allreduce", "root", "hierarchical" or "tree"; anything else fails naming the allowed values.
 ReduceStrategy parse_reduce_strategy(std::string_view s);
 
 /// Hook for pipeline and tensor (model) parallelism: which part of the model a node belongs to.
@@ -52,6 +56,8 @@ struct DataParallelOptions {
   /// With overlap: a comm_progress node after every node between the first start and the last
   /// wait, since OpenMPI advances a non-blocking collective only inside MPI calls.
   bool progress = true;
+  /// Tree: the micro-shards of the global batch (the tree's leaves); at least the rank count.
+  std::int64_t tree_leaves = 0;
   /// Hierarchical: ranks per (pretended) node, see Communicator::split_shared.
   int ranks_per_node = 0;
   Partition partition;
@@ -59,7 +65,8 @@ struct DataParallelOptions {
 
 class DataParallel final : public ir::Pass {
  public:
-  /// share: this rank's fraction of the global batch (local samples / global samples). With
+  /// share: this rank's fraction of the global batch (local samples / global samples), by which
+  /// its gradients are scaled (not with the tree strategy, whose gradients come weighted). With
   /// several ranks this splits comm into nodes (collective, once per communicator) whatever the
   /// strategy, so a rank configured differently fails in preflight instead of hanging here.
   DataParallel(Communicator& comm, double share, DataParallelOptions options = {});

@@ -5,6 +5,7 @@
 #include <unordered_set>
 
 #include "minidl/ops/registry.hpp"
+#include "minidl/parallel/reduction_tree.hpp"
 
 namespace minidl::parallel {
 namespace {
@@ -72,21 +73,22 @@ bool balance_sums(ir::Graph& g) {
     });
     const std::string name = t.root->name();
     const ir::Attrs annotations = t.root->annotations();
-    std::vector<ir::Value*> level = t.leaves;
+    // The tree of reduction_tree.hpp over the leaves: for the micro-shards of deterministic
+    // training, the same subtree that every other layout computes for these leaves.
     int made = 0;
-    while (level.size() > 1) {
-      std::vector<ir::Value*> next;
-      for (std::size_t i = 0; i + 1 < level.size(); i += 2) {
-        ir::Node* a = g.add_node(ops::op("add"), {level[i], level[i + 1]}, {},
-                                 name + ".tree" + std::to_string(made++));
-        for (const auto& [k, v] : annotations.items()) a->annotations().set(k, v);
-        g.move_before(a, t.root);
-        next.push_back(a->output());
-      }
-      if (level.size() % 2) next.push_back(level.back());
-      level = std::move(next);
-    }
-    g.replace_uses(t.root->output(), level[0]);
+    auto build = [&](auto& self, std::size_t lo, std::size_t n) -> ir::Value* {
+      if (n == 1) return t.leaves[lo];
+      const auto left = static_cast<std::size_t>(tree_left(static_cast<std::int64_t>(n)));
+      ir::Value* a = self(self, lo, left);
+      ir::Value* b = self(self, lo + left, n - left);
+      ir::Node* sum =
+          g.add_node(ops::op("add"), {a, b}, {}, name + ".tree" + std::to_string(made++));
+      for (const auto& [k, v] : annotations.items()) sum->annotations().set(k, v);
+      g.move_before(sum, t.root);
+      return sum->output();
+    };
+    ir::Value* total = build(build, 0, t.leaves.size());
+    g.replace_uses(t.root->output(), total);
     g.remove(t.adds);
   }
   return !trees.empty();
@@ -103,7 +105,9 @@ bool ThreadReplicas::run(ir::Graph& g) {
   const auto cls = classify(g);
   int replicas = 0;
   for (const auto& [n, c] : cls) replicas = std::max(replicas, c + 1);
-  if (replicas < 2) return changed;
+  // One replica still makes a section: its kernels then run on one thread, as they would
+  // beside other replicas (deterministic training relies on it).
+  if (replicas < 1) return changed;
   // Annotate, then reorder: shared work, the section of replica nodes, the rest. Sources keep
   // their places (they run nothing) and stay first.
   std::vector<ir::Node*> shared, section, rest;

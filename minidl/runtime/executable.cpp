@@ -307,14 +307,19 @@ std::size_t Executable::dropped_events() const {
 }
 
 void Executable::run_section(const Section& sec) {
-  // One thread per replica; an exception in any is rethrown once all have stopped.
+  // At most one thread per replica; with fewer threads than replicas, thread t runs a
+  // contiguous block of them, one after the other. An exception in any is rethrown once all
+  // have stopped.
+  const int threads = std::min(sec.replicas, omp_get_max_threads());
   std::exception_ptr error;
-#pragma omp parallel num_threads(sec.replicas)
+#pragma omp parallel num_threads(threads)
   {
     // Kernels asking how many threads they may use get one (see choose_kernels).
     omp_set_num_threads(1);
+    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
     try {
-      run_steps(sec.begin, sec.end, omp_get_thread_num());
+      for (int r = sec.replicas * t / nt; r < sec.replicas * (t + 1) / nt; ++r)
+        run_steps(sec.begin, sec.end, r);
     } catch (...) {
 #pragma omp critical(minidl_section_error)
       if (!error) error = std::current_exception();

@@ -2,8 +2,9 @@
 // allocate), then run it every step as a flat list of kernel calls with no allocation.
 //
 // Parallel sections: a run of consecutive nodes that carry the int annotation "replica" is one
-// section. Within it the nodes of replica r run in graph order on OpenMP thread r, all replicas
-// at once (kernels called inside the section run serially on their thread); the sections are
+// section. Within it the nodes of replica r run in graph order on one OpenMP thread, the
+// replicas at once (with fewer threads than replicas, each thread runs a contiguous block of
+// them in turn; kernels called inside the section run serially on their thread); the sections are
 // how data-parallel thread replicas execute (parallel::ThreadReplicas builds them). A node of a
 // section must not read a value another replica of the same section produces (checked at
 // compile time), and no buffer is shared between values of a section.
