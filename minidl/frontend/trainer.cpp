@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "minidl/autograd/autograd.hpp"
+#include "minidl/core/log.hpp"
 #include "minidl/core/rng.hpp"
 #include "minidl/ir/pass.hpp"
 #include "minidl/ops/fusion.hpp"
@@ -22,7 +23,10 @@ namespace minidl {
 struct Trainer::Program {
   std::unique_ptr<ir::Graph> graph;
   std::unique_ptr<runtime::Executable> exe;
-  ir::Value* loss = nullptr;  // mean over the program's samples
+  // Mean over the program's samples; in deterministic mode the micro-shards' means weighted by
+  // their shares of the global batch, so only part of the mean when the batch is split.
+  ir::Value* loss = nullptr;
+  double loss_to_sum = 0.0;  // loss * loss_to_sum: the sum over the program's samples
   // One part per thread replica (one part without replicas): samples [begin, end) of the
   // program's batch, their input buffers and their class probabilities.
   struct Part {
@@ -142,6 +146,7 @@ Trainer::Program& Trainer::program(bool train, std::int64_t batch, std::int64_t 
                              : "thread replicas do not support dropout yet: use one replica per "
                                "rank (--thread-mode intra-op)");
   p->loss = loss;
+  p->loss_to_sum = static_cast<double>(deterministic ? global : batch);
   g.add_output(p->loss);
   if (train) {
     std::vector<ir::Value*> params;
@@ -166,6 +171,14 @@ Trainer::Program& Trainer::program(bool train, std::int64_t batch, std::int64_t 
         comm_, static_cast<double>(batch) / static_cast<double>(global), dp));
   }
   pm.run(g);
+  if (deterministic) {
+    log_verbose("dispatch",
+                "deterministic mode: {} micro-shard(s) of this rank's {} samples; their forward "
+                "and backward kernels run on one thread each (any kernel then gives the same "
+                "bits whatever --threads is); outside them only elementwise kernels run (the "
+                "tree's adds, the updates)",
+                replicas, batch);
+  }
   // Passes may replace an output value (a fused node, a rebuilt sum) but keep its place in the
   // graph's output list: read the values back from there.
   for (std::size_t r = 0; r < p->parts.size(); ++r) p->parts[r].probs = g.outputs()[r];
@@ -240,7 +253,7 @@ void Trainer::step(Program& p, const Dataset& d, const std::int64_t* idx, std::i
                    Sums& sums) {
   gather(d, idx, n, p);
   p.exe->run();
-  sums.loss += static_cast<double>(p.exe->value(p.loss).at(0)) * static_cast<double>(n);
+  sums.loss += static_cast<double>(p.exe->value(p.loss).at(0)) * p.loss_to_sum;
   for (const Program::Part& part : p.parts)
     sums.correct += static_cast<double>(count_correct(p.exe->value(part.probs), part.labels));
 }

@@ -202,7 +202,10 @@ void Executable::choose_kernels(const ir::Graph& g) {
       declined += fmt::format("; {} declined: {}", k->name, why);
     }
     MINIDL_CHECK(chosen != nullptr, n->describe(), ": no kernel accepts this node", declined);
-    log_verbose("dispatch", "{} -> {}{}", n->describe(), chosen->name, declined);
+    log_verbose("dispatch", "{} -> {}{}{}", n->describe(), chosen->name,
+                replica_of(*n) >= 0 ? fmt::format(" (replica {}: one thread)", replica_of(*n))
+                                    : std::string(),
+                declined);
     // A node of a parallel section runs on one thread: its kernel is made for one thread too
     // (oneDNN plans a primitive's thread partition when it is created and would otherwise wait
     // for threads that the section does not have).
