@@ -2,10 +2,13 @@
 // serially from the formula each rank's data follows, and the node/leader split.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
 
 #include "minidl/ops/ops.hpp"
 #include "minidl/parallel/collectives.hpp"
+#include "minidl/parallel/reduction_tree.hpp"
 #include "minidl/runtime/executable.hpp"
 
 using namespace minidl;
@@ -78,6 +81,44 @@ TEST(MpiCollectives, EveryOpMatchesTheSerialComputation) {
   EXPECT_EQ(world.progress(), 0);
   const Tensor& got = exe.value(ys);
   for (std::int64_t i = 0; i < 6; ++i) ASSERT_EQ(got.at(i), value(prev, i)) << "recv " << i;
+}
+
+// tree_allreduce: leaves whose sums round differently in other orders; each rank's part is the
+// tree over its own leaves, and every rank must end with the bits of the whole tree summed by one
+// process, whatever the number of ranks (2 and 3 here; 3 owns subtrees of unequal size).
+TEST(MpiCollectives, TreeAllreduceHasTheBitsOfTheWholeTree) {
+  parallel::Communicator& world = parallel::world();
+  const int p = world.size(), r = world.rank();
+  ASSERT_GT(p, 1) << "run this test under mpirun with at least 2 ranks";
+  const std::int64_t leaves = 2 * p + 1, n = 257;
+  // Leaf l, element i: magnitudes over many binades.
+  auto leaf = [](std::int64_t l, std::int64_t i) {
+    return std::ldexp(1.0f + 0.1f * static_cast<float>((l * 7 + i * 3) % 11),
+                      static_cast<int>((l * 13 + i * 5) % 41) - 20) *
+           ((l + i) % 3 == 0 ? -1.0f : 1.0f);
+  };
+  auto tree = [&](auto& self, std::int64_t lo, std::int64_t len, std::int64_t i) -> float {
+    if (len == 1) return leaf(lo, i);
+    const std::int64_t left = parallel::tree_left(len);
+    return self(self, lo, left, i) + self(self, lo + left, len - left, i);
+  };
+  const auto [lo, hi] = parallel::tree_owners(leaves, p)[static_cast<std::size_t>(r)];
+  Tensor x = Tensor::empty({n});
+  for (std::int64_t i = 0; i < n; ++i) x.data<float>()[i] = tree(tree, lo, hi - lo, i);
+  ir::Graph g;
+  g.add_output(parallel::tree_allreduce(ops::parameter(g, "x", x), leaves));
+  runtime::Executable exe(g);
+  exe.run();
+  int order_mattered = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float whole = tree(tree, 0, leaves, i);
+    float sequential = 0.0f;
+    for (std::int64_t l = 0; l < leaves; ++l) sequential += leaf(l, i);
+    order_mattered += sequential != whole;
+    ASSERT_EQ(std::memcmp(&x.data<float>()[i], &whole, sizeof whole), 0)
+        << "element " << i << ": " << x.data<float>()[i] << " against " << whole;
+  }
+  EXPECT_GT(order_mattered, 10) << "the data does not tell summation orders apart";
 }
 
 // MINIDL_RANKS_PER_NODE=k pretends nodes of k consecutive ranks; without it all ranks of this

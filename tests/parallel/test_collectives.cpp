@@ -48,6 +48,16 @@ static const std::vector<BadCase> kAllgatherBad = {
 };
 MINIDL_OP_TEST(allgather, kAllgather, kAllgatherBad)
 
+static const std::vector<OpCase> kTree = {
+    OpCase().shapes({{3, 4}}).attrs({{"leaves", 5}}).loss_outputs({0}),
+};
+static const std::vector<BadCase> kTreeBad = {
+    {{{3}}, {DType::I32}, {{"leaves", 2}}, "expected f32 input"},
+    {{{3}}, {}, {{"leaves", 0}}, "leaves must be at least 1, got 0"},
+    {{{3}}, {}, {}, "missing required attribute 'leaves'"},
+};
+MINIDL_OP_TEST(tree_allreduce, kTree, kTreeBad)
+
 // The harness would read the in-flight value, which only the wait may do: these two ops have
 // their own tests below, the harness checks their refusals.
 static const std::vector<BadCase> kStartBad = {
@@ -119,6 +129,16 @@ TEST(Collectives, SingleProcessMeaning) {
   expect_values(b, {2, 4, 6, 8});
   expect_values(c, {1, 2, 3, 4});
   expect_values(exe.value(yd), {1, 2, 3, 4});
+}
+
+// One process owns the whole tree: its part is the sum already.
+TEST(Collectives, TreeAllreduceOfOneRankIsItsPart) {
+  Tensor x = iota({4}, 1);
+  ir::Graph g;
+  g.add_output(parallel::tree_allreduce(ops::parameter(g, "x", x), 3));
+  runtime::Executable exe(g);
+  exe.run();
+  expect_values(x, {1, 2, 3, 4});
 }
 
 TEST(Collectives, AllgatherShapeFollowsTheRanks) {

@@ -254,7 +254,9 @@ TEST(DataParallelPass, PartitionIsAHookForLaterPasses) {
 
 TEST(DataParallelPass, StrategyNames) {
   EXPECT_EQ(parallel::parse_reduce_strategy("hierarchical"), ReduceStrategy::Hierarchical);
-  EXPECT_THAT([] { parallel::parse_reduce_strategy("ring"); },
-              ThrowsMessage<Error>(HasSubstr(
-                  "unknown reduce strategy 'ring' (expected allreduce, root or hierarchical)")));
+  EXPECT_EQ(parallel::parse_reduce_strategy("tree"), ReduceStrategy::Tree);
+  EXPECT_THAT(
+      [] { parallel::parse_reduce_strategy("ring"); },
+      ThrowsMessage<Error>(HasSubstr(
+          "unknown reduce strategy 'ring' (expected allreduce, root, hierarchical or tree)")));
 }
