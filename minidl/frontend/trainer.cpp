@@ -12,6 +12,7 @@
 #include "minidl/core/rng.hpp"
 #include "minidl/ir/pass.hpp"
 #include "minidl/ops/fusion.hpp"
+#include "minidl/ops/layouts.hpp"
 #include "minidl/ops/ops.hpp"
 #include "minidl/parallel/data_parallel.hpp"
 #include "minidl/parallel/preflight.hpp"
@@ -170,6 +171,8 @@ Trainer::Program& Trainer::program(bool train, std::int64_t batch, std::int64_t 
     pm.add(std::make_unique<parallel::DataParallel>(
         comm_, static_cast<double>(batch) / static_cast<double>(global), dp));
   }
+  // Last: it reads the kernels the runtime will pick, which the passes above may add to.
+  pm.add(std::make_unique<ops::PropagateLayouts>(options_.compile.backend));
   pm.run(g);
   if (deterministic) {
     log_verbose("dispatch",

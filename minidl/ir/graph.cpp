@@ -7,6 +7,22 @@ namespace minidl::ir {
 
 std::string Value::ref() const { return fmt::format("%{}", id_); }
 
+int channel_block(std::string_view layout) {
+  if (layout.empty()) return 1;
+  if (layout == "nChw16c") return 16;
+  if (layout == "nChw8c") return 8;
+  MINIDL_FAIL("unknown layout '", layout, "' (expected plain, nChw16c or nChw8c)");
+}
+
+void Value::set_layout(std::string layout) {
+  const int block = channel_block(layout);
+  MINIDL_CHECK(block == 1 || (shape_.rank() == 4 && dtype_size(dtype_) == 4 && shape_[1] % block == 0),
+               "value ", ref(), " of ", producer_->describe(), " cannot take layout ", layout,
+               ": it needs a 4-D f32 or i32 value whose channels are a multiple of ", block,
+               ", got ", shape_, " ", dtype_);
+  layout_ = std::move(layout);
+}
+
 std::string Node::describe() const {
   return fmt::format("{} '{}' (%{})", op(), name_, outputs_.empty() ? id_ : outputs_[0]->id());
 }

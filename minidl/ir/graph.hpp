@@ -25,6 +25,15 @@ class Value {
   const std::vector<Node*>& users() const { return users_; }
   /// "%17" or "%17:fc1.weight" for readable dumps.
   std::string ref() const;
+  /// How the buffer holds the elements: "" for dense row-major (plain), or a channel-blocked
+  /// layout, "nChw16c" / "nChw8c" (the channels of a [N,C,H,W] value in blocks of 16 or 8, the
+  /// innermost dimension; see channel_block). The shape stays the logical one. Set by
+  /// ops::PropagateLayouts on values that only layout-aware kernels read and write; the runtime
+  /// gives a node with such a value only kernels that can take it.
+  const std::string& layout() const { return layout_; }
+  /// Sets the layout; throws minidl::Error unless the value is a 4-D f32 or i32 value whose
+  /// channels divide into whole blocks (no padding: the buffer keeps the plain size).
+  void set_layout(std::string layout);
 
  private:
   friend class Graph;
@@ -32,11 +41,16 @@ class Value {
   int id_ = 0;
   Shape shape_;
   DType dtype_ = DType::F32;
+  std::string layout_;
   Node* producer_ = nullptr;
   int index_ = 0;
   Graph* graph_ = nullptr;
   std::vector<Node*> users_;
 };
+
+/// The channel block of a layout: 1 for plain (""), 16 for "nChw16c", 8 for "nChw8c"; throws
+/// minidl::Error for any other name.
+int channel_block(std::string_view layout);
 
 class Node {
  public:

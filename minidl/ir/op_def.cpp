@@ -71,6 +71,58 @@ OpDef& OpDef::kernel_factory(Backend backend, std::string name, KernelFactory ma
   kernels_.push_back({backend, std::move(name), supports, std::move(make)});
   return *this;
 }
+OpDef& OpDef::elementwise() {
+  elementwise_ = true;
+  return *this;
+}
+OpDef& OpDef::layout_aware() {
+  MINIDL_ASSERT(!kernels_.empty(), name_, ": layout_aware() must follow a kernel");
+  kernels_.back().layouts = true;
+  return *this;
+}
+
+std::vector<const KernelDef*> kernel_order(const Node& n, Backend preferred) {
+  Backend want = preferred;
+  if (const AttrValue* a = n.annotations().find("backend")) {
+    const auto& s = std::get<std::string>(*a);
+    if (s == "native") {
+      want = Backend::Native;
+    } else if (s == "onednn") {
+      want = Backend::OneDnn;
+    } else {
+      MINIDL_FAIL(n.describe(), ": unknown backend '", s, "' (expected native or onednn)");
+    }
+  }
+  std::vector<const KernelDef*> order;
+  for (const auto& k : n.def().kernels())
+    if (k.backend == want) order.push_back(&k);
+  for (const auto& k : n.def().kernels())
+    if (k.backend != want) order.push_back(&k);
+  return order;
+}
+
+std::string layout_refusal(const Node& n, const KernelDef& k) {
+  if (k.layouts) return {};
+  const Value* first = nullptr;
+  auto check = [&](const Value* v) -> std::string {
+    if (n.def().is_elementwise()) {
+      if (first == nullptr) first = v;
+      if (v->layout() == first->layout()) return {};
+      return fmt::format("{} is in layout {} but {} in {}; an elementwise kernel needs one layout",
+                         v->ref(), v->layout().empty() ? "plain" : v->layout(), first->ref(),
+                         first->layout().empty() ? "plain" : first->layout());
+    }
+    if (v->layout().empty()) return {};
+    return fmt::format("{} is in layout {}; this kernel takes plain values only", v->ref(),
+                       v->layout());
+  };
+  for (const Value* v : n.inputs())
+    if (std::string why = check(v); !why.empty()) return why;
+  for (const Value* v : n.outputs())
+    if (std::string why = check(v); !why.empty()) return why;
+  return {};
+}
+
 OpDef& OpDef::grad(GradFn fn) {
   grad_ = fn;
   return *this;

@@ -65,6 +65,10 @@ struct KernelDef {
   std::string name;
   SupportsFn supports = nullptr;  // null: accepts every node
   KernelFactory make;
+  /// The kernel reads and writes its node's values in whatever layout each carries
+  /// (Value::layout); other kernels take plain values only (or, for an elementwise op, values
+  /// that all share one layout).
+  bool layouts = false;
 };
 
 using InferFn = void (*)(InferCtx&);
@@ -117,6 +121,12 @@ class OpDef {
   OpDef& side_effect();
   /// The value is supplied from outside (inputs, parameters): no kernel.
   OpDef& source();
+  /// Every output element is a function of the inputs' elements at the same position, and the
+  /// inputs and outputs have one shape: any kernel then works on any layout, provided all of the
+  /// node's values share it.
+  OpDef& elementwise();
+  /// The kernel declared last takes values in any layout (KernelDef::layouts).
+  OpDef& layout_aware();
 
   const std::string& name() const { return name_; }
   const std::vector<std::string>& input_names() const { return inputs_; }
@@ -135,6 +145,7 @@ class OpDef {
   bool is_alias() const { return alias_; }
   bool has_side_effect() const { return side_effect_; }
   bool is_source() const { return source_; }
+  bool is_elementwise() const { return elementwise_; }
 
  private:
   std::string name_;
@@ -151,6 +162,13 @@ class OpDef {
   bool alias_ = false;
   bool side_effect_ = false;
   bool source_ = false;
+  bool elementwise_ = false;
 };
+
+/// The kernels of n's op in the order the runtime tries them: those of the node's "backend"
+/// annotation (else of `preferred`) first, then the others, each in declaration order.
+std::vector<const KernelDef*> kernel_order(const Node& n, Backend preferred);
+/// Why kernel k cannot take the layouts of n's values, or "" when it can.
+std::string layout_refusal(const Node& n, const KernelDef& k);
 
 }  // namespace minidl::ir

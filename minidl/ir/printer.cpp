@@ -17,6 +17,7 @@ std::string outputs_text(const Node& n) {
   for (const Value* v : n.outputs()) {
     if (!s.empty()) s += ", ";
     s += fmt::format("{} {}", v->shape(), v->dtype());
+    if (!v->layout().empty()) s += " " + v->layout();
   }
   return s;
 }

@@ -15,15 +15,6 @@ namespace {
 
 std::size_t round_up(std::size_t n) { return (n + kAlignment - 1) / kAlignment * kAlignment; }
 
-std::optional<ir::Backend> node_backend(const ir::Node& n) {
-  const ir::AttrValue* a = n.annotations().find("backend");
-  if (!a) return std::nullopt;
-  const auto& s = std::get<std::string>(*a);
-  if (s == "native") return ir::Backend::Native;
-  if (s == "onednn") return ir::Backend::OneDnn;
-  MINIDL_FAIL(n.describe(), ": unknown backend '", s, "' (expected native or onednn)");
-}
-
 }  // namespace
 
 double trace_clock_us() {
@@ -184,18 +175,11 @@ void Executable::choose_kernels(const ir::Graph& g) {
   std::unordered_map<const ir::Value*, Tensor> view(tensors_.begin(), tensors_.end());
   for (const ir::Node* n : g.nodes()) {
     if (n->def().is_source() || n->def().is_alias()) continue;
-    const ir::Backend want = node_backend(*n).value_or(options_.backend);
-    // Preferred backend first, then the others as fallback, each in declaration order.
-    std::vector<const ir::KernelDef*> order;
-    for (const auto& k : n->def().kernels())
-      if (k.backend == want) order.push_back(&k);
-    for (const auto& k : n->def().kernels())
-      if (k.backend != want) order.push_back(&k);
     const ir::KernelDef* chosen = nullptr;
     std::string declined;
-    for (const ir::KernelDef* k : order) {
-      std::string why;
-      if (k->supports == nullptr || k->supports(*n, &why)) {
+    for (const ir::KernelDef* k : ir::kernel_order(*n, options_.backend)) {
+      std::string why = ir::layout_refusal(*n, *k);
+      if (why.empty() && (k->supports == nullptr || k->supports(*n, &why))) {
         chosen = k;
         break;
       }

@@ -22,6 +22,7 @@ void grad(ir::GradCtx& g) { g.set_input_grad(0, g.op("relu_bwd", {g.out_grad(0),
 MINIDL_OP(relu)
     .inputs({"x"})
     .infer(infer_unary_f32)
+    .elementwise()
 #if MINIDL_WITH_ONEDNN
     .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::relu_kernel, onednn::eltwise_supports)
 #endif
@@ -32,6 +33,7 @@ MINIDL_OP(relu_bwd)
     .inputs({"dy", "y"})
     .outputs({"dx"})
     .infer(infer_same_shapes)
+    .elementwise()
 #if MINIDL_WITH_ONEDNN
     .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::relu_bwd_kernel,
                     onednn::eltwise_supports)

@@ -31,6 +31,7 @@ void grad(ir::GradCtx& g) {
 MINIDL_OP(sigmoid)
     .inputs({"x"})
     .infer(infer_unary_f32)
+    .elementwise()
 #if MINIDL_WITH_ONEDNN
     .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::sigmoid_kernel, onednn::eltwise_supports)
 #endif
@@ -41,6 +42,7 @@ MINIDL_OP(sigmoid_bwd)
     .inputs({"dy", "y"})
     .outputs({"dx"})
     .infer(infer_same_shapes)
+    .elementwise()
 #if MINIDL_WITH_ONEDNN
     .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::sigmoid_bwd_kernel,
                     onednn::eltwise_supports)

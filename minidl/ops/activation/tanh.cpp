@@ -24,6 +24,7 @@ void grad(ir::GradCtx& g) { g.set_input_grad(0, g.op("tanh_bwd", {g.out_grad(0),
 MINIDL_OP(tanh)
     .inputs({"x"})
     .infer(infer_unary_f32)
+    .elementwise()
 #if MINIDL_WITH_ONEDNN
     .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::tanh_kernel, onednn::eltwise_supports)
 #endif
@@ -34,6 +35,7 @@ MINIDL_OP(tanh_bwd)
     .inputs({"dy", "y"})
     .outputs({"dx"})
     .infer(infer_same_shapes)
+    .elementwise()
 #if MINIDL_WITH_ONEDNN
     .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::tanh_bwd_kernel,
                     onednn::eltwise_supports)

@@ -119,6 +119,7 @@ MINIDL_OP(avg_pool2d)
 #if MINIDL_WITH_ONEDNN
     .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::avg_pool2d_kernel,
                     onednn::avg_pool2d_supports)
+    .layout_aware()
 #endif
     .kernel(ir::Backend::Native, avg_pool2d_fwd)
     .grad(grad);
@@ -135,6 +136,7 @@ MINIDL_OP(avg_pool2d_bwd)
 #if MINIDL_WITH_ONEDNN
     .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::avg_pool2d_bwd_kernel,
                     onednn::avg_pool2d_bwd_supports)
+    .layout_aware()
 #endif
     .kernel(ir::Backend::Native, avg_pool2d_bwd)
     .no_grad("backward-only op; second derivatives are not supported");

@@ -1,4 +1,5 @@
 // bias_add: y = x + b broadcast along dimension 1 (features of [N,F], channels of [N,C,H,W]).
+#include "minidl/ir/graph.hpp"
 #include "minidl/ops/common.hpp"
 #include "minidl/ops/registry.hpp"
 
@@ -21,6 +22,18 @@ void bias_add_native(const ir::KernelArgs& k) {
   const float* x = k.in[0].data<float>();
   const float* b = k.in[1].data<float>();
   float* y = k.out[0].data<float>();
+  if (sp == 1) {
+    // [N,F]: whole rows, the bias vector alongside (per-channel runs would be one element long).
+    parallel_for(n, ch, [&](std::int64_t r0, std::int64_t r1) {
+      for (std::int64_t r = r0; r < r1; ++r) {
+        const float* xr = x + r * ch;
+        float* yr = y + r * ch;
+#pragma omp simd
+        for (std::int64_t c = 0; c < ch; ++c) yr[c] = xr[c] + b[c];
+      }
+    });
+    return;
+  }
   parallel_for(n * ch, sp, [&](std::int64_t r0, std::int64_t r1) {
     for (std::int64_t r = r0; r < r1; ++r) {
       const float bv = b[r % ch];
@@ -42,9 +55,37 @@ void infer_bwd(ir::InferCtx& c) {
   c.set_output(0, Shape{c.input(0)[1]});
 }
 
+// diff_dst [N,C,H,W] in a channel-blocked layout ([N, C/B, H*W, B], ir::Value::layout) ->
+// diff_bias [C]: the B channels of a block are summed side by side, one block per thread.
+void bias_add_bwd_blocked(const ir::KernelArgs& k, std::int64_t block) {
+  const Shape& s = k.in[0].shape();
+  const std::int64_t n = s[0], ch = s[1], sp = s[2] * s[3], blocks = ch / block;
+  MINIDL_ASSERT(block <= 16, "channel block ", block, " exceeds the kernel's 16 lanes");
+  const float* dy = k.in[0].data<float>();
+  float* db = k.out[0].data<float>();
+  parallel_for(blocks, n * sp * block, [&](std::int64_t b0, std::int64_t b1) {
+    for (std::int64_t cb = b0; cb < b1; ++cb) {
+      float acc[16] = {};
+      for (std::int64_t i = 0; i < n; ++i) {
+        const float* p = dy + (i * blocks + cb) * sp * block;
+        float part[16] = {};
+        for (std::int64_t j = 0; j < sp; ++j) {
+#pragma omp simd
+          for (std::int64_t c = 0; c < block; ++c) part[c] += p[j * block + c];
+        }
+#pragma omp simd
+        for (std::int64_t c = 0; c < block; ++c) acc[c] += part[c];
+      }
+      for (std::int64_t c = 0; c < block; ++c) db[cb * block + c] = acc[c];
+    }
+  });
+}
+
 // diff_dst [N,C,S] -> diff_bias [C]. Each channel is summed by one thread in a fixed order, so
 // the result does not depend on the thread count.
 void bias_add_bwd_native(const ir::KernelArgs& k) {
+  if (const int block = ir::channel_block(k.node->input(0)->layout()); block > 1)
+    return bias_add_bwd_blocked(k, block);
   const Shape& s = k.in[0].shape();
   const std::int64_t n = s[0], ch = s[1], sp = s.numel() / (n * ch);
   const float* dy = k.in[0].data<float>();
@@ -89,6 +130,7 @@ MINIDL_OP(bias_add_bwd)
     .outputs({"dbias"})
     .infer(infer_bwd)
     .kernel(ir::Backend::Native, bias_add_bwd_native)
+    .layout_aware()  // plain, or the blocked layouts of oneDNN's convolutions
     .no_grad("backward-only op; second derivatives are not supported");
 
 }  // namespace minidl::ops

@@ -307,6 +307,7 @@ MINIDL_OP(conv2d)
     .flops(conv_flops)
 #if MINIDL_WITH_ONEDNN
     .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::conv2d_kernel, onednn::conv2d_supports)
+    .layout_aware()
 #endif
     .kernel_factory(ir::Backend::Native, "native", make_conv2d_fwd)
     .grad(grad);
@@ -322,6 +323,7 @@ MINIDL_OP(conv2d_bwd_data)
 #if MINIDL_WITH_ONEDNN
     .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::conv2d_bwd_data_kernel,
                     onednn::conv2d_bwd_data_supports)
+    .layout_aware()
 #endif
     .kernel(ir::Backend::Native, conv2d_bwd_data)
     .no_grad("backward-only op; second derivatives are not supported");
@@ -337,6 +339,7 @@ MINIDL_OP(conv2d_bwd_weights)
 #if MINIDL_WITH_ONEDNN
     .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::conv2d_bwd_weights_kernel,
                     onednn::conv2d_bwd_weights_supports)
+    .layout_aware()
 #endif
     .kernel_factory(ir::Backend::Native, "native", make_conv2d_bwd_weights)
     .no_grad("backward-only op; second derivatives are not supported");

@@ -142,6 +142,7 @@ MINIDL_OP(max_pool2d)
 #if MINIDL_WITH_ONEDNN
     .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::max_pool2d_kernel,
                     onednn::max_pool2d_supports)
+    .layout_aware()
 #endif
     .kernel(ir::Backend::Native, max_pool2d_fwd)
     .grad(grad);
@@ -157,6 +158,7 @@ MINIDL_OP(max_pool2d_bwd)
 #if MINIDL_WITH_ONEDNN
     .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::max_pool2d_bwd_kernel,
                     onednn::max_pool2d_bwd_supports)
+    .layout_aware()
 #endif
     .kernel(ir::Backend::Native, max_pool2d_bwd)
     .no_grad("backward-only op; second derivatives are not supported");

@@ -157,10 +157,10 @@ ir::Kernel conv2d_kernel(const ir::Node& n) {
     const Problem p = forward_problem(n);
     const auto pd = forward_pd(p, Pass::Forward);
     Staged s{dnnl::convolution_forward(pd)};
-    s.add(DNNL_ARG_SRC, plain_desc(p.x), pd.src_desc(), Args::Side::In, 0);
+    s.add(DNNL_ARG_SRC, value_desc(n.input(0)), pd.src_desc(), Args::Side::In, 0);
     s.add(DNNL_ARG_WEIGHTS, plain_desc(p.w), pd.weights_desc(), Args::Side::In, 1);
     if (p.bias) s.add(DNNL_ARG_BIAS, plain_desc(Shape{p.w[0]}), pd.bias_desc(), Args::Side::In, 2);
-    s.add(DNNL_ARG_DST, plain_desc(p.y), pd.dst_desc(), Args::Side::Out, 0);
+    s.add(DNNL_ARG_DST, value_desc(n.output(0)), pd.dst_desc(), Args::Side::Out, 0);
     return staged_kernel(std::move(s));
   });
 }
@@ -170,9 +170,9 @@ ir::Kernel conv2d_bwd_data_kernel(const ir::Node& n) {
     const Problem p = bwd_data_problem(n);
     const auto pd = bwd_data_pd(p);
     Staged s{dnnl::convolution_backward_data(pd)};
-    s.add(DNNL_ARG_DIFF_DST, plain_desc(p.y), pd.diff_dst_desc(), Args::Side::In, 0);
+    s.add(DNNL_ARG_DIFF_DST, value_desc(n.input(0)), pd.diff_dst_desc(), Args::Side::In, 0);
     s.add(DNNL_ARG_WEIGHTS, plain_desc(p.w), pd.weights_desc(), Args::Side::In, 1);
-    s.add(DNNL_ARG_DIFF_SRC, plain_desc(p.x), pd.diff_src_desc(), Args::Side::Out, 0);
+    s.add(DNNL_ARG_DIFF_SRC, value_desc(n.output(0)), pd.diff_src_desc(), Args::Side::Out, 0);
     return staged_kernel(std::move(s));
   });
 }
@@ -182,9 +182,10 @@ ir::Kernel conv2d_bwd_weights_kernel(const ir::Node& n) {
     const Problem p = bwd_weights_problem(n);
     const auto pd = bwd_weights_pd(p);
     Staged s{dnnl::convolution_backward_weights(pd)};
-    s.add(DNNL_ARG_DIFF_DST, plain_desc(p.y), pd.diff_dst_desc(), Args::Side::In, 0);
-    s.add(DNNL_ARG_SRC, plain_desc(p.x), pd.src_desc(), Args::Side::In, 1);
-    s.add(DNNL_ARG_DIFF_WEIGHTS, plain_desc(p.w), pd.diff_weights_desc(), Args::Side::Out, 0);
+    s.add(DNNL_ARG_DIFF_DST, value_desc(n.input(0)), pd.diff_dst_desc(), Args::Side::In, 0);
+    s.add(DNNL_ARG_SRC, value_desc(n.input(1)), pd.src_desc(), Args::Side::In, 1);
+    s.add(DNNL_ARG_DIFF_WEIGHTS, value_desc(n.output(0)), pd.diff_weights_desc(), Args::Side::Out,
+          0);
     return staged_kernel(std::move(s));
   });
 }

@@ -41,7 +41,8 @@ bool softmax_cross_entropy_supports(const ir::Node& n, std::string* why);
 /// conv2d: src x [N,C,H,W], weights w [K,C,KH,KW], optional bias [K] -> dst y [N,K,OH,OW], the
 /// fused ReLU an eltwise post-op. The backward ops: diff_dst dy, weights w -> diff_src dx, and
 /// diff_dst dy, src x -> diff_weights dw. Each runs in oneDNN's blocked layouts, reordering from
-/// and to our plain ones around the primitive.
+/// and to the layouts of the node's values (plain, or blocked by ops::PropagateLayouts) where
+/// they differ.
 ir::Kernel conv2d_kernel(const ir::Node& n);
 ir::Kernel conv2d_bwd_data_kernel(const ir::Node& n);
 ir::Kernel conv2d_bwd_weights_kernel(const ir::Node& n);
@@ -51,7 +52,9 @@ bool conv2d_bwd_weights_supports(const ir::Node& n, std::string* why);
 
 /// max_pool2d: src x -> dst y and argmax (converted from oneDNN's workspace); max_pool2d_bwd:
 /// diff_dst dy, argmax (converted back into a workspace) -> diff_src dx. avg_pool2d and
-/// avg_pool2d_bwd likewise, with count_include_pad as include/exclude padding. Plain NCHW.
+/// avg_pool2d_bwd likewise, with count_include_pad as include/exclude padding. The primitive runs
+/// in the layout of the larger, input-side tensor (x, dx); the other side is reordered to it when
+/// its layout differs.
 ir::Kernel max_pool2d_kernel(const ir::Node& n);
 ir::Kernel max_pool2d_bwd_kernel(const ir::Node& n);
 ir::Kernel avg_pool2d_kernel(const ir::Node& n);
@@ -60,5 +63,9 @@ bool max_pool2d_supports(const ir::Node& n, std::string* why);
 bool max_pool2d_bwd_supports(const ir::Node& n, std::string* why);
 bool avg_pool2d_supports(const ir::Node& n, std::string* why);
 bool avg_pool2d_bwd_supports(const ir::Node& n, std::string* why);
+
+/// The channel-blocked layout (ir::Value::layout) oneDNN picks for a convolution's output on
+/// this machine: "nChw16c" or "nChw8c", or "" when it picks another one.
+std::string blocked_conv_layout();
 
 }  // namespace minidl::ops::onednn

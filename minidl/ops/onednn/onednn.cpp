@@ -32,6 +32,37 @@ memory::desc plain_desc(const Shape& s) {
   return memory::desc(d, memory::data_type::f32, strides);
 }
 
+memory::desc layout_desc(const Shape& s, const std::string& layout) {
+  switch (ir::channel_block(layout)) {
+    case 16:
+      return memory::desc(dims_of(s), memory::data_type::f32, memory::format_tag::nChw16c);
+    case 8:
+      return memory::desc(dims_of(s), memory::data_type::f32, memory::format_tag::nChw8c);
+    default:
+      return plain_desc(s);
+  }
+}
+
+memory::desc value_desc(const ir::Value* v) { return layout_desc(v->shape(), v->layout()); }
+
+std::string blocked_conv_layout() {
+  // A convolution with enough channels for any block, its output format left to oneDNN.
+  const memory::dims x{1, 32, 8, 8}, w{32, 32, 3, 3};
+  const memory::desc any_x(x, memory::data_type::f32, memory::format_tag::any);
+  const memory::desc any_w(w, memory::data_type::f32, memory::format_tag::any);
+  try {
+    const dnnl::convolution_forward::primitive_desc pd(
+        dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
+                                        dnnl::algorithm::convolution_direct, any_x, any_w, any_x,
+                                        {1, 1}, {1, 1}, {1, 1}),
+        engine());
+    for (const char* layout : {"nChw16c", "nChw8c"})
+      if (pd.dst_desc() == layout_desc(Shape{1, 32, 8, 8}, layout)) return layout;
+  } catch (const dnnl::error&) {
+  }
+  return {};
+}
+
 memory::desc matrix_desc(std::int64_t rows, std::int64_t cols, bool transposed) {
   const memory::dims strides = transposed ? memory::dims{1, rows} : memory::dims{cols, 1};
   return memory::desc({rows, cols}, memory::data_type::f32, strides);

@@ -24,6 +24,11 @@ dnnl::stream& stream();
 dnnl::memory::dims dims_of(const Shape& s);
 /// Dense row-major f32 descriptor of s: [N,C] is ab, [N,C,H,W] is nchw (abcd).
 dnnl::memory::desc plain_desc(const Shape& s);
+/// Descriptor of a value in its layout (ir::Value::layout): plain_desc, or a channel-blocked
+/// nChw16c / nChw8c one.
+dnnl::memory::desc value_desc(const ir::Value* v);
+/// Descriptor of s in the named layout ("" plain).
+dnnl::memory::desc layout_desc(const Shape& s, const std::string& layout);
 /// Row-major f32 [rows, cols] descriptor over memory stored transposed ([cols, rows] row-major)
 /// when transposed: the transpose is only a stride, nothing is copied.
 dnnl::memory::desc matrix_desc(std::int64_t rows, std::int64_t cols, bool transposed);

@@ -1,0 +1,124 @@
+#include "minidl/ops/layouts.hpp"
+
+#include <algorithm>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "minidl/core/log.hpp"
+#include "minidl/ir/graph.hpp"
+#include "minidl/ops/onednn/kernels.hpp"
+
+namespace minidl::ops {
+namespace {
+
+/// What the kernel the runtime picks for a node can do with layouts.
+enum class Takes {
+  Plain,  // plain values only
+  Any,    // any layout on each value (KernelDef::layouts)
+  Same,   // one layout shared by all of its values (elementwise ops)
+};
+
+struct Choice {
+  Takes takes = Takes::Plain;
+  bool onednn = false;  // the kernel is oneDNN's: a blocked layout saves it reorders
+};
+
+/// The kernel the runtime would pick with every value plain, as it tries them.
+Choice choice(const ir::Node& n, ir::Backend preferred) {
+  for (const ir::KernelDef* k : ir::kernel_order(n, preferred)) {
+    if (k->supports != nullptr && !k->supports(n, nullptr)) continue;
+    if (k->layouts) return {Takes::Any, k->backend == ir::Backend::OneDnn};
+    return {n.def().is_elementwise() ? Takes::Same : Takes::Plain, false};
+  }
+  return {};
+}
+
+std::vector<ir::Value*> values_of(const ir::Node& n) {
+  std::vector<ir::Value*> v(n.inputs().begin(), n.inputs().end());
+  v.insert(v.end(), n.outputs().begin(), n.outputs().end());
+  return v;
+}
+
+}  // namespace
+
+const std::string& blocked_layout() {
+#if MINIDL_WITH_ONEDNN
+  static const std::string layout = onednn::blocked_conv_layout();
+#else
+  static const std::string layout;
+#endif
+  return layout;
+}
+
+bool PropagateLayouts::run(ir::Graph& g) {
+  const std::string& layout = blocked_layout();
+  if (layout.empty()) return false;
+  const int block = ir::channel_block(layout);
+
+  // Match: what each node's kernel takes, and the values that could be blocked at all.
+  std::unordered_map<const ir::Node*, Choice> choices;
+  for (const ir::Node* n : g.nodes()) {
+    if (n->def().is_source() || n->def().is_alias()) {
+      choices[n] = {};  // sources are bound plain; an alias reinterprets the plain shape
+    } else {
+      choices[n] = choice(*n, preferred_);
+    }
+  }
+  std::unordered_set<const ir::Value*> blocked;
+  const std::unordered_set<const ir::Value*> outputs(g.outputs().begin(), g.outputs().end());
+  for (const ir::Node* n : g.nodes()) {
+    for (const ir::Value* v : n->outputs()) {
+      const Shape& s = v->shape();
+      // f32 activations and i32 indices (max pooling's argmax).
+      const bool word = v->dtype() == DType::F32 || v->dtype() == DType::I32;
+      if (s.rank() == 4 && word && s[1] % block == 0 && !outputs.count(v) && v->layout().empty())
+        blocked.insert(v);
+    }
+  }
+
+  // Shrink to a fixed point: a value stays blocked only if its producer and every reader take
+  // it, an elementwise node's values are all blocked or all plain, and the value touches a
+  // oneDNN kernel (else a blocked layout would only cost the native code a reorder elsewhere).
+  bool changed = true;
+  while (changed) {
+    changed = false;
+    auto drop = [&](const ir::Value* v) { changed |= blocked.erase(v) > 0; };
+    for (const ir::Node* n : g.nodes()) {
+      const Choice c = choices.at(n);
+      const std::vector<ir::Value*> vals = values_of(*n);
+      if (c.takes == Takes::Plain) {
+        for (const ir::Value* v : vals) drop(v);
+      } else if (c.takes == Takes::Same) {
+        const bool all = std::all_of(vals.begin(), vals.end(),
+                                     [&](const ir::Value* v) { return blocked.count(v) > 0; });
+        if (!all)
+          for (const ir::Value* v : vals) drop(v);
+      }
+    }
+    for (auto it = blocked.begin(); it != blocked.end();) {
+      const ir::Value* v = *it;
+      bool onednn = choices.at(v->producer()).onednn;
+      for (const ir::Node* u : v->users()) onednn |= choices.at(u).onednn;
+      if (onednn) {
+        ++it;
+      } else {
+        it = blocked.erase(it);
+        changed = true;
+      }
+    }
+  }
+
+  // Mutate: in graph order, so the log reads like the graph.
+  int count = 0;
+  for (ir::Node* n : g.nodes()) {
+    for (ir::Value* v : n->outputs()) {
+      if (!blocked.count(v)) continue;
+      v->set_layout(layout);
+      ++count;
+      log_verbose("layouts", "{} of {} -> {}", v->ref(), n->describe(), layout);
+    }
+  }
+  return count > 0;
+}
+
+}  // namespace minidl::ops

@@ -1,0 +1,33 @@
+// Layout propagation. oneDNN's convolutions and pooling run in channel-blocked layouts
+// (nChw16c on AVX-512 machines); with plain NCHW tensors between ops, every such kernel reorders
+// its activations in and out, each step. This pass gives a value oneDNN's blocked layout
+// (Value::layout) when every kernel that writes or reads it can take it: a layout-aware kernel
+// (oneDNN convolution and pooling, the native bias gradient), or an elementwise op all of whose
+// values then share the layout (ReLU and its backward). So a run of such ops keeps the blocked
+// layout, and the reorders happen only where it meets an op that wants plain tensors (the
+// flatten before a linear layer, a graph output).
+#pragma once
+
+#include "minidl/ir/op_def.hpp"
+#include "minidl/ir/pass.hpp"
+
+namespace minidl::ops {
+
+class PropagateLayouts final : public ir::Pass {
+ public:
+  /// preferred: the backend the graph will be compiled for (a node's "backend" annotation
+  /// wins), so that the pass sees the kernels the runtime will pick. Nothing changes unless
+  /// oneDNN is built in and has a blocked convolution layout on this machine.
+  explicit PropagateLayouts(ir::Backend preferred) : preferred_(preferred) {}
+  std::string_view name() const override { return "propagate-layouts"; }
+  bool run(ir::Graph& g) override;
+
+ private:
+  ir::Backend preferred_;
+};
+
+/// The channel-blocked layout oneDNN's convolutions use on this machine ("nChw16c",
+/// "nChw8c"), or "" without oneDNN or when it uses none.
+const std::string& blocked_layout();
+
+}  // namespace minidl::ops
