@@ -16,10 +16,11 @@ int channel_block(std::string_view layout) {
 
 void Value::set_layout(std::string layout) {
   const int block = channel_block(layout);
-  MINIDL_CHECK(block == 1 || (shape_.rank() == 4 && dtype_size(dtype_) == 4 && shape_[1] % block == 0),
-               "value ", ref(), " of ", producer_->describe(), " cannot take layout ", layout,
-               ": it needs a 4-D f32 or i32 value whose channels are a multiple of ", block,
-               ", got ", shape_, " ", dtype_);
+  MINIDL_CHECK(
+      block == 1 || (shape_.rank() == 4 && dtype_size(dtype_) == 4 && shape_[1] % block == 0),
+      "value ", ref(), " of ", producer_->describe(), " cannot take layout ", layout,
+      ": it needs a 4-D f32 or i32 value whose channels are a multiple of ", block, ", got ",
+      shape_, " ", dtype_);
   layout_ = std::move(layout);
 }
 

@@ -152,14 +152,14 @@ bool argmax_to_workspace(const Problem& p, const std::int32_t* argmax, Tap* ws) 
   // / W), at least 0.5 / W away from an integer), which vectorises where an integer division
   // per element would cost more than the pooling itself.
   const double inv_w = 1.0 / static_cast<double>(w);
-  return !for_each_output(p, [argmax, ws, w, kh, kw, inv_w](int64_t o, int64_t wi, int64_t h0,
-                                                            int64_t w0) {
-    const std::int32_t rel = argmax[o] - static_cast<std::int32_t>(h0 * w + w0);
-    const auto r = static_cast<std::int32_t>((static_cast<double>(rel) + 0.5) * inv_w);
-    const std::int32_t c = rel - r * w;
-    ws[wi] = static_cast<Tap>(r * kw + c);
-    return rel < 0 || r >= kh || c >= kw;
-  });
+  return !for_each_output(
+      p, [argmax, ws, w, kh, kw, inv_w](int64_t o, int64_t wi, int64_t h0, int64_t w0) {
+        const std::int32_t rel = argmax[o] - static_cast<std::int32_t>(h0 * w + w0);
+        const auto r = static_cast<std::int32_t>((static_cast<double>(rel) + 0.5) * inv_w);
+        const std::int32_t c = rel - r * w;
+        ws[wi] = static_cast<Tap>(r * kw + c);
+        return rel < 0 || r >= kh || c >= kw;
+      });
 }
 
 /// r * W + s for tap r * KW + s of a window: the tap's input offset from the window's first.

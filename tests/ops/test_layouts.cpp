@@ -1,0 +1,206 @@
+// Layout propagation: which values of a CNN's training graph get oneDNN's blocked layout, that
+// the graph computes the same loss and gradients with and without it, and that the runtime
+// refuses a kernel that cannot read a value's layout. Also the native bias gradient on blocked
+// input, against a plain reference.
+#include <gmock/gmock.h>
+
+#include <cmath>
+
+#include "../support/synthetic.hpp"
+#include "minidl/autograd/autograd.hpp"
+#include "minidl/ir/printer.hpp"
+#include "minidl/ops/fusion.hpp"
+#include "minidl/ops/layouts.hpp"
+#include "minidl/ops/ops.hpp"
+#include "minidl/runtime/executable.hpp"
+
+using namespace minidl;
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
+
+namespace {
+
+// conv 16 -> relu -> pool -> conv 16 -> relu -> pool -> flatten -> linear: enough channels for
+// a block of 16 (or 8) in every activation but the input's.
+std::unique_ptr<nn::Sequential> small_cnn() {
+  auto m = std::make_unique<nn::Sequential>();
+  m->emplace<nn::Conv2d>("conv1", 1, 16, 3, 1, 1, nn::Init::He);
+  m->emplace<nn::ReLU>("relu1");
+  m->emplace<nn::MaxPool2d>("pool1", 2);
+  m->emplace<nn::Conv2d>("conv2", 16, 16, 3, 1, 1, nn::Init::He);
+  m->emplace<nn::ReLU>("relu2");
+  m->emplace<nn::MaxPool2d>("pool2", 2);
+  m->emplace<nn::Flatten>("flatten");
+  m->emplace<nn::Linear>("fc", 16 * 2 * 2, 10, nn::Init::Xavier);
+  return m;
+}
+
+struct TrainingGraph {
+  ir::Graph g;
+  ir::Value* loss = nullptr;
+  std::vector<ir::Value*> grads;
+
+  TrainingGraph(nn::Module& model, const Dataset& batch) {
+    ir::Value* x = ops::parameter(g, "x", batch.images);
+    ir::Value* labels = ops::parameter(g, "labels", batch.labels);
+    loss = ops::softmax_cross_entropy(model.forward(x), labels).first;
+    std::vector<ir::Value*> params;
+    for (ir::Node* n : g.nodes())
+      if (n->op() == "parameter" && n->name() != "x" && n->name() != "labels")
+        params.push_back(n->output());
+    grads = autograd::differentiate(g, loss, params);
+    g.add_output(loss);
+    for (ir::Value* v : grads) g.add_output(v);
+    ops::FuseBiasActivation().run(g);
+  }
+};
+
+std::vector<Tensor> run(const TrainingGraph& t, ir::Backend backend) {
+  runtime::Executable exe(t.g, {.backend = backend});
+  exe.run();
+  std::vector<Tensor> out{exe.value(t.loss).clone()};
+  for (ir::Value* v : t.grads) out.push_back(exe.value(v).clone());
+  return out;
+}
+
+std::string layout_of(const ir::Graph& g, std::string_view node, int output = 0) {
+  const ir::Node* n = g.find(node);
+  return n ? n->output(output)->layout() : "<no node " + std::string(node) + ">";
+}
+
+}  // namespace
+
+TEST(Layouts, NativeGraphsStayPlain) {
+  const Dataset batch = minidl::testing::blobs(8, 3);
+  auto model = small_cnn();
+  model->reset_parameters(5, "");
+  TrainingGraph t(*model, batch);
+  EXPECT_FALSE(ops::PropagateLayouts(ir::Backend::Native).run(t.g));
+  for (const ir::Node* n : t.g.nodes())
+    for (const ir::Value* v : n->outputs()) EXPECT_EQ(v->layout(), "") << n->describe();
+}
+
+#if MINIDL_WITH_ONEDNN
+TEST(Layouts, OneDnnRunsKeepTheBlockedLayoutAndTheResults) {
+  const std::string& blocked = ops::blocked_layout();
+  if (blocked.empty()) GTEST_SKIP() << "oneDNN uses no channel-blocked layout on this CPU";
+  const Dataset batch = minidl::testing::blobs(8, 3);
+  auto model = small_cnn();
+  model->reset_parameters(5, "");
+  TrainingGraph plain(*model, batch);
+  TrainingGraph propagated(*model, batch);
+  ASSERT_TRUE(ops::PropagateLayouts(ir::Backend::OneDnn).run(propagated.g));
+  const ir::Graph& g = propagated.g;
+
+  // Between oneDNN's convolutions and pooling, and through the ReLU backward that sits between
+  // them: blocked. Max pooling's argmax too (both pooling kernels are oneDNN's).
+  EXPECT_EQ(layout_of(g, "conv1.conv2d+bias+relu"), blocked) << ir::to_text(g);
+  EXPECT_EQ(layout_of(g, "pool1.max_pool2d"), blocked);
+  EXPECT_EQ(layout_of(g, "pool1.max_pool2d", 1), blocked);
+  EXPECT_EQ(layout_of(g, "conv2.conv2d+bias+relu"), blocked);
+  EXPECT_EQ(layout_of(g, "relu2.relu.bwd"), blocked);
+  EXPECT_EQ(layout_of(g, "conv2.conv2d.bwd"), blocked);  // the data gradient
+  // Where a plain-only op reads or writes: the flatten's input, the input image (1 channel),
+  // weight gradients (the optimizer's), graph outputs.
+  EXPECT_EQ(layout_of(g, "pool2.max_pool2d"), "");
+  EXPECT_EQ(layout_of(g, "x"), "");
+  for (const ir::Value* v : g.outputs()) EXPECT_EQ(v->layout(), "") << v->ref();
+  EXPECT_THAT(ir::to_text(g), HasSubstr(" " + blocked));
+
+  // The same loss and gradients: the convolutions and the pooling compute the same sums, only
+  // the bias gradients add up a blocked tensor in another order.
+  const auto want = run(plain, ir::Backend::OneDnn);
+  const auto got = run(propagated, ir::Backend::OneDnn);
+  ASSERT_EQ(want.size(), got.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    ASSERT_EQ(want[i].shape(), got[i].shape());
+    for (std::int64_t j = 0; j < want[i].numel(); ++j) {
+      const float a = want[i].at(j), b = got[i].at(j);
+      EXPECT_NEAR(a, b, 1e-5f * (1.0f + std::abs(a))) << "output " << i << " element " << j;
+    }
+  }
+  // And against the native backend, whose kernels are the reference.
+  const auto native = run(plain, ir::Backend::Native);
+  for (std::size_t i = 0; i < native.size(); ++i)
+    for (std::int64_t j = 0; j < native[i].numel(); ++j)
+      EXPECT_NEAR(native[i].at(j), got[i].at(j), 1e-4f * (1.0f + std::abs(native[i].at(j))))
+          << "output " << i << " element " << j;
+}
+#endif
+
+TEST(Layouts, RuntimeRefusesKernelsThatCannotReadALayout) {
+  ir::Graph g;
+  ir::Value* x = ops::input(g, "x", {2, 16, 4, 4});
+  x->set_layout("nChw16c");
+  // bias_add has one kernel, native and plain-only.
+  ir::Value* y = ops::bias_add(x, ops::input(g, "b", {16}));
+  g.add_output(y);
+  EXPECT_THAT([&] { runtime::Executable exe(g, {.backend = ir::Backend::Native}); },
+              ThrowsMessage<Error>(AllOf(HasSubstr("no kernel accepts this node"),
+                                         HasSubstr("is in layout nChw16c; this kernel takes "
+                                                   "plain values only"))));
+  // An elementwise op is fine with one layout for all its values, not with two.
+  ir::Graph h;
+  ir::Value* a = ops::input(h, "a", {2, 16, 4, 4});
+  ir::Value* b = ops::input(h, "b", {2, 16, 4, 4});
+  a->set_layout("nChw16c");
+  h.add_output(h.add_node(ops::op("relu_bwd"), {a, b})->output());
+  EXPECT_THAT([&] { runtime::Executable exe(h, {.backend = ir::Backend::Native}); },
+              ThrowsMessage<Error>(HasSubstr("an elementwise kernel needs one layout")));
+  b->set_layout("nChw16c");
+  h.outputs()[0]->set_layout("nChw16c");
+  EXPECT_NO_THROW(runtime::Executable(h, {.backend = ir::Backend::Native}));
+}
+
+TEST(Layouts, SetLayoutChecksTheValue) {
+  ir::Graph g;
+  EXPECT_THAT(
+      [&] {
+        ops::input(g, "a", {2, 8, 4, 4})->set_layout("nChw16c");
+      },
+      ThrowsMessage<Error>(HasSubstr("channels are a multiple of 16, got [2,8,4,4]")));
+  EXPECT_THAT(
+      [&] {
+        ops::input(g, "b", {2, 16})->set_layout("nChw16c");
+      },
+      ThrowsMessage<Error>(HasSubstr("needs a 4-D f32 or i32 value")));
+  EXPECT_THAT(
+      [&] {
+        ops::input(g, "c", {2, 16, 4, 4})->set_layout("nhwc");
+      },
+      ThrowsMessage<Error>(HasSubstr("unknown layout 'nhwc'")));
+  ir::Value* ok = ops::input(g, "d", {2, 8, 4, 4});
+  ok->set_layout("nChw8c");
+  EXPECT_EQ(ok->layout(), "nChw8c");
+  EXPECT_EQ(ir::channel_block("nChw8c"), 8);
+  EXPECT_EQ(ir::channel_block(""), 1);
+}
+
+// The native bias gradient reads a blocked diff_dst: element (n, c, h, w) at
+// ((n * C/B + c/B) * H*W + h*W + w) * B + c%B.
+TEST(Layouts, BiasGradientOfBlockedInput) {
+  for (const char* layout : {"nChw16c", "nChw8c"}) {
+    const std::int64_t n = 3, ch = 32, h = 5, w = 7, block = ir::channel_block(layout);
+    Tensor plain = Tensor::empty({n, ch, h, w});
+    CounterRng(11).fill_normal(plain, 0, 0.0f, 1.0f);
+    ir::Graph g;
+    ir::Value* dy = ops::input(g, "dy", {n, ch, h, w});
+    dy->set_layout(layout);
+    ir::Value* db = g.add_node(ops::op("bias_add_bwd"), {dy})->output();
+    g.add_output(db);
+    runtime::Executable exe(g);
+    float* blocked = exe.input("dy").data<float>();
+    for (std::int64_t i = 0; i < n; ++i)
+      for (std::int64_t c = 0; c < ch; ++c)
+        for (std::int64_t s = 0; s < h * w; ++s)
+          blocked[((i * (ch / block) + c / block) * h * w + s) * block + c % block] =
+              plain.at((i * ch + c) * h * w + s);
+    exe.run();
+    for (std::int64_t c = 0; c < ch; ++c) {
+      double want = 0.0;
+      for (std::int64_t i = 0; i < n; ++i)
+        for (std::int64_t s = 0; s < h * w; ++s) want += plain.at((i * ch + c) * h * w + s);
+      EXPECT_NEAR(exe.value(db).at(c), want, 1e-4) << layout << " channel " << c;
+    }
+  }
+}
