@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <string_view>
@@ -174,15 +175,25 @@ std::vector<checkpoint::Setting> run_settings(const AppConfig& c, const nn::Modu
           {"micro_batch", str(c.deterministic ? c.micro_batch : 0), R::Note, "--micro-batch"}};
 }
 
-/// MINIDL_TEST_KILL_AFTER_STEP (see run_training_app): 0 when unset.
-std::int64_t kill_after_step() {
-  const char* v = std::getenv("MINIDL_TEST_KILL_AFTER_STEP");
+/// A testing hook's step number (see run_training_app): 0 when the variable is unset.
+std::int64_t test_hook_step(const char* variable) {
+  const char* v = std::getenv(variable);
   if (v == nullptr || *v == '\0') return 0;
   char* end = nullptr;
   const long long step = std::strtoll(v, &end, 10);
-  MINIDL_CHECK(*end == '\0' && step > 0, "MINIDL_TEST_KILL_AFTER_STEP is '", v,
+  MINIDL_CHECK(*end == '\0' && step > 0, variable, " is '", v,
                "', expected a positive step number");
   return step;
+}
+
+/// MINIDL_TEST_KILL_RANK: the one rank the kill hook kills, or -1 (all).
+int kill_rank() {
+  const char* v = std::getenv("MINIDL_TEST_KILL_RANK");
+  if (v == nullptr || *v == '\0') return -1;
+  char* end = nullptr;
+  const long r = std::strtol(v, &end, 10);
+  MINIDL_CHECK(*end == '\0' && r >= 0, "MINIDL_TEST_KILL_RANK is '", v, "', expected a rank");
+  return static_cast<int>(r);
 }
 
 int train(const std::string& program, AppConfig& c, const ModelBuilder& build) {
@@ -218,6 +229,7 @@ int train(const std::string& program, AppConfig& c, const ModelBuilder& build) {
   topt.compile.backend = c.backend == "onednn" ? ir::Backend::OneDnn : ir::Backend::Native;
   topt.compile.profile = c.profile;
   topt.compile.trace = !c.trace.empty();
+  topt.compile.check_numerics = c.check_numerics;
   topt.fuse = !c.no_fuse;
   topt.replicas = c.thread_mode == "replicas" ? max_threads() : 1;
   topt.reduce_strategy = parallel::parse_reduce_strategy(c.reduce);
@@ -230,7 +242,9 @@ int train(const std::string& program, AppConfig& c, const ModelBuilder& build) {
   }
   const bool talk = root && !c.quiet;  // headers, per-epoch lines, notes
   if (talk) warn_if_spinning_oversubscribed(program);
-  const std::int64_t kill_after = kill_after_step();
+  const std::int64_t kill_after = test_hook_step("MINIDL_TEST_KILL_AFTER_STEP");
+  const int kill_only = kill_rank();
+  const std::int64_t nan_after = test_hook_step("MINIDL_TEST_NAN_AFTER_STEP");
   if (!c.checkpoint_dir.empty() && c.checkpoint_every == 0 && c.checkpoint_every_steps == 0)
     c.checkpoint_every = 1;
   const std::vector<checkpoint::Setting> settings = run_settings(c, *model, train_set, comm.size());
@@ -338,9 +352,15 @@ int train(const std::string& program, AppConfig& c, const ModelBuilder& build) {
     progress.update(info.position, info.running_loss);
     if (c.checkpoint_every_steps > 0 && info.step % c.checkpoint_every_steps == 0)
       save_checkpoint();
-    if (kill_after > 0 && info.step == kill_after) {
+    if (kill_after > 0 && info.step == kill_after && (kill_only < 0 || kill_only == comm.rank())) {
       std::fflush(stdout);
       std::raise(SIGKILL);
+    }
+    if (nan_after > 0 && info.step == nan_after) {
+      // The last parameter (the output layer's bias in the examples): no ReLU after it would
+      // turn the NaN into 0. A Tensor is a handle: the copy writes the parameter's storage.
+      const Tensor t = model->parameters().back().second;
+      t.data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
     }
   };
   EvalStats last{};
@@ -503,6 +523,9 @@ int run_training_app(int argc, char** argv, const std::string& description, AppC
   app.add_flag("--profile", c.profile,
                "time every kernel: per-epoch compute/communication/waiting split and a per-node "
                "table at the end");
+  app.add_flag("--check-numerics", c.check_numerics,
+               "check every node's output for NaN and Inf and name the first node that produced "
+               "one (the loss is checked every step regardless)");
   app.add_option("--trace", c.trace,
                  "write every kernel call of the training steps to FILE.json (Chrome trace: "
                  "Perfetto, chrome://tracing), one track per rank and thread");

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 #include <tuple>
@@ -256,7 +257,13 @@ void Trainer::step(Program& p, const Dataset& d, const std::int64_t* idx, std::i
                    Sums& sums) {
   gather(d, idx, n, p);
   p.exe->run();
-  sums.loss += static_cast<double>(p.exe->value(p.loss).at(0)) * p.loss_to_sum;
+  // Checked every step (one number): a run that diverged stops here, before anything saves it.
+  const float loss = p.exe->value(p.loss).at(0);
+  MINIDL_CHECK(std::isfinite(loss), "the loss over this rank's ", n, " samples is ", loss,
+               options_.compile.check_numerics
+                   ? ""
+                   : "; --check-numerics names the first node that produced a NaN or Inf");
+  sums.loss += static_cast<double>(loss) * p.loss_to_sum;
   for (const Program::Part& part : p.parts)
     sums.correct += static_cast<double>(count_correct(p.exe->value(part.probs), part.labels));
 }
@@ -336,7 +343,12 @@ EpochStats Trainer::train_epoch(const Dataset& d, int epoch, const StepCallback&
     }
     ++steps_;
     const double before = sums.loss;
-    step(p, d, order.data() + begin, end - begin, sums);
+    try {
+      step(p, d, order.data() + begin, end - begin, sums);
+    } catch (const Error& e) {
+      MINIDL_FAIL("training step ", steps_, " (epoch ", epoch, ", step ", pos.epoch_step + 1,
+                  " of the epoch): ", e.what());
+    }
     run_loss += sums.loss - before;
     run_samples += end - begin;
     pos.epoch_step += 1;
@@ -458,7 +470,11 @@ EvalStats Trainer::evaluate(const Dataset& d) {
   Sums sums;
   for (std::int64_t start = first; start < last; start += options_.eval_batch_size) {
     const std::int64_t n = std::min(options_.eval_batch_size, last - start);
-    step(program(false, n, 0, sample), d, order.data() + start, n, sums);
+    try {
+      step(program(false, n, 0, sample), d, order.data() + start, n, sums);
+    } catch (const Error& e) {
+      MINIDL_FAIL("evaluation on '", d.name, "': ", e.what());
+    }
   }
   sums.reduce(comm_);
   EvalStats s;

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdint>
 #include <exception>
 #include <limits>
 #include <unordered_map>
@@ -14,6 +16,53 @@ namespace minidl::runtime {
 namespace {
 
 std::size_t round_up(std::size_t n) { return (n + kAlignment - 1) / kAlignment * kAlignment; }
+
+/// Index of the first NaN or Inf among t's elements (f32 only), or -1.
+std::int64_t first_nonfinite(const Tensor& t) {
+  if (t.dtype() != DType::F32 || t.raw() == nullptr) return -1;
+  const auto* bits = static_cast<const std::uint32_t*>(t.raw());
+  const std::int64_t n = t.numel();
+  constexpr std::uint32_t kExponent = 0x7f800000u;  // all ones: Inf or NaN
+  constexpr std::int64_t kChunk = 4096;
+  for (std::int64_t b = 0; b < n; b += kChunk) {
+    const std::int64_t e = std::min(n, b + kChunk);
+    bool any = false;
+#pragma omp simd reduction(| : any)
+    for (std::int64_t i = b; i < e; ++i) any |= (bits[i] & kExponent) == kExponent;
+    if (!any) continue;
+    for (std::int64_t i = b; i < e; ++i)
+      if ((bits[i] & kExponent) == kExponent) return i;
+  }
+  return -1;
+}
+
+const char* nonfinite_name(const Tensor& t, std::int64_t i) {
+  const float x = t.data<float>()[i];
+  if (std::isnan(x)) return "NaN";
+  return x > 0 ? "+Inf" : "-Inf";
+}
+
+/// Throws when one of step s's outputs holds a NaN or Inf (CompileOptions::check_numerics).
+void check_numerics(const ir::Node& n, const std::vector<Tensor>& in,
+                    const std::vector<Tensor>& out) {
+  for (std::size_t o = 0; o < out.size(); ++o) {
+    const std::int64_t i = first_nonfinite(out[o]);
+    if (i < 0) continue;
+    std::string inputs;
+    for (std::size_t k = 0; k < in.size(); ++k) {
+      const std::int64_t j = first_nonfinite(in[k]);
+      const ir::Value* v = n.input(static_cast<int>(k));
+      inputs +=
+          fmt::format("{}{} ({}) {}", inputs.empty() ? "" : ", ", v->ref(), v->producer()->name(),
+                      in[k].dtype() != DType::F32 ? "(not f32)"
+                      : j < 0                     ? "finite"
+                              : fmt::format("has {} at element {}", nonfinite_name(in[k], j), j));
+    }
+    MINIDL_FAIL("check-numerics: ", n.describe(), " produced ", nonfinite_name(out[o], i),
+                " at element ", i, " of output ", o, " ", out[o].shape(),
+                "; its inputs: ", inputs.empty() ? "none" : inputs);
+  }
+}
 
 }  // namespace
 
@@ -263,11 +312,13 @@ void Executable::run_steps(std::size_t begin, std::size_t end, int replica) {
     if (replica >= 0 && step_replica_[i] != replica) continue;
     if (!timed) {
       steps_[i].kernel(steps_[i].args);
+      if (options_.check_numerics) check_numerics(*steps_[i].node, steps_[i].in, steps_[i].out);
       continue;
     }
     const double t0 = trace_clock_us();
     steps_[i].kernel(steps_[i].args);
     const double t1 = trace_clock_us();
+    if (options_.check_numerics) check_numerics(*steps_[i].node, steps_[i].in, steps_[i].out);
     profile_[i].calls++;
     profile_[i].seconds += (t1 - t0) * 1e-6;
     if (options_.trace) {

@@ -34,6 +34,10 @@ struct CompileOptions {
   /// trace_limit events; later calls are counted but not recorded.
   bool trace = false;
   std::size_t trace_limit = 4'000'000;
+  /// After every kernel, scan the node's f32 outputs for NaN and Inf; the first node that
+  /// produced one throws minidl::Error naming it, its op, the element, and which of its inputs
+  /// were already non-finite. Costs a pass over every output.
+  bool check_numerics = false;
 };
 
 struct MemoryPlan {

@@ -1,6 +1,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "minidl/autograd/autograd.hpp"
 #include "minidl/core/rng.hpp"
 #include "minidl/ops/ops.hpp"
@@ -126,4 +128,34 @@ TEST(Executable, ProfileAndTrace) {
   limited.run();
   EXPECT_EQ(limited.trace().size(), 5u);
   EXPECT_EQ(limited.dropped_events(), kernels - 5);
+}
+
+// check_numerics: the first node whose output holds a NaN or Inf throws, naming itself and
+// which inputs were already non-finite; without the option the same run goes through.
+TEST(Executable, CheckNumericsNamesTheFirstNonFiniteNode) {
+  ir::Graph g;
+  ir::Value* x = ops::input(g, "x", {2, 3});
+  ir::Value* big = ops::scale(x, 1e30);        // 1e30 * 1e10 overflows to +Inf
+  ir::Value* y = ops::relu(ops::add(big, x));  // Inf from here on; relu is not the first
+  g.add_output(y);
+  for (bool check : {false, true}) {
+    runtime::Executable exe(g, {.check_numerics = check});
+    float* in = exe.input("x").data<float>();
+    for (int i = 0; i < 6; ++i) in[i] = i == 4 ? 1e10f : 1.0f;
+    if (!check) {
+      EXPECT_NO_THROW(exe.run());
+      continue;
+    }
+    EXPECT_THAT(
+        [&] { exe.run(); },
+        ::testing::ThrowsMessage<Error>(::testing::AllOf(
+            ::testing::HasSubstr("check-numerics: scale"),
+            ::testing::HasSubstr("produced +Inf at element 4 of output 0 [2,3]"),
+            ::testing::HasSubstr("its inputs: %" + std::to_string(x->id()) + " (x) finite"))));
+    in[4] = std::numeric_limits<float>::quiet_NaN();
+    EXPECT_THAT([&] { exe.run(); }, ::testing::ThrowsMessage<Error>(::testing::HasSubstr(
+                                        "produced NaN at element 4 of output 0 [2,3]; its "
+                                        "inputs: %" +
+                                        std::to_string(x->id()) + " (x) has NaN at element 4")));
+  }
 }
