@@ -2,6 +2,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -186,19 +187,21 @@ std::int64_t test_hook_step(const char* variable) {
   return step;
 }
 
-/// MINIDL_TEST_KILL_RANK: the one rank the kill hook kills, or -1 (all).
-int kill_rank() {
-  const char* v = std::getenv("MINIDL_TEST_KILL_RANK");
-  if (v == nullptr || *v == '\0') return -1;
+/// A testing hook's rank (MINIDL_TEST_KILL_RANK, MINIDL_TEST_STALL_RANK), or fallback when unset.
+int test_hook_rank(const char* variable, int fallback) {
+  const char* v = std::getenv(variable);
+  if (v == nullptr || *v == '\0') return fallback;
   char* end = nullptr;
   const long r = std::strtol(v, &end, 10);
-  MINIDL_CHECK(*end == '\0' && r >= 0, "MINIDL_TEST_KILL_RANK is '", v, "', expected a rank");
+  MINIDL_CHECK(*end == '\0' && r >= 0, variable, " is '", v, "', expected a rank");
   return static_cast<int>(r);
 }
 
 int train(const std::string& program, AppConfig& c, const ModelBuilder& build) {
   if (c.threads > 0) set_num_threads(c.threads);
   parallel::Communicator& comm = parallel::world();
+  // Before the first collective (the parameters' broadcast below, the preflight).
+  comm.set_timeout(c.collective_timeout);
   const bool root = comm.rank() == 0;
   const std::string dir = c.data.empty() ? "data/" + c.dataset : c.data;
   auto [train_set, test_set] = [&] {
@@ -243,7 +246,9 @@ int train(const std::string& program, AppConfig& c, const ModelBuilder& build) {
   const bool talk = root && !c.quiet;  // headers, per-epoch lines, notes
   if (talk) warn_if_spinning_oversubscribed(program);
   const std::int64_t kill_after = test_hook_step("MINIDL_TEST_KILL_AFTER_STEP");
-  const int kill_only = kill_rank();
+  const int kill_only = test_hook_rank("MINIDL_TEST_KILL_RANK", -1);
+  const std::int64_t stall_after = test_hook_step("MINIDL_TEST_STALL_AFTER_STEP");
+  const int stall_rank = test_hook_rank("MINIDL_TEST_STALL_RANK", 0);
   const std::int64_t nan_after = test_hook_step("MINIDL_TEST_NAN_AFTER_STEP");
   if (!c.checkpoint_dir.empty() && c.checkpoint_every == 0 && c.checkpoint_every_steps == 0)
     c.checkpoint_every = 1;
@@ -356,6 +361,8 @@ int train(const std::string& program, AppConfig& c, const ModelBuilder& build) {
       std::fflush(stdout);
       std::raise(SIGKILL);
     }
+    if (stall_after > 0 && info.step == stall_after && comm.rank() == stall_rank)
+      std::this_thread::sleep_for(std::chrono::minutes(10));
     if (nan_after > 0 && info.step == nan_after) {
       // The last parameter (the output layer's bias in the examples): no ReLU after it would
       // turn the NaN into 0. A Tensor is a handle: the copy writes the parameter's storage.
@@ -526,6 +533,11 @@ int run_training_app(int argc, char** argv, const std::string& description, AppC
   app.add_flag("--check-numerics", c.check_numerics,
                "check every node's output for NaN and Inf and name the first node that produced "
                "one (the loss is checked every step regardless)");
+  app.add_option("--collective-timeout", c.collective_timeout,
+                 "seconds a collective may wait for the other ranks before the job ends with an "
+                 "error naming it and the ranks that did not arrive (0: no limit)")
+      ->check(CLI::Range(0.0, 1e6))
+      ->capture_default_str();
   app.add_option("--trace", c.trace,
                  "write every kernel call of the training steps to FILE.json (Chrome trace: "
                  "Perfetto, chrome://tracing), one track per rank and thread");

@@ -43,10 +43,12 @@ struct AppConfig {
   // ranks x threads, with micro-shards of micro_batch samples.
   bool deterministic = false;
   std::int64_t micro_batch = 8;
-  bool no_fuse = false;      // keep bias_add and relu as separate nodes
-  std::int64_t upscale = 1;  // images enlarged k times per side (granularity studies)
-  bool profile = false;      // per-kernel timing: the epoch split and a kernel table
+  bool no_fuse = false;         // keep bias_add and relu as separate nodes
+  std::int64_t upscale = 1;     // images enlarged k times per side (granularity studies)
+  bool profile = false;         // per-kernel timing: the epoch split and a kernel table
   bool check_numerics = false;  // scan every node's output for NaN and Inf
+  double collective_timeout =
+      0.0;  // seconds a collective may wait for the other ranks (0: no limit)
   std::int64_t train_limit = 0;
   std::int64_t test_limit = 0;
   std::string metrics;
@@ -84,7 +86,9 @@ using ModelBuilder = std::function<std::unique_ptr<nn::Module>(const AppConfig&,
 /// Testing hooks: the environment variable MINIDL_TEST_KILL_AFTER_STEP=G makes every rank kill
 /// itself (SIGKILL) right after training step G (counted from the start of training, the
 /// checkpoint of that step written), so tests can interrupt a run at a known point;
-/// MINIDL_TEST_KILL_RANK=R limits that to rank R. MINIDL_TEST_NAN_AFTER_STEP=G writes a NaN into
+/// MINIDL_TEST_KILL_RANK=R limits that to rank R. MINIDL_TEST_STALL_AFTER_STEP=G makes rank
+/// MINIDL_TEST_STALL_RANK (default 0) sleep for ten minutes after step G, a stuck rank for the
+/// collective timeout to find. MINIDL_TEST_NAN_AFTER_STEP=G writes a NaN into
 /// the first element of the last parameter on every rank after step G (its checkpoint
 /// written), so tests can watch the numerics checks catch it.
 int run_training_app(int argc, char** argv, const std::string& description, AppConfig config,

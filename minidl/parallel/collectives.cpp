@@ -48,6 +48,20 @@ void check_rank_attr(ir::InferCtx& c, const char* attr) {
   MINIDL_CHECK_NODE(c, r >= 0, attr, " must be a rank (>= 0), got ", r);
 }
 
+/// A collective's kernel factory whose kernels name their node in the errors they throw (a
+/// collective timeout, an MPI failure): the communicator itself knows no nodes.
+ir::KernelFactory naming(ir::Kernel (*make)(const ir::Node&)) {
+  return [make](const ir::Node& node) -> ir::Kernel {
+    return [kernel = make(node)](const ir::KernelArgs& k) {
+      try {
+        kernel(k);
+      } catch (const Error& e) {
+        MINIDL_FAIL(k.node->describe(), ": ", e.what());
+      }
+    };
+  };
+}
+
 void check_tag(ir::InferCtx& c) {
   const auto tag = c.attr<std::int64_t>("tag");
   MINIDL_CHECK_NODE(c, tag >= 0 && tag <= kMaxTag, "tag must be in [0, ", kMaxTag, "], got ", tag);
@@ -287,15 +301,16 @@ ir::Kernel make_progress(const ir::Node& node) {
 // ---- the table --------------------------------------------------------------------------------
 
 const ir::OpDef& allreduce_def() {
-  static const ir::OpDef def = ir::OpDef("allreduce")
-                                   .inputs({"x"})
-                                   .attr<float>("scale", 1.0f)
-                                   .attr<int>("group", 0)
-                                   .infer(ops::infer_unary_f32)
-                                   .kernel_factory(ir::Backend::Native, "mpi", make_allreduce)
-                                   .inplace(0, 0)
-                                   .side_effect()
-                                   .no_grad(kNoGrad);
+  static const ir::OpDef def =
+      ir::OpDef("allreduce")
+          .inputs({"x"})
+          .attr<float>("scale", 1.0f)
+          .attr<int>("group", 0)
+          .infer(ops::infer_unary_f32)
+          .kernel_factory(ir::Backend::Native, "mpi", naming(make_allreduce))
+          .inplace(0, 0)
+          .side_effect()
+          .no_grad(kNoGrad);
   return def;
 }
 
@@ -306,7 +321,7 @@ const ir::OpDef& reduce_def() {
                                    .attr<int>("root", 0)
                                    .attr<int>("group", 0)
                                    .infer(infer_reduce)
-                                   .kernel_factory(ir::Backend::Native, "mpi", make_reduce)
+                                   .kernel_factory(ir::Backend::Native, "mpi", naming(make_reduce))
                                    .inplace(0, 0)
                                    .side_effect()
                                    .no_grad(kNoGrad);
@@ -314,40 +329,43 @@ const ir::OpDef& reduce_def() {
 }
 
 const ir::OpDef& broadcast_def() {
-  static const ir::OpDef def = ir::OpDef("broadcast")
-                                   .inputs({"x"})
-                                   .attr<int>("root", 0)
-                                   .attr<int>("group", 0)
-                                   .infer(infer_broadcast)
-                                   .kernel_factory(ir::Backend::Native, "mpi", make_broadcast)
-                                   .inplace(0, 0)
-                                   .side_effect()
-                                   .no_grad(kNoGrad);
+  static const ir::OpDef def =
+      ir::OpDef("broadcast")
+          .inputs({"x"})
+          .attr<int>("root", 0)
+          .attr<int>("group", 0)
+          .infer(infer_broadcast)
+          .kernel_factory(ir::Backend::Native, "mpi", naming(make_broadcast))
+          .inplace(0, 0)
+          .side_effect()
+          .no_grad(kNoGrad);
   return def;
 }
 
 const ir::OpDef& allgather_def() {
-  static const ir::OpDef def = ir::OpDef("allgather")
-                                   .inputs({"x"})
-                                   .attr<int>("ranks")
-                                   .attr<int>("group", 0)
-                                   .infer(infer_allgather)
-                                   .kernel_factory(ir::Backend::Native, "mpi", make_allgather)
-                                   .side_effect()
-                                   .no_grad(kNoGrad);
+  static const ir::OpDef def =
+      ir::OpDef("allgather")
+          .inputs({"x"})
+          .attr<int>("ranks")
+          .attr<int>("group", 0)
+          .infer(infer_allgather)
+          .kernel_factory(ir::Backend::Native, "mpi", naming(make_allgather))
+          .side_effect()
+          .no_grad(kNoGrad);
   return def;
 }
 
 const ir::OpDef& tree_allreduce_def() {
-  static const ir::OpDef def = ir::OpDef("tree_allreduce")
-                                   .inputs({"x"})
-                                   .attr<int>("leaves")
-                                   .attr<int>("group", 0)
-                                   .infer(infer_tree_allreduce)
-                                   .kernel_factory(ir::Backend::Native, "mpi", make_tree_allreduce)
-                                   .inplace(0, 0)
-                                   .side_effect()
-                                   .no_grad(kNoGrad);
+  static const ir::OpDef def =
+      ir::OpDef("tree_allreduce")
+          .inputs({"x"})
+          .attr<int>("leaves")
+          .attr<int>("group", 0)
+          .infer(infer_tree_allreduce)
+          .kernel_factory(ir::Backend::Native, "mpi", naming(make_tree_allreduce))
+          .inplace(0, 0)
+          .side_effect()
+          .no_grad(kNoGrad);
   return def;
 }
 
@@ -358,7 +376,7 @@ const ir::OpDef& start_def() {
                                    .attr<float>("scale", 1.0f)
                                    .attr<int>("group", 0)
                                    .infer(infer_start)
-                                   .kernel_factory(ir::Backend::Native, "mpi", make_start)
+                                   .kernel_factory(ir::Backend::Native, "mpi", naming(make_start))
                                    .inplace(0, 0)
                                    .side_effect()
                                    .no_grad(kNoGrad);
@@ -369,7 +387,7 @@ const ir::OpDef& wait_def() {
   static const ir::OpDef def = ir::OpDef("allreduce_wait")
                                    .inputs({"in_flight", "request"})
                                    .infer(infer_wait)
-                                   .kernel_factory(ir::Backend::Native, "mpi", make_wait)
+                                   .kernel_factory(ir::Backend::Native, "mpi", naming(make_wait))
                                    .inplace(0, 0)
                                    .side_effect()
                                    .no_grad(kNoGrad);
@@ -384,7 +402,7 @@ const ir::OpDef& send_def() {
                                    .attr<int>("tag", 0)
                                    .attr<int>("group", 0)
                                    .infer(infer_send)
-                                   .kernel_factory(ir::Backend::Native, "mpi", make_send)
+                                   .kernel_factory(ir::Backend::Native, "mpi", naming(make_send))
                                    .side_effect()
                                    .no_grad(kNoGrad);
   return def;
@@ -399,7 +417,7 @@ const ir::OpDef& recv_def() {
                                    .attr<int>("tag", 0)
                                    .attr<int>("group", 0)
                                    .infer(infer_recv)
-                                   .kernel_factory(ir::Backend::Native, "mpi", make_recv)
+                                   .kernel_factory(ir::Backend::Native, "mpi", naming(make_recv))
                                    .side_effect()
                                    .no_grad(kNoGrad);
   return def;
@@ -428,14 +446,15 @@ const ir::OpDef& unpack_def() {
 }
 
 const ir::OpDef& progress_def() {
-  static const ir::OpDef def = ir::OpDef("comm_progress")
-                                   .inputs({})
-                                   .outputs({})
-                                   .attr<int>("group", 0)
-                                   .infer(infer_nothing)
-                                   .kernel_factory(ir::Backend::Native, "mpi", make_progress)
-                                   .side_effect()
-                                   .no_grad(kNoGrad);
+  static const ir::OpDef def =
+      ir::OpDef("comm_progress")
+          .inputs({})
+          .outputs({})
+          .attr<int>("group", 0)
+          .infer(infer_nothing)
+          .kernel_factory(ir::Backend::Native, "mpi", naming(make_progress))
+          .side_effect()
+          .no_grad(kNoGrad);
   return def;
 }
 

@@ -2,11 +2,14 @@
 
 #include <mpi.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "minidl/core/error.hpp"
@@ -76,6 +79,7 @@ class LocalCommunicator final : public Communicator {
     return split_;
   }
   [[noreturn]] void abort(int code) override { std::exit(code); }
+  void set_timeout(double) override {}  // nothing to wait for
 
  private:
   static void check_rank(const char* what, int r) {
@@ -153,23 +157,46 @@ class MpiCommunicator final : public Communicator {
   void reduce_sum(float* data, std::int64_t n, int root) override {
     check_rank("reduce to", root);
     const int count = checked_count(n, "reduce");
-    if (rank_ == root) {
-      check_mpi(MPI_Reduce(MPI_IN_PLACE, data, count, MPI_FLOAT, MPI_SUM, root, comm_),
-                "MPI_Reduce");
-    } else {
-      check_mpi(MPI_Reduce(data, nullptr, count, MPI_FLOAT, MPI_SUM, root, comm_), "MPI_Reduce");
-    }
+    const void* send = rank_ == root ? MPI_IN_PLACE : data;
+    void* recv = rank_ == root ? data : nullptr;
+    collective(
+        "reduce", n * 4,
+        [&] {
+          check_mpi(MPI_Reduce(send, recv, count, MPI_FLOAT, MPI_SUM, root, comm_), "MPI_Reduce");
+        },
+        [&](MPI_Request* r) {
+          check_mpi(MPI_Ireduce(send, recv, count, MPI_FLOAT, MPI_SUM, root, comm_, r),
+                    "MPI_Ireduce");
+        });
   }
   void broadcast(void* data, std::int64_t bytes, int root) override {
     check_rank("broadcast from", root);
-    check_mpi(MPI_Bcast(data, checked_count(bytes, "broadcast"), MPI_BYTE, root, comm_),
-              "MPI_Bcast");
+    const int count = checked_count(bytes, "broadcast");
+    collective(
+        "broadcast", bytes,
+        [&] { check_mpi(MPI_Bcast(data, count, MPI_BYTE, root, comm_), "MPI_Bcast"); },
+        [&](MPI_Request* r) {
+          check_mpi(MPI_Ibcast(data, count, MPI_BYTE, root, comm_, r), "MPI_Ibcast");
+        });
   }
   void allgather(const void* in, void* out, std::int64_t bytes) override {
     const int count = checked_count(bytes, "allgather");
-    check_mpi(MPI_Allgather(in, count, MPI_BYTE, out, count, MPI_BYTE, comm_), "MPI_Allgather");
+    collective(
+        "allgather", bytes,
+        [&] {
+          check_mpi(MPI_Allgather(in, count, MPI_BYTE, out, count, MPI_BYTE, comm_),
+                    "MPI_Allgather");
+        },
+        [&](MPI_Request* r) {
+          check_mpi(MPI_Iallgather(in, count, MPI_BYTE, out, count, MPI_BYTE, comm_, r),
+                    "MPI_Iallgather");
+        });
   }
-  void barrier() override { check_mpi(MPI_Barrier(comm_), "MPI_Barrier"); }
+  void barrier() override {
+    collective(
+        "barrier", 0, [&] { check_mpi(MPI_Barrier(comm_), "MPI_Barrier"); },
+        [&](MPI_Request* r) { check_mpi(MPI_Ibarrier(comm_, r), "MPI_Ibarrier"); });
+  }
 
   Request start_allreduce_sum(float* data, std::int64_t n) override {
     std::int64_t id = 0;
@@ -179,9 +206,12 @@ class MpiCommunicator final : public Communicator {
       waiting_.push_back(false);
       done_.resize(requests_.size());
     }
+    announce();
     check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data, checked_count(n, "allreduce"), MPI_FLOAT, MPI_SUM,
                              comm_, &requests_[id]),
               "MPI_Iallreduce");
+    if (seq_of_.size() < requests_.size()) seq_of_.resize(requests_.size());
+    seq_of_[id] = {seq_ - 1, n * 4};
     waiting_[id] = true;
     ++in_flight_;
     return Request{id};
@@ -191,7 +221,12 @@ class MpiCommunicator final : public Communicator {
                  "wait for request ", r.id, ", which is not in flight");
     // A request that progress() saw complete is already MPI_REQUEST_NULL: MPI_Wait returns.
     if (requests_[r.id] != MPI_REQUEST_NULL) {
-      check_mpi(MPI_Wait(&requests_[r.id], MPI_STATUS_IGNORE), "MPI_Wait");
+      if (timeout_ > 0.0) {
+        await(&requests_[r.id], "non-blocking allreduce", seq_of_[r.id].first,
+              seq_of_[r.id].second);
+      } else {
+        check_mpi(MPI_Wait(&requests_[r.id], MPI_STATUS_IGNORE), "MPI_Wait");
+      }
       --in_flight_;
     }
     waiting_[r.id] = false;
@@ -237,11 +272,13 @@ class MpiCommunicator final : public Communicator {
     const bool leader = node_rank == 0;
     check_mpi(MPI_Comm_split(comm_, leader ? 0 : MPI_UNDEFINED, rank_, &leaders), "MPI_Comm_split");
     s.node = std::make_unique<MpiCommunicator>(node);
+    s.node->set_timeout(timeout_);
     if (leader) {
       s.leaders = std::make_unique<MpiCommunicator>(leaders);
     } else {
       s.leaders = make_local_communicator();
     }
+    s.leaders->set_timeout(timeout_);
     std::int64_t nodes = leader ? 1 : 0;
     allreduce_sum(&nodes, 1);
     s.view = SharedSplit{s.node.get(), s.leaders.get(), leader, static_cast<int>(nodes)};
@@ -253,18 +290,141 @@ class MpiCommunicator final : public Communicator {
     std::exit(code);
   }
 
+  void set_timeout(double seconds) override {
+    MINIDL_CHECK(seconds >= 0.0, "collective timeout must be >= 0 seconds, got ", seconds);
+    if (seconds > 0.0 && timeout_ == 0.0 && size_ > 1) post_arrival_receives();
+    timeout_ = seconds;
+    for (auto& [k, split] : splits_) {
+      if (split.node) split.node->set_timeout(seconds);
+      if (split.leaders) split.leaders->set_timeout(seconds);
+    }
+  }
+
  private:
   void adopt(MPI_Comm comm) {
     comm_ = comm;
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
+    // Arrival notes of the collective timeout travel apart from everything else.
+    check_mpi(MPI_Comm_dup(comm_, &arrivals_), "MPI_Comm_dup");
+  }
+
+  /// Runs a collective: blocking() without a timeout; with one, start() posts its non-blocking
+  /// form, which is then awaited against the deadline.
+  template <typename Blocking, typename Start>
+  void collective(const char* what, std::int64_t bytes, Blocking&& blocking, Start&& start) {
+    if (timeout_ <= 0.0 || size_ == 1) {
+      blocking();
+      return;
+    }
+    announce();
+    MPI_Request r = MPI_REQUEST_NULL;
+    start(&r);
+    await(&r, what, seq_ - 1, bytes);
+  }
+
+  /// Tells every other rank that this one entered its collective number seq_ (then counts it).
+  void announce() {
+    if (timeout_ <= 0.0 || size_ == 1) {
+      ++seq_;
+      return;
+    }
+    // Sends that completed free their slots; a note is 8 bytes, so they complete at once.
+    while (!notes_.empty()) {
+      int done = 0;
+      check_mpi(MPI_Testall(static_cast<int>(notes_.front().requests.size()),
+                            notes_.front().requests.data(), &done, MPI_STATUSES_IGNORE),
+                "MPI_Testall");
+      if (!done) break;
+      notes_.pop_front();
+    }
+    Note& note = notes_.emplace_back();
+    note.seq = seq_++;
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank_) continue;
+      note.requests.emplace_back();
+      check_mpi(MPI_Isend(&note.seq, 1, MPI_INT64_T, peer, 0, arrivals_, &note.requests.back()),
+                "MPI_Isend");
+    }
+  }
+
+  void post_arrival_receives() {
+    seen_.assign(static_cast<std::size_t>(size_), -1);
+    inbox_.assign(static_cast<std::size_t>(size_), 0);
+    receives_.assign(static_cast<std::size_t>(size_), MPI_REQUEST_NULL);
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank_) continue;
+      check_mpi(MPI_Irecv(&inbox_[peer], 1, MPI_INT64_T, peer, 0, arrivals_, &receives_[peer]),
+                "MPI_Irecv");
+    }
+  }
+
+  /// Takes in every arrival note that came, keeping the newest collective number per rank.
+  void poll_arrivals() {
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank_) continue;
+      for (;;) {
+        int done = 0;
+        check_mpi(MPI_Test(&receives_[peer], &done, MPI_STATUS_IGNORE), "MPI_Test");
+        if (!done) break;
+        seen_[peer] = std::max(seen_[peer], inbox_[peer]);
+        check_mpi(MPI_Irecv(&inbox_[peer], 1, MPI_INT64_T, peer, 0, arrivals_, &receives_[peer]),
+                  "MPI_Irecv");
+      }
+    }
+  }
+
+  /// Waits for r, collective number seq, until the timeout; then throws naming who arrived.
+  void await(MPI_Request* r, const char* what, std::int64_t seq, std::int64_t bytes) {
+    const auto start = std::chrono::steady_clock::now();
+    const auto deadline = start + std::chrono::duration<double>(timeout_);
+    for (int spins = 0;; ++spins) {
+      int done = 0;
+      check_mpi(MPI_Test(r, &done, MPI_STATUS_IGNORE), "MPI_Test");
+      if (done) return;
+      if (spins % 64 == 0) {
+        poll_arrivals();
+        if (std::chrono::steady_clock::now() > deadline) break;
+      }
+      if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    poll_arrivals();
+    std::vector<int> arrived{rank_}, missing;
+    std::string last;
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank_) continue;
+      if (seen_[peer] >= seq) {
+        arrived.push_back(peer);
+      } else {
+        missing.push_back(peer);
+        last += fmt::format("{}rank {} {}", last.empty() ? "" : ", ", peer,
+                            seen_[peer] < 0 ? std::string("entered none")
+                                            : fmt::format("last entered #{}", seen_[peer]));
+      }
+    }
+    std::sort(arrived.begin(), arrived.end());
+    MINIDL_FAIL(what, " #", seq, " (", bytes, " bytes over ", size_,
+                " ranks) did not complete within the collective timeout of ", timeout_,
+                " s: rank(s) ", fmt::format("{}", fmt::join(arrived, ", ")), " arrived, rank(s) ",
+                fmt::format("{}", fmt::join(missing, ", ")), " did not (", last,
+                missing.empty() ? "every rank arrived: a peer may be stuck inside MPI" : "", ")");
   }
   void check_rank(const char* what, int r) const {
     MINIDL_CHECK(r >= 0 && r < size_, what, " rank ", r, " in a communicator of ", size_, " ranks");
   }
   void allreduce(void* data, std::int64_t n, MPI_Datatype t) {
-    check_mpi(MPI_Allreduce(MPI_IN_PLACE, data, checked_count(n, "allreduce"), t, MPI_SUM, comm_),
-              "MPI_Allreduce");
+    const int count = checked_count(n, "allreduce");
+    int type_size = 0;
+    MPI_Type_size(t, &type_size);
+    collective(
+        "allreduce", n * type_size,
+        [&] {
+          check_mpi(MPI_Allreduce(MPI_IN_PLACE, data, count, t, MPI_SUM, comm_), "MPI_Allreduce");
+        },
+        [&](MPI_Request* r) {
+          check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data, count, t, MPI_SUM, comm_, r),
+                    "MPI_Iallreduce");
+        });
   }
 
   struct Split {
@@ -273,6 +433,20 @@ class MpiCommunicator final : public Communicator {
   };
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
+  // The collective timeout (set_timeout): collectives entered so far, the notes sent to the
+  // other ranks (kept until their sends complete), and per rank the newest note received.
+  double timeout_ = 0.0;
+  MPI_Comm arrivals_ = MPI_COMM_NULL;
+  std::int64_t seq_ = 0;
+  struct Note {
+    std::int64_t seq = 0;
+    std::vector<MPI_Request> requests;
+  };
+  std::deque<Note> notes_;
+  std::vector<std::int64_t> seen_, inbox_;
+  std::vector<MPI_Request> receives_;
+  // Per non-blocking request id: its collective number and size, for the timeout's message.
+  std::vector<std::pair<std::int64_t, std::int64_t>> seq_of_;
   // Non-blocking operations: the request of id i is requests_[i]; waiting_[i] until wait(i).
   std::vector<MPI_Request> requests_;
   std::vector<bool> waiting_;

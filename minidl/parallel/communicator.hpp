@@ -68,6 +68,13 @@ class Communicator {
 
   /// Ends the whole job with a non-zero exit (after one rank's error, so no rank waits forever).
   [[noreturn]] virtual void abort(int code) = 0;
+
+  /// Seconds a collective (or the wait for a non-blocking one) may take before it throws
+  /// minidl::Error naming it and which ranks reached it (0: wait forever, the default). With a
+  /// timeout every rank tells the others each time it enters a collective (a few bytes per peer),
+  /// so the error can say who is missing. Applies to the communicators split from this one too;
+  /// set it to the same value on every rank.
+  virtual void set_timeout(double seconds) = 0;
 };
 
 /// The communicator of all processes of this job: MPI when started by mpirun (MPI is
