@@ -18,6 +18,15 @@ namespace minidl {
 
 inline constexpr std::size_t kAlignment = 64;
 
+/// Bytes of memory this machine can still give a process without swapping (Linux's
+/// MemAvailable), or 0 when unknown.
+std::size_t available_memory();
+/// Throws minidl::Error when bytes exceed available_memory(): "<what> needs 3.1 GiB, more than
+/// the 2.0 GiB of memory available". Cheap for small sizes (reads nothing below 64 MiB).
+void check_fits_in_memory(std::size_t bytes, const std::string& what);
+/// "3.1 GiB", "512.0 MiB", "12.0 KiB", "100 B".
+std::string format_bytes(std::size_t bytes);
+
 /// An owned, 64-byte aligned block of bytes.
 class Storage {
  public:

@@ -187,7 +187,13 @@ Trainer::Program& Trainer::program(bool train, std::int64_t batch, std::int64_t 
   // graph's output list: read the values back from there.
   for (std::size_t r = 0; r < p->parts.size(); ++r) p->parts[r].probs = g.outputs()[r];
   p->loss = g.outputs()[p->parts.size()];
-  p->exe = std::make_unique<runtime::Executable>(g, options_.compile);
+  try {
+    p->exe = std::make_unique<runtime::Executable>(g, options_.compile);
+  } catch (const Error& e) {
+    MINIDL_FAIL("compiling the ", train ? "training" : "evaluation", " graph for ", batch,
+                " samples", train && batch != global ? fmt::format(" of {}", global) : "", ": ",
+                e.what());
+  }
   for (std::size_t r = 0; r < p->parts.size(); ++r) {
     const std::string suffix = p->parts.size() > 1 ? fmt::format(".{}", r) : "";
     p->parts[r].x = p->exe->input("x" + suffix);

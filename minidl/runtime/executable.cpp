@@ -179,6 +179,16 @@ void Executable::plan_memory(const ir::Graph& g) {
     for (const ir::Value* r : release_at[pos[n]]) free_list.push_back(buffer_of.at(r));
   }
 
+  // Refused before anything is allocated, with what it would take.
+  {
+    std::size_t transient = 0, owned = 0;
+    for (std::size_t b : sizes) transient += b;
+    for (const auto& [v, b] : persistent) owned += b;
+    check_fits_in_memory(transient + owned,
+                         fmt::format("the graph ({} of intermediate values after buffer reuse, "
+                                     "{} of inputs and outputs)",
+                                     format_bytes(transient), format_bytes(owned)));
+  }
   std::vector<void*> base(sizes.size());
   for (std::size_t b = 0; b < sizes.size(); ++b) {
     buffers_.push_back(std::make_shared<Storage>(sizes[b]));

@@ -51,6 +51,18 @@ expect bad-lr "--lr" "$bin" --lr -1
 expect bad-hidden "--hidden" "$bin" --hidden 256,abc --data "$tmp/good"
 expect unknown-flag "--bogus" "$bin" --bogus
 
+# Models and batches that cannot fit are refused before training, with the size they need:
+# a layer of 10^11 units, and (60000 one-pixel images) a batch of 60000 with 10^6 hidden units.
+expect huge-model "a tensor of shape [100000000000,4] f32 needs 1490.1 GiB, more than the" \
+  "$bin" --data "$tmp/good" --hidden 100000000000
+mkdir -p "$tmp/tiny"
+{ printf '\x00\x00\x08\x03\x00\x00\xea\x60\x00\x00\x00\x01\x00\x00\x00\x01'; head -c 60000 /dev/zero; } \
+  >"$tmp/tiny/train-images-idx3-ubyte"
+{ printf '\x00\x00\x08\x01\x00\x00\xea\x60'; head -c 60000 /dev/zero; } >"$tmp/tiny/train-labels-idx1-ubyte"
+cp "$tmp/good/t10k-"* "$tmp/tiny/"
+expect huge-batch "compiling the training graph for 60000 samples: the graph (" \
+  "$bin" --data "$tmp/tiny" --hidden 1000000 --batch-size 60000 --threads 1
+
 # The good set trains (one epoch) and saves; the failing runs above left no file.
 "$bin" --data "$tmp/good" --epochs 1 --batch-size 2 --save "$tmp/ok.safetensors" >/dev/null 2>&1 ||
   { echo "FAIL good data did not train"; fails=$((fails + 1)); }
