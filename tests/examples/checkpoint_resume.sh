@@ -10,17 +10,8 @@ set -u
 bin=$1
 shift
 launcher=("$@")
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-fail() {
-  echo "FAIL $*"
-  fails=$((fails + 1))
-}
-
-# shellcheck source=synthetic_idx.sh
-source "$here/synthetic_idx.sh"
+# shellcheck source=common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 synthetic_idx "$tmp/data" 300 40
 
 # 300 samples in batches of 16: 19 steps per epoch (the last of 12 samples).

@@ -6,13 +6,9 @@
 # Usage: corrupt_inputs.sh path/to/mnist_mlp path/to/cifar_cnn
 set -u
 mlp=$1 cnn=$2
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0 cases=0
-
-# shellcheck source=synthetic_idx.sh
-source "$here/synthetic_idx.sh"
+# shellcheck source=common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+cases=0
 synthetic_idx "$tmp/good" 20 10
 
 # check NAME WANT... -- CMD...: exit 1, one stderr line holding every WANT, no output files.

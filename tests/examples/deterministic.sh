@@ -7,17 +7,8 @@
 # Usage: deterministic.sh path/to/mnist_mlp path/to/mnist_cnn path/to/mpirun
 set -u
 mlp=$1 cnn=$2 mpirun=$3
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-fail() {
-  echo "FAIL $*"
-  fails=$((fails + 1))
-}
-
-# shellcheck source=synthetic_idx.sh
-source "$here/synthetic_idx.sh"
+# shellcheck source=common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 synthetic_idx "$tmp/mlp-data" 300 40 # batches of 64: 4 full, then 44 (6 micro-shards of 8)
 synthetic_idx "$tmp/cnn-data" 304 40 # batches of 32: 9 full, then 16 (4 micro-shards of 4)
 

@@ -7,17 +7,8 @@
 # Usage: numerics.sh path/to/mnist_mlp
 set -u
 bin=$1
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-fail() {
-  echo "FAIL $*"
-  fails=$((fails + 1))
-}
-
-# shellcheck source=synthetic_idx.sh
-source "$here/synthetic_idx.sh"
+# shellcheck source=common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 synthetic_idx "$tmp/data" 200 40 # batches of 32: 7 steps per epoch
 
 run() {

@@ -4,16 +4,8 @@
 # Usage: progress_display.sh path/to/mnist_mlp
 set -u
 bin=$1
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-fail() {
-  echo "FAIL $*"
-  fails=$((fails + 1))
-}
-# shellcheck source=synthetic_idx.sh
-source "$here/synthetic_idx.sh"
+# shellcheck source=common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 synthetic_idx "$tmp/data" 300 40
 args=(--data "$tmp/data" --hidden 32 --epochs 2 --batch-size 16 --threads 1)
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "../support/synthetic.hpp"
+#include "../support/training_graph.hpp"
 #include "minidl/autograd/autograd.hpp"
 #include "minidl/ir/printer.hpp"
 #include "minidl/ops/fusion.hpp"
@@ -12,40 +13,13 @@
 #include "minidl/runtime/executable.hpp"
 
 using namespace minidl;
+using minidl::testing::TrainingGraph;
 
 namespace {
 
 std::size_t count_op(const ir::Graph& g, std::string_view op) {
   return static_cast<std::size_t>(std::count_if(g.nodes().begin(), g.nodes().end(),
                                                 [&](const ir::Node* n) { return n->op() == op; }));
-}
-
-// Loss and parameter gradients of `model` on a fixed batch of blobs.
-struct TrainingGraph {
-  ir::Graph g;
-  ir::Value* loss = nullptr;
-  std::vector<ir::Value*> grads;
-
-  TrainingGraph(nn::Module& model, const Dataset& batch) {
-    ir::Value* x = ops::parameter(g, "x", batch.images);
-    ir::Value* labels = ops::parameter(g, "labels", batch.labels);
-    loss = ops::softmax_cross_entropy(model.forward(x), labels).first;
-    std::vector<ir::Value*> params;
-    for (ir::Node* n : g.nodes())
-      if (n->op() == "parameter" && n->name() != "x" && n->name() != "labels")
-        params.push_back(n->output());
-    grads = autograd::differentiate(g, loss, params);
-    g.add_output(loss);
-    for (ir::Value* v : grads) g.add_output(v);
-  }
-};
-
-std::vector<Tensor> run(const TrainingGraph& t, ir::Backend backend) {
-  runtime::Executable exe(t.g, {.backend = backend});
-  exe.run();
-  std::vector<Tensor> out{exe.value(t.loss).clone()};
-  for (ir::Value* v : t.grads) out.push_back(exe.value(v).clone());
-  return out;
 }
 
 }  // namespace
@@ -77,8 +51,8 @@ TEST(Fusion, FoldsBiasAndReluIntoMatmulAndKeepsResults) {
   backends.push_back(ir::Backend::OneDnn);
 #endif
   for (ir::Backend b : backends) {
-    const auto want = run(plain, b);
-    const auto got = run(fused, b);
+    const auto want = plain.run(b);
+    const auto got = fused.run(b);
     ASSERT_EQ(want.size(), got.size());
     for (std::size_t i = 0; i < want.size(); ++i) {
       for (std::int64_t j = 0; j < want[i].numel(); ++j)
