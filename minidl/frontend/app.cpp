@@ -176,25 +176,16 @@ std::vector<checkpoint::Setting> run_settings(const AppConfig& c, const nn::Modu
           {"micro_batch", str(c.deterministic ? c.micro_batch : 0), R::Note, "--micro-batch"}};
 }
 
-/// A testing hook's step number (see run_training_app): 0 when the variable is unset.
-std::int64_t test_hook_step(const char* variable) {
-  const char* v = std::getenv(variable);
-  if (v == nullptr || *v == '\0') return 0;
-  char* end = nullptr;
-  const long long step = std::strtoll(v, &end, 10);
-  MINIDL_CHECK(*end == '\0' && step > 0, variable, " is '", v,
-               "', expected a positive step number");
-  return step;
-}
-
-/// A testing hook's rank (MINIDL_TEST_KILL_RANK, MINIDL_TEST_STALL_RANK), or fallback when unset.
-int test_hook_rank(const char* variable, int fallback) {
+/// A testing hook's value (see run_training_app): fallback when the variable is unset, else an
+/// integer of at least `least` (a step number, a rank).
+std::int64_t test_hook(const char* variable, std::int64_t fallback, std::int64_t least) {
   const char* v = std::getenv(variable);
   if (v == nullptr || *v == '\0') return fallback;
   char* end = nullptr;
-  const long r = std::strtol(v, &end, 10);
-  MINIDL_CHECK(*end == '\0' && r >= 0, variable, " is '", v, "', expected a rank");
-  return static_cast<int>(r);
+  const long long x = std::strtoll(v, &end, 10);
+  MINIDL_CHECK(*end == '\0' && x >= least, variable, " is '", v, "', expected ",
+               least > 0 ? "a positive step number" : "a rank");
+  return x;
 }
 
 int train(const std::string& program, AppConfig& c, const ModelBuilder& build) {
@@ -245,11 +236,11 @@ int train(const std::string& program, AppConfig& c, const ModelBuilder& build) {
   }
   const bool talk = root && !c.quiet;  // headers, per-epoch lines, notes
   if (talk) warn_if_spinning_oversubscribed(program);
-  const std::int64_t kill_after = test_hook_step("MINIDL_TEST_KILL_AFTER_STEP");
-  const int kill_only = test_hook_rank("MINIDL_TEST_KILL_RANK", -1);
-  const std::int64_t stall_after = test_hook_step("MINIDL_TEST_STALL_AFTER_STEP");
-  const int stall_rank = test_hook_rank("MINIDL_TEST_STALL_RANK", 0);
-  const std::int64_t nan_after = test_hook_step("MINIDL_TEST_NAN_AFTER_STEP");
+  const std::int64_t kill_after = test_hook("MINIDL_TEST_KILL_AFTER_STEP", 0, 1);
+  const std::int64_t kill_only = test_hook("MINIDL_TEST_KILL_RANK", -1, 0);
+  const std::int64_t stall_after = test_hook("MINIDL_TEST_STALL_AFTER_STEP", 0, 1);
+  const std::int64_t stall_rank = test_hook("MINIDL_TEST_STALL_RANK", 0, 0);
+  const std::int64_t nan_after = test_hook("MINIDL_TEST_NAN_AFTER_STEP", 0, 1);
   if (!c.checkpoint_dir.empty() && c.checkpoint_every == 0 && c.checkpoint_every_steps == 0)
     c.checkpoint_every = 1;
   const std::vector<checkpoint::Setting> settings = run_settings(c, *model, train_set, comm.size());

@@ -80,12 +80,17 @@ std::int64_t Trainer::micro_shards(std::int64_t n) const {
 }
 
 std::pair<std::int64_t, std::int64_t> Trainer::share(std::int64_t start, std::int64_t n) const {
+  return share_of(comm_.rank(), start, n);
+}
+
+std::pair<std::int64_t, std::int64_t> Trainer::share_of(int rank, std::int64_t start,
+                                                        std::int64_t n) const {
   if (options_.micro_batch > 0) {
-    const auto [lo, hi] = parallel::tree_owners(
-        micro_shards(n), comm_.size())[static_cast<std::size_t>(comm_.rank())];
+    const auto [lo, hi] =
+        parallel::tree_owners(micro_shards(n), comm_.size())[static_cast<std::size_t>(rank)];
     return {start + lo * options_.micro_batch, start + std::min(hi * options_.micro_batch, n)};
   }
-  const std::int64_t p = comm_.size(), r = comm_.rank();
+  const std::int64_t p = comm_.size(), r = rank;
   const std::int64_t base = n / p, extra = n % p;
   const std::int64_t begin = start + r * base + std::min(r, extra);
   return {begin, begin + base + (r < extra ? 1 : 0)};
@@ -282,10 +287,9 @@ void Trainer::check_ranks_agree(const Dataset& d, const Shape& sample) {
   if (options_.micro_batch > 0) {
     // Ranks may own subtrees of different sizes (3 ranks: 4, 2 and 2 of 8 micro-shards), so
     // their graphs differ in the number of replicas: every rank compares rank 0's.
-    const auto [lo, hi] = parallel::tree_owners(micro_shards(options_.batch_size), comm_.size())[0];
-    const std::int64_t local =
-        std::min(hi * options_.micro_batch, options_.batch_size) - lo * options_.micro_batch;
-    description += parallel::fingerprint(*program(true, local, options_.batch_size, sample).graph);
+    const auto [begin, end] = share_of(0, 0, options_.batch_size);
+    description +=
+        parallel::fingerprint(*program(true, end - begin, options_.batch_size, sample).graph);
   } else {
     description += parallel::fingerprint(training_graph(sample));
   }

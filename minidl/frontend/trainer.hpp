@@ -130,6 +130,9 @@ class Trainer {
   std::pair<std::int64_t, std::int64_t> share(std::int64_t start, std::int64_t n) const;
 
  private:
+  /// share() as rank `rank` sees it.
+  std::pair<std::int64_t, std::int64_t> share_of(int rank, std::int64_t start,
+                                                 std::int64_t n) const;
   struct Program;
   /// The compiled graph for `local` samples of a global batch of `global` (evaluation: 0).
   Program& program(bool train, std::int64_t local, std::int64_t global, const Shape& sample);
