@@ -7,8 +7,15 @@ of the epoch's training steps with their batch gathering (evaluation excluded), 
 metrics define it.
 
 usage: pytorch_reference.py MODEL --data DIR [--epochs N] [--threads T] [--seed S]
-                            [--train-limit N] [--test-limit N]
+                            [--train-limit N] [--test-limit N] [--no-shuffle]
+                            [--save-init FILE.safetensors] [--minidl-order]
 MODEL: mnist_mlp, mnist_cnn or cifar_cnn.
+
+--save-init writes the initial parameters under minidl's names (conv1.weight, fc.bias, ...), and
+--minidl-order shuffles every epoch with minidl's permutation for the same seed. Together they
+make a matched pair: `minidl_example --seed S --init FILE` and `pytorch_reference.py --seed S
+--save-init FILE --minidl-order` start from the same weights and train on the same batches, so
+their losses and accuracies differ only by fp32 rounding (bench/compare-pytorch runs them so).
 """
 import argparse
 import gzip
@@ -66,6 +73,62 @@ def load_cifar(d):
     return (xtr - mean) / std, ytr, (xte - mean) / std, yte
 
 
+# minidl's names for the weighted layers, in order (examples/*.cpp).
+PARAMETER_NAMES = {
+    "mnist_mlp": ["fc1", "fc2", "fc3"],
+    "mnist_cnn": ["conv1", "fc"],
+    "cifar_cnn": ["conv1", "conv2", "fc1", "fc2"],
+}
+
+
+def save_safetensors(path, tensors):
+    """Writes {name: float32 tensor} in the safetensors format (header length, JSON, data)."""
+    header, blobs, offset = {}, [], 0
+    for name, t in tensors.items():
+        blob = t.detach().contiguous().numpy().astype("<f4").tobytes()
+        header[name] = {"dtype": "F32", "shape": list(t.shape),
+                        "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path + ".tmp", "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+    os.replace(path + ".tmp", path)
+
+
+MASK64 = (1 << 64) - 1
+
+
+def mix64(z):
+    """SplitMix64's finaliser, as minidl/core/rng.hpp."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return z ^ (z >> 31)
+
+
+def minidl_permutation(n, seed):
+    """minidl's permutation(n, seed): Fisher-Yates drawing from SplitMix64 with Lemire's
+    unbiased bounded integers."""
+    p = np.arange(n, dtype=np.int64)
+    state = seed
+    for i in range(n - 1, 0, -1):
+        bound = i + 1
+        while True:
+            state = (state + 0x9E3779B97F4A7C15) & MASK64
+            m = mix64(state) * bound
+            if (m & MASK64) >= ((1 << 64) - bound) % bound:
+                break
+        j = m >> 64
+        p[i], p[j] = p[j], p[i]
+    return p
+
+
+def minidl_epoch_order(n, seed, epoch):
+    """The order minidl's Trainer::train_epoch shuffles epoch `epoch` (1-based) into."""
+    return minidl_permutation(n, mix64((seed * 0x9E3779B97F4A7C15 + epoch) & MASK64))
+
+
 def model(name):
     if name == "mnist_mlp":
         layers = [nn.Flatten(), nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(),
@@ -95,6 +158,9 @@ def main():
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--train-limit", type=int, default=0)
     ap.add_argument("--test-limit", type=int, default=0)
+    ap.add_argument("--no-shuffle", action="store_true")
+    ap.add_argument("--save-init")
+    ap.add_argument("--minidl-order", action="store_true")
     a = ap.parse_args()
     s = SETTINGS[a.model]
     torch.set_num_threads(a.threads)
@@ -107,11 +173,21 @@ def main():
     xtr, ytr, xte, yte = map(torch.from_numpy, (np.ascontiguousarray(xtr), ytr,
                                                  np.ascontiguousarray(xte), yte))
     net = model(a.model)
+    if a.save_init:
+        weighted = [m for m in net if isinstance(m, (nn.Linear, nn.Conv2d))]
+        save_safetensors(a.save_init, {f"{n}.{p}": getattr(m, p) for n, m in
+                                       zip(PARAMETER_NAMES[a.model], weighted)
+                                       for p in ("weight", "bias")})
     opt = torch.optim.SGD(net.parameters(), lr=s["lr"], momentum=s["momentum"])
     loss_fn = nn.CrossEntropyLoss()
     for epoch in range(1, (a.epochs or s["epochs"]) + 1):
         net.train()
-        order = torch.randperm(len(xtr))
+        if a.no_shuffle:
+            order = torch.arange(len(xtr))
+        elif a.minidl_order:
+            order = torch.from_numpy(minidl_epoch_order(len(xtr), a.seed, epoch))
+        else:
+            order = torch.randperm(len(xtr))
         total, t0 = 0.0, time.perf_counter()
         for start in range(0, len(xtr), s["batch"]):
             idx_ = order[start:start + s["batch"]]
