@@ -513,7 +513,9 @@ int run_training_app(int argc, char** argv, const std::string& description, AppC
   app.add_flag("--overlap", c.overlap,
                "start each gradient bucket's reduction during the backward (non-blocking)")
       ->excludes(deterministic);
-  app.add_flag("--no-fuse", c.no_fuse, "do not fold bias_add and relu into matmul/conv2d");
+  app.add_flag("--no-fuse", c.no_fuse,
+               "do not fold bias_add and relu into matmul/conv2d, nor SGD updates into their "
+               "gradient products");
   app.add_option("--upscale", c.upscale,
                  "enlarge every image K times per side (more work per sample)")
       ->check(CLI::Range(1, 16))

@@ -177,6 +177,11 @@ Trainer::Program& Trainer::program(bool train, std::int64_t batch, std::int64_t 
     pm.add(std::make_unique<parallel::DataParallel>(
         comm_, static_cast<double>(batch) / static_cast<double>(global), dp));
   }
+  // After the data-parallel passes: the gradients they reduce reach the update from a reduction,
+  // not a matmul, and stay unfused; one replica on one rank updates straight from the product.
+  // Deterministic mode keeps its updates elementwise, whatever the number of micro-shards.
+  if (options_.fuse && train && !deterministic)
+    pm.add(std::make_unique<ops::FuseUpdateIntoProduct>());
   // Last: it reads the kernels the runtime will pick, which the passes above may add to.
   pm.add(std::make_unique<ops::PropagateLayouts>(options_.compile.backend));
   pm.run(g);

@@ -25,7 +25,9 @@ struct TrainerOptions {
   std::uint64_t seed = 1;
   bool shuffle = true;
   runtime::CompileOptions compile;
-  bool fuse = true;  // fold bias_add and relu into matmul / conv2d (ops::FuseBiasActivation)
+  // Fold bias_add and relu into matmul / conv2d (ops::FuseBiasActivation) and plain SGD updates
+  // into their weight-gradient products (ops::FuseUpdateIntoProduct).
+  bool fuse = true;
   // Data-parallel thread replicas per rank for training (parallel::ThreadReplicas): each runs
   // the forward and backward of its slice of the rank's batch on its own OpenMP thread. 1: one
   // graph whose kernels use the OpenMP threads inside each op (intra-op).

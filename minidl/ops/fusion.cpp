@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "minidl/ops/ops.hpp"
+
 namespace minidl::ops {
 namespace {
 
@@ -19,11 +21,15 @@ bool fusable(const ir::Node& n) {
          n.attrs().get<std::string>("activation") == "none";
 }
 
-// The single reader of v when it runs op `op` with v as input 0, else null. A graph output has
-// an outside reader, so it never qualifies.
+// Whether v is read only by its one user inside the graph: a graph output has an outside reader.
+bool read_once(const ir::Graph& g, const ir::Value* v) {
+  return v->users().size() == 1 &&
+         std::find(g.outputs().begin(), g.outputs().end(), v) == g.outputs().end();
+}
+
+// The single reader of v when it runs op `op` with v as input 0, else null.
 ir::Node* sole_reader(const ir::Graph& g, ir::Value* v, std::string_view op) {
-  if (v->users().size() != 1) return nullptr;
-  if (std::find(g.outputs().begin(), g.outputs().end(), v) != g.outputs().end()) return nullptr;
+  if (!read_once(g, v)) return nullptr;
   ir::Node* u = v->users()[0];
   return u->op() == op && u->input(0) == v ? u : nullptr;
 }
@@ -71,6 +77,37 @@ bool FuseBiasActivation::run(ir::Graph& g) {
     if (m.bias_add) dead.push_back(m.bias_add);
     if (m.relu) dead.push_back(m.relu);
     g.remove(dead);
+  }
+  return !matches.empty();
+}
+
+bool FuseUpdateIntoProduct::run(ir::Graph& g) {
+  std::vector<std::pair<ir::Node*, ir::Node*>> matches;  // (matmul, sgd)
+  for (ir::Node* n : g.nodes()) {
+    if (n->op() != "sgd" || n->attrs().get<float>("weight_decay") != 0.0f) continue;
+    ir::Value* grad = n->input(1);
+    ir::Node* mm = grad->producer();
+    if (mm->op() != "matmul" || mm->inputs().size() != 2 ||
+        mm->attrs().get<std::string>("activation") != "none" || !read_once(g, grad))
+      continue;
+    matches.emplace_back(mm, n);
+  }
+  for (const auto& [mm, sgd] : matches) {
+    ir::Node* fused =
+        g.add_node(ops::op("matmul_accumulate"), {mm->input(0), mm->input(1), sgd->input(0)},
+                   {{"trans_a", mm->attrs().get<bool>("trans_a")},
+                    {"trans_b", mm->attrs().get<bool>("trans_b")},
+                    {"alpha", -sgd->attrs().get<float>("lr")},
+                    {"beta", 1.0f}},
+                   mm->name() + "+sgd");
+    for (const auto& [key, value] : sgd->annotations().items())
+      fused->annotations().set(key, value);
+    fused->annotations().set("fused", sgd->name());
+    // The product's operands are defined before the matmul, and every reader of the parameter's
+    // old value runs before the update: the fused node takes the update's place.
+    g.move_before(fused, sgd);
+    g.replace_uses(sgd->output(0), fused->output(0));
+    g.remove({sgd, mm});
   }
   return !matches.empty();
 }

@@ -1,9 +1,10 @@
-// Fusion: folds a bias_add and a following relu into the op that produces their input, when
-// that op can do the work in its own store (matmul: the GEMM epilogue or oneDNN's bias and
-// post-op; conv2d likewise). A fusable op declares it: its last input is the optional "bias" and
-// it has the string attribute "activation". The pass runs on the training graph after autograd,
-// so nothing differentiates a fused node: the backward already reads what it needs (relu_bwd
-// the relu's output, which the fused node now produces; bias_add_bwd only the output gradient).
+// Fusion passes. FuseBiasActivation folds a bias_add and a following relu into the op that produces
+// their input, when that op can do the work in its own store (matmul: the GEMM epilogue or oneDNN's
+// bias and post-op; conv2d likewise). A fusable op declares it: its last input is the optional
+// "bias" and it has the string attribute "activation". The pass runs on the training graph after
+// autograd, so nothing differentiates a fused node: the backward already reads what it needs
+// (relu_bwd the relu's output, which the fused node now produces; bias_add_bwd only the output
+// gradient).
 #pragma once
 
 #include "minidl/ir/pass.hpp"
@@ -18,6 +19,20 @@ namespace minidl::ops {
 class FuseBiasActivation final : public ir::Pass {
  public:
   std::string_view name() const override { return "fuse-bias-activation"; }
+  bool run(ir::Graph& g) override;
+};
+
+/// A plain SGD update whose gradient comes straight from a matmul (a linear layer's weight
+/// gradient on one replica; data-parallel graphs reduce it first and do not match) becomes one
+/// matmul_accumulate node that adds -lr times the product into the parameter: the gradient is
+/// never written and read back: two passes over weight-sized memory instead of four. Only updates
+/// without weight decay fuse, and only gradients with no other reader that are not graph outputs.
+/// The fused node takes the update's place and annotations, is named "<matmul>+sgd", and records
+/// the update in the annotation "fused". The result changes only by rounding: the GEMM's store
+/// computes p + (-lr) * acc, the update p - lr * g.
+class FuseUpdateIntoProduct final : public ir::Pass {
+ public:
+  std::string_view name() const override { return "fuse-update-into-product"; }
   bool run(ir::Graph& g) override;
 };
 

@@ -3,6 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "minidl/core/rng.hpp"
 #include "minidl/core/threading.hpp"
 #include "minidl/frontend/trainer.hpp"
@@ -151,6 +153,42 @@ TEST(Training, ThreadReplicasMatchOneGraph) {
           ASSERT_NEAR(b.at(i), a.at(i), 2e-4 + 2e-3 * std::abs(a.at(i)))
               << want[p].first << "[" << i << "]";
       }
+    }
+  }
+  set_num_threads(threads);
+}
+
+// Plain SGD on one replica folds the weight updates into their gradient products
+// (ops::FuseUpdateIntoProduct); thread replicas sum the gradients first and fold nothing. All
+// train the same model up to rounding.
+TEST(Training, FoldedUpdatesTrainTheSameModel) {
+  Dataset train = blobs(1000, 9);
+  const int threads = max_threads();
+  set_num_threads(2);
+  auto run = [&](int replicas, bool fuse) {
+    auto model = mlp();
+    model->reset(7);
+    optim::Sgd sgd({.lr = 0.05});
+    Trainer t(*model, sgd, {.batch_size = 32, .seed = 3, .fuse = fuse, .replicas = replicas});
+    const ir::Graph& g = t.training_graph(Shape{1, 8, 8});
+    const auto folded = std::count_if(g.nodes().begin(), g.nodes().end(), [](const ir::Node* n) {
+      return n->op() == "matmul_accumulate";
+    });
+    EXPECT_EQ(folded, fuse && replicas == 1 ? 2 : 0)
+        << "replicas " << replicas << ", fuse " << fuse;
+    t.train_epoch(train, 1);
+    return model->parameters();
+  };
+  const NamedTensors want = run(1, false);
+  for (const auto& [replicas, fuse] : {std::pair{1, true}, std::pair{2, true}}) {
+    const NamedTensors got = run(replicas, fuse);
+    ASSERT_EQ(got.size(), want.size());
+    for (std::size_t p = 0; p < want.size(); ++p) {
+      const Tensor& a = want[p].second;
+      const Tensor& b = got[p].second;
+      for (std::int64_t i = 0; i < a.numel(); ++i)
+        ASSERT_NEAR(b.at(i), a.at(i), 2e-4 + 2e-3 * std::abs(a.at(i)))
+            << "replicas " << replicas << ": " << want[p].first << "[" << i << "]";
     }
   }
   set_num_threads(threads);

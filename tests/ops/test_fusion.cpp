@@ -1,5 +1,6 @@
-// The fusion pass: which chains it folds, what it leaves alone, and that a fused training graph
-// computes the same loss and gradients as the unfused one on every backend.
+// The fusion passes: which chains they fold, what they leave alone, and that a fused training
+// graph computes the same loss and gradients (or, with updates folded, the same parameters) as
+// the unfused one.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -7,6 +8,7 @@
 #include "../support/synthetic.hpp"
 #include "../support/training_graph.hpp"
 #include "minidl/autograd/autograd.hpp"
+#include "minidl/frontend/optim.hpp"
 #include "minidl/ir/printer.hpp"
 #include "minidl/ops/fusion.hpp"
 #include "minidl/ops/ops.hpp"
@@ -83,4 +85,83 @@ TEST(Fusion, LeavesSharedIntermediatesAlone) {
   h.add_output(y2);  // the product itself is read: nothing folds
   EXPECT_FALSE(ops::FuseBiasActivation().run(h));
   EXPECT_EQ(count_op(h, "bias_add"), 1u);
+}
+
+namespace {
+
+// A model's training step with plain SGD updates: the loss is the output, the updates write
+// the model's parameters in place.
+struct SgdStep {
+  ir::Graph g;
+  SgdStep(nn::Module& model, const Dataset& batch, double weight_decay = 0.0) {
+    ir::Value* x = ops::parameter(g, "x", batch.images);
+    ir::Value* labels = ops::parameter(g, "labels", batch.labels);
+    ir::Value* loss = ops::softmax_cross_entropy(model.forward(x), labels).first;
+    std::vector<ir::Value*> params;
+    for (ir::Node* n : g.nodes())
+      if (n->op() == "parameter" && n->name() != "x" && n->name() != "labels")
+        params.push_back(n->output());
+    optim::Sgd sgd({.lr = 0.1, .weight_decay = weight_decay});
+    sgd.apply(g, params, autograd::differentiate(g, loss, params));
+    g.add_output(loss);
+  }
+};
+
+}  // namespace
+
+TEST(Fusion, FoldsPlainSgdIntoTheWeightGradientProduct) {
+  const Dataset batch = minidl::testing::blobs(16, 3);
+  auto plain_model = minidl::testing::small_mlp();
+  auto fused_model = minidl::testing::small_mlp();
+  plain_model->reset_parameters(7, "");
+  fused_model->reset_parameters(7, "");
+  SgdStep plain(*plain_model, batch), fused(*fused_model, batch);
+  ASSERT_TRUE(ops::FuseUpdateIntoProduct().run(fused.g));
+
+  // Both weights' updates take their gradient products; the biases' (from bias_add_bwd) and
+  // the data gradient's matmul stay.
+  EXPECT_EQ(count_op(fused.g, "matmul_accumulate"), 2u) << ir::to_text(fused.g);
+  EXPECT_EQ(count_op(fused.g, "sgd"), 2u);
+  EXPECT_EQ(count_op(fused.g, "matmul"), count_op(plain.g, "matmul") - 2);
+  const ir::Node* fc1 = fused.g.find("fc1.matmul.bwd+sgd");
+  ASSERT_NE(fc1, nullptr) << ir::to_text(fused.g);
+  EXPECT_FLOAT_EQ(fc1->attrs().get<float>("alpha"), -0.1f);
+  EXPECT_EQ(std::get<std::string>(*fc1->annotations().find("phase")), "update");
+  EXPECT_EQ(std::get<std::string>(*fc1->annotations().find("fused")), "fc1.weight.sgd");
+
+  runtime::Executable plain_exe(plain.g), fused_exe(fused.g);
+  for (int step = 0; step < 5; ++step) {
+    plain_exe.run();
+    fused_exe.run();
+  }
+  const NamedTensors want = plain_model->parameters(), got = fused_model->parameters();
+  ASSERT_EQ(want.size(), got.size());
+  for (std::size_t p = 0; p < want.size(); ++p) {
+    for (std::int64_t i = 0; i < want[p].second.numel(); ++i) {
+      const float w = want[p].second.at(i);
+      ASSERT_NEAR(got[p].second.at(i), w, 1e-6f + 1e-5f * std::abs(w)) << want[p].first << i;
+    }
+  }
+}
+
+TEST(Fusion, LeavesUpdatesWithWeightDecayAlone) {
+  const Dataset batch = minidl::testing::blobs(16, 3);
+  auto model = minidl::testing::small_mlp();
+  model->reset_parameters(7, "");
+  SgdStep step(*model, batch, /*weight_decay=*/0.01);
+  EXPECT_FALSE(ops::FuseUpdateIntoProduct().run(step.g));
+  EXPECT_EQ(count_op(step.g, "matmul_accumulate"), 0u);
+}
+
+TEST(Fusion, LeavesReadGradientsAlone) {
+  // The gradient is also a graph output (a user reads it): it must still be stored.
+  Tensor at = Tensor::full({4, 3}, 0.5f), dyt = Tensor::full({4, 5}, 0.25f);
+  Tensor wt = Tensor::full({5, 3}, 1.0f);
+  ir::Graph g;
+  ir::Value* grad =
+      ops::matmul(ops::parameter(g, "dy", dyt), ops::parameter(g, "a", at), true, false);
+  g.add_node(ops::op("sgd"), {ops::parameter(g, "w", wt), grad}, {{"lr", 0.1}});
+  g.add_output(grad);
+  EXPECT_FALSE(ops::FuseUpdateIntoProduct().run(g));
+  EXPECT_EQ(count_op(g, "sgd"), 1u);
 }

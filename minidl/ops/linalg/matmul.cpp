@@ -3,6 +3,10 @@
 // layers store weights [out, in] as PyTorch does, so their forward is matmul(x, w, trans_b=true);
 // the fusion pass folds a following bias_add and relu into the node (native: the GEMM's store
 // epilogue; oneDNN: the primitive's bias and an eltwise post-op).
+//
+// matmul_accumulate: c = alpha * op(a) * op(b) + beta * c, written in place into c (BLAS's gemm).
+// The update fusion pass makes it from a weight gradient's matmul and its plain SGD update
+// (alpha = -lr, beta = 1), so the gradient is never stored and read back.
 #include "minidl/ops/common.hpp"
 #include "minidl/ops/native/gemm.hpp"
 #include "minidl/ops/onednn/kernels.hpp"
@@ -11,7 +15,8 @@
 namespace minidl::ops {
 namespace {
 
-void infer(ir::InferCtx& c) {
+// The product's [M, N] for operands a and b under the trans_a / trans_b attributes.
+Shape product_shape(ir::InferCtx& c) {
   const Shape& a = c.input(0);
   const Shape& b = c.input(1);
   MINIDL_CHECK_NODE(c, a.rank() == 2 && b.rank() == 2, "expected 2-D operands");
@@ -23,12 +28,26 @@ void infer(ir::InferCtx& c) {
   const std::int64_t kb = tb ? b[1] : b[0], n = tb ? b[0] : b[1];
   MINIDL_CHECK_NODE(c, ka == kb, "inner dimensions differ: ", ka, " vs ", kb, " (trans_a=", ta,
                     ", trans_b=", tb, ")");
+  return Shape{m, n};
+}
+
+void infer(ir::InferCtx& c) {
+  const Shape mn = product_shape(c);
+  const std::int64_t n = mn[1];
   if (c.num_inputs() > 2) {
     MINIDL_CHECK_NODE(c, c.dtype(2) == DType::F32, "expected an f32 bias");
     MINIDL_CHECK_NODE(c, c.input(2) == Shape{n}, "bias must be [", n, "] to match the output");
   }
   (void)activation_attr(c);
-  c.set_output(0, Shape{m, n});
+  c.set_output(0, mn);
+}
+
+void infer_accumulate(ir::InferCtx& c) {
+  const Shape mn = product_shape(c);
+  MINIDL_CHECK_NODE(c, c.dtype(2) == DType::F32, "expected an f32 accumulator");
+  MINIDL_CHECK_NODE(c, c.input(2) == mn, "the accumulator is ", c.input(2), ", not the product's ",
+                    mn);
+  c.set_output(0, mn);
 }
 
 // src a, weights b -> dst [M,N]
@@ -43,6 +62,18 @@ void matmul_native(const ir::KernelArgs& k) {
   epilogue.relu = activation_of(k.attrs()) == Activation::Relu;
   native::sgemm(ta, tb, m, n, kk, 1.0f, k.in[0].data<float>(), a[1], k.in[1].data<float>(), b[1],
                 0.0f, k.out[0].data<float>(), n, epilogue);
+}
+
+void matmul_accumulate_native(const ir::KernelArgs& k) {
+  const Shape& a = k.in[0].shape();
+  const Shape& b = k.in[1].shape();
+  const bool ta = k.attrs().get<bool>("trans_a");
+  const bool tb = k.attrs().get<bool>("trans_b");
+  const std::int64_t m = ta ? a[1] : a[0], kk = ta ? a[0] : a[1], n = tb ? b[0] : b[1];
+  // In place: out[0] is in[2]'s buffer.
+  native::sgemm(ta, tb, m, n, kk, k.attrs().get<float>("alpha"), k.in[0].data<float>(), a[1],
+                k.in[1].data<float>(), b[1], k.attrs().get<float>("beta"), k.out[0].data<float>(),
+                n);
 }
 
 // Each case follows from dy = op(a) op(b); the transposes move to the operands so that no
@@ -84,5 +115,19 @@ MINIDL_OP(matmul)
 #endif
     .kernel(ir::Backend::Native, matmul_native)
     .grad(grad);
+
+MINIDL_OP(matmul_accumulate)
+    .inputs({"a", "b", "c"})
+    .outputs({"c_out"})
+    .attr<bool>("trans_a", false)
+    .attr<bool>("trans_b", false)
+    .attr<float>("alpha", 1.0f)
+    .attr<float>("beta", 1.0f)
+    .infer(infer_accumulate)
+    .flops(flops)
+    .kernel(ir::Backend::Native, matmul_accumulate_native)
+    .inplace(0, 2)
+    .side_effect()
+    .no_grad("an in-place accumulation (the fused form of a gradient product and its update)");
 
 }  // namespace minidl::ops
