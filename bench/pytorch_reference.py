@@ -65,12 +65,15 @@ def load_cifar(d):
         raw = np.concatenate([np.frombuffer(read_maybe_gzip(f"{d}/{n}.bin"), np.uint8)
                               .reshape(-1, 3073) for n in names])
         return raw[:, 1:].reshape(-1, 3, 32, 32).astype(np.float32) / 255.0, raw[:, 0].astype(np.int64)
-    xtr, ytr = batches([f"data_batch_{i}" for i in range(1, 6)])
-    xte, yte = batches(["test_batch"])
-    # Standardised per channel with the training set's statistics, as cifar_cnn does.
-    mean = xtr.mean(axis=(0, 2, 3), keepdims=True)
-    std = xtr.std(axis=(0, 2, 3), keepdims=True)
-    return (xtr - mean) / std, ytr, (xte - mean) / std, yte
+    return batches([f"data_batch_{i}" for i in range(1, 6)]) + batches(["test_batch"])
+
+
+def standardize(xtr, xte):
+    """Per channel, with the (possibly limited) training set's mean and standard deviation, as
+    cifar_cnn does (statistics in double)."""
+    mean = xtr.mean(axis=(0, 2, 3), keepdims=True, dtype=np.float64)
+    std = np.sqrt(((xtr - mean) ** 2).mean(axis=(0, 2, 3), keepdims=True))
+    return ((xtr - mean) / std).astype(np.float32), ((xte - mean) / std).astype(np.float32)
 
 
 # minidl's names for the weighted layers, in order (examples/*.cpp).
@@ -170,6 +173,8 @@ def main():
         xtr, ytr = xtr[:a.train_limit], ytr[:a.train_limit]
     if a.test_limit:
         xte, yte = xte[:a.test_limit], yte[:a.test_limit]
+    if a.model == "cifar_cnn":
+        xtr, xte = standardize(xtr, xte)
     xtr, ytr, xte, yte = map(torch.from_numpy, (np.ascontiguousarray(xtr), ytr,
                                                  np.ascontiguousarray(xte), yte))
     net = model(a.model)
