@@ -1,5 +1,6 @@
 #include <gmock/gmock.h>
 
+#include <cmath>
 #include <limits>
 
 #include "harness.hpp"
@@ -107,6 +108,30 @@ TEST(MaxPool2d, KnownValuesAndIndices) {
   // d sum(y) / dx counts the windows that picked each element.
   const std::vector<float> want_dx = {2, 2, 0, 1, 1, 0, 0, 2, 1, 0, 2, 1};
   for (int i = 0; i < 12; ++i) EXPECT_EQ(exe.value(dx).at(i), want_dx[i]) << i;
+}
+
+// The CNNs' 2x2 window with stride 2: a window of -inf picks its first element; a NaN wins over
+// numbers, and a later NaN over an earlier one (as in PyTorch); the first of equal maxima wins.
+TEST(MaxPool2d, TwoByTwoWindowsKeepTheRules) {
+  constexpr float inf = std::numeric_limits<float>::infinity();
+  constexpr float nan = std::numeric_limits<float>::quiet_NaN();
+  ir::Graph g;
+  Tensor xt = Tensor::from<float>({1, 1, 2, 6}, {-inf, -inf, 1, nan, 5, 5,  //
+                                                 -inf, -inf, nan, 1, 5, 5});
+  ir::Node* n = ops::apply_node("max_pool2d", {ops::parameter(g, "x", xt)},
+                                {{"kernel", Ints{2, 2}}, {"stride", Ints{2, 2}}});
+  g.add_output(n->output(0));
+  g.add_output(n->output(1));
+  runtime::Executable exe(g, {.backend = ir::Backend::Native});
+  exe.run();
+  const Tensor& y = exe.value(n->output(0));
+  const std::int32_t* am = exe.value(n->output(1)).data<std::int32_t>();
+  EXPECT_EQ(y.at(0), -inf);
+  EXPECT_TRUE(std::isnan(y.at(1)));
+  EXPECT_EQ(y.at(2), 5.0f);
+  EXPECT_EQ(am[0], 0);
+  EXPECT_EQ(am[1], 8);  // the second NaN, row 1 column 2
+  EXPECT_EQ(am[2], 4);
 }
 
 // The harness compares f32 outputs only; argmax (i32) must agree exactly between the backends,
