@@ -90,6 +90,9 @@ bool FuseUpdateIntoProduct::run(ir::Graph& g) {
     if (mm->op() != "matmul" || mm->inputs().size() != 2 ||
         mm->attrs().get<std::string>("activation") != "none" || !read_once(g, grad))
       continue;
+    // The GEMM writes the parameter while it reads its operands: never one of them.
+    ir::Value* param = n->input(0);
+    if (mm->input(0) == param || mm->input(1) == param) continue;
     matches.emplace_back(mm, n);
   }
   for (const auto& [mm, sgd] : matches) {

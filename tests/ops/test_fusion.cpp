@@ -153,7 +153,7 @@ TEST(Fusion, LeavesUpdatesWithWeightDecayAlone) {
   EXPECT_EQ(count_op(step.g, "matmul_accumulate"), 0u);
 }
 
-TEST(Fusion, LeavesReadGradientsAlone) {
+TEST(Fusion, LeavesReadGradientsAndSelfReadingProductsAlone) {
   // The gradient is also a graph output (a user reads it): it must still be stored.
   Tensor at = Tensor::full({4, 3}, 0.5f), dyt = Tensor::full({4, 5}, 0.25f);
   Tensor wt = Tensor::full({5, 3}, 1.0f);
@@ -164,4 +164,12 @@ TEST(Fusion, LeavesReadGradientsAlone) {
   g.add_output(grad);
   EXPECT_FALSE(ops::FuseUpdateIntoProduct().run(g));
   EXPECT_EQ(count_op(g, "sgd"), 1u);
+
+  // A product that reads the parameter itself: the GEMM would overwrite an operand it reads.
+  ir::Graph h;
+  ir::Value* w = ops::parameter(h, "w", Tensor::full({3, 3}, 1.0f));
+  ir::Value* own = ops::matmul(w, ops::parameter(h, "s", Tensor::full({3, 3}, 0.5f)));
+  h.add_node(ops::op("sgd"), {w, own}, {{"lr", 0.1}});
+  EXPECT_FALSE(ops::FuseUpdateIntoProduct().run(h));
+  EXPECT_EQ(count_op(h, "sgd"), 1u);
 }
