@@ -16,6 +16,18 @@ using minidl::testing::blobs;
 
 namespace {
 std::unique_ptr<nn::Sequential> mlp() { return minidl::testing::small_mlp(); }
+
+// Every parameter of `got` within rounding of `want`'s (the same names, in the same order).
+void expect_same_parameters(const NamedTensors& want, const NamedTensors& got) {
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t p = 0; p < want.size(); ++p) {
+    const Tensor& a = want[p].second;
+    const Tensor& b = got[p].second;
+    for (std::int64_t i = 0; i < a.numel(); ++i)
+      ASSERT_NEAR(b.at(i), a.at(i), 2e-4 + 2e-3 * std::abs(a.at(i)))
+          << want[p].first << "[" << i << "]";
+  }
+}
 }  // namespace
 
 TEST(Training, LossFallsAndAccuracyRises) {
@@ -145,14 +157,7 @@ TEST(Training, ThreadReplicasMatchOneGraph) {
       const auto [stats, got] = run(replicas, fuse, cnn, backend);
       EXPECT_NEAR(stats.loss, want_stats.loss, 1e-4 * want_stats.loss);
       EXPECT_NEAR(stats.accuracy, want_stats.accuracy, 2.0 / 1000);
-      ASSERT_EQ(got.size(), want.size());
-      for (std::size_t p = 0; p < want.size(); ++p) {
-        const Tensor& a = want[p].second;
-        const Tensor& b = got[p].second;
-        for (std::int64_t i = 0; i < a.numel(); ++i)
-          ASSERT_NEAR(b.at(i), a.at(i), 2e-4 + 2e-3 * std::abs(a.at(i)))
-              << want[p].first << "[" << i << "]";
-      }
+      ASSERT_NO_FATAL_FAILURE(expect_same_parameters(want, got));
     }
   }
   set_num_threads(threads);
@@ -181,15 +186,8 @@ TEST(Training, FoldedUpdatesTrainTheSameModel) {
   };
   const NamedTensors want = run(1, false);
   for (const auto& [replicas, fuse] : {std::pair{1, true}, std::pair{2, true}}) {
-    const NamedTensors got = run(replicas, fuse);
-    ASSERT_EQ(got.size(), want.size());
-    for (std::size_t p = 0; p < want.size(); ++p) {
-      const Tensor& a = want[p].second;
-      const Tensor& b = got[p].second;
-      for (std::int64_t i = 0; i < a.numel(); ++i)
-        ASSERT_NEAR(b.at(i), a.at(i), 2e-4 + 2e-3 * std::abs(a.at(i)))
-            << "replicas " << replicas << ": " << want[p].first << "[" << i << "]";
-    }
+    SCOPED_TRACE(::testing::Message() << "replicas " << replicas);
+    ASSERT_NO_FATAL_FAILURE(expect_same_parameters(want, run(replicas, fuse)));
   }
   set_num_threads(threads);
 }

@@ -50,30 +50,29 @@ void infer_accumulate(ir::InferCtx& c) {
   c.set_output(0, mn);
 }
 
-// src a, weights b -> dst [M,N]
-void matmul_native(const ir::KernelArgs& k) {
+// out[0] [M,N] = alpha * op(in[0]) * op(in[1]) + beta * out[0], through the native GEMM.
+void native_product(const ir::KernelArgs& k, float alpha, float beta,
+                    const native::GemmEpilogue& epilogue = {}) {
   const Shape& a = k.in[0].shape();
   const Shape& b = k.in[1].shape();
   const bool ta = k.attrs().get<bool>("trans_a");
   const bool tb = k.attrs().get<bool>("trans_b");
   const std::int64_t m = ta ? a[1] : a[0], kk = ta ? a[0] : a[1], n = tb ? b[0] : b[1];
+  native::sgemm(ta, tb, m, n, kk, alpha, k.in[0].data<float>(), a[1], k.in[1].data<float>(), b[1],
+                beta, k.out[0].data<float>(), n, epilogue);
+}
+
+// src a, weights b -> dst [M,N]
+void matmul_native(const ir::KernelArgs& k) {
   native::GemmEpilogue epilogue;
   if (k.in.size() > 2) epilogue.bias = k.in[2].data<float>();
   epilogue.relu = activation_of(k.attrs()) == Activation::Relu;
-  native::sgemm(ta, tb, m, n, kk, 1.0f, k.in[0].data<float>(), a[1], k.in[1].data<float>(), b[1],
-                0.0f, k.out[0].data<float>(), n, epilogue);
+  native_product(k, 1.0f, 0.0f, epilogue);
 }
 
+// In place: out[0] is in[2]'s buffer.
 void matmul_accumulate_native(const ir::KernelArgs& k) {
-  const Shape& a = k.in[0].shape();
-  const Shape& b = k.in[1].shape();
-  const bool ta = k.attrs().get<bool>("trans_a");
-  const bool tb = k.attrs().get<bool>("trans_b");
-  const std::int64_t m = ta ? a[1] : a[0], kk = ta ? a[0] : a[1], n = tb ? b[0] : b[1];
-  // In place: out[0] is in[2]'s buffer.
-  native::sgemm(ta, tb, m, n, kk, k.attrs().get<float>("alpha"), k.in[0].data<float>(), a[1],
-                k.in[1].data<float>(), b[1], k.attrs().get<float>("beta"), k.out[0].data<float>(),
-                n);
+  native_product(k, k.attrs().get<float>("alpha"), k.attrs().get<float>("beta"));
 }
 
 // Each case follows from dy = op(a) op(b); the transposes move to the operands so that no
