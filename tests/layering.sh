@@ -10,7 +10,8 @@ declare -A allowed=(
   [autograd]="core ir ops autograd"
   [runtime]="core ir ops runtime"
   [parallel]="core ir ops autograd runtime parallel"
-  [frontend]="core ir ops autograd runtime parallel frontend"
+  [train]="core ir ops autograd runtime parallel train"
+  [frontend]="core ir ops autograd runtime parallel train frontend"
 )
 bad=0
 for layer in "${!allowed[@]}"; do

@@ -57,7 +57,7 @@ class Differentiator {
       n->def().grad_fn()(ctx);
     }
     for (std::size_t i = first_new; i < g_.nodes().size(); ++i)
-      g_.nodes()[i]->annotations().set("phase", std::string("backward"));
+      g_.nodes()[i]->set_phase(ir::Phase::Backward);
 
     std::vector<ir::Value*> result;
     for (ir::Value* p : params) {

@@ -23,6 +23,8 @@
 #include "minidl/frontend/trainer.hpp"
 #include "minidl/ir/printer.hpp"
 #include "minidl/parallel/communicator.hpp"
+#include "minidl/train/loss.hpp"
+#include "minidl/train/optimizer.hpp"
 
 namespace minidl {
 
@@ -163,7 +165,19 @@ std::vector<checkpoint::Setting> run_settings(const AppConfig& c, const nn::Modu
           {"seed", str(c.seed), R::SameMidEpoch, "--seed"},
           {"shuffle", str(!c.no_shuffle), R::SameMidEpoch, "shuffling (--no-shuffle)"},
           {"lr", str(c.lr), R::Note, "--lr"},
+          {"optimizer", c.optimizer, R::Same, "--optimizer"},
           {"momentum", str(c.momentum), R::Note, "--momentum"},
+          {"nesterov", str(c.nesterov), R::Note, "--nesterov"},
+          {"weight_decay", str(c.weight_decay), R::Note, "--weight-decay"},
+          {"betas", fmt::format("{},{}", c.beta1, c.beta2), R::Note, "--beta1/--beta2"},
+          {"eps", str(c.eps), R::Note, "--eps"},
+          {"lr_schedule",
+           fmt::format("{} step_epochs={} gamma={} warmup={} epochs={}", c.lr_schedule,
+                       c.lr_step_epochs, c.lr_gamma, c.warmup_steps, c.epochs),
+           R::Note, "--lr-schedule, --lr-step-epochs, --lr-gamma, --warmup-steps, --epochs"},
+          {"clip_grad_norm", str(c.clip_grad_norm), R::Note, "--clip-grad-norm"},
+          {"loss", fmt::format("{} label_smoothing={}", c.loss, c.label_smoothing), R::Note,
+           "--loss, --label-smoothing"},
           {"ranks", str(ranks), R::Note, "the number of ranks"},
           {"threads", str(max_threads()), R::Note, "the number of threads (--threads)"},
           {"thread_mode", c.thread_mode, R::Note, "--thread-mode"},
@@ -188,7 +202,7 @@ std::int64_t test_hook(const char* variable, std::int64_t fallback, std::int64_t
   return x;
 }
 
-int train(const std::string& program, AppConfig& c, const ModelBuilder& build) {
+int run_training(const std::string& program, AppConfig& c, const ModelBuilder& build) {
   if (c.threads > 0) set_num_threads(c.threads);
   parallel::Communicator& comm = parallel::world();
   // Before the first collective (the parameters' broadcast below, the preflight).
@@ -215,7 +229,31 @@ int train(const std::string& program, AppConfig& c, const ModelBuilder& build) {
   // Every rank starts from rank 0's parameters (they agree already when seeds agree; this makes
   // it so whatever the initialisation).
   for (auto& [name, t] : model->parameters()) comm.broadcast(t.raw(), t.nbytes(), 0);
-  optim::Sgd sgd({.lr = c.lr, .momentum = c.momentum});
+  std::unique_ptr<optim::Optimizer> optimizer;
+  if (c.optimizer == "adamw") {
+    optimizer = std::make_unique<optim::AdamW>(optim::AdamWOptions{.lr = c.lr,
+                                                                   .beta1 = c.beta1,
+                                                                   .beta2 = c.beta2,
+                                                                   .eps = c.eps,
+                                                                   .weight_decay = c.weight_decay});
+  } else {
+    optimizer = std::make_unique<optim::Sgd>(optim::SgdOptions{.lr = c.lr,
+                                                               .momentum = c.momentum,
+                                                               .nesterov = c.nesterov,
+                                                               .weight_decay = c.weight_decay});
+  }
+  const std::unique_ptr<train::Loss> loss = train::make_loss(c.loss, c.label_smoothing);
+  // Optimizer steps per epoch: every batch but a last one smaller than the rank count.
+  const std::int64_t batches = (train_set.size() + c.batch_size - 1) / c.batch_size;
+  const std::int64_t last_batch = train_set.size() - (batches - 1) * c.batch_size;
+  const std::int64_t steps_per_epoch =
+      std::max<std::int64_t>(1, batches - (last_batch < comm.size()));
+  const optim::LrSchedule schedule(c.lr,
+                                   {.kind = optim::parse_schedule(c.lr_schedule),
+                                    .step_epochs = c.lr_step_epochs,
+                                    .gamma = c.lr_gamma,
+                                    .warmup_steps = c.warmup_steps},
+                                   steps_per_epoch, steps_per_epoch * c.epochs);
   TrainerOptions topt;
   topt.batch_size = c.batch_size;
   topt.seed = c.seed;
@@ -230,7 +268,11 @@ int train(const std::string& program, AppConfig& c, const ModelBuilder& build) {
   topt.bucket_bytes = static_cast<std::int64_t>(c.bucket_mb * 1024 * 1024);
   topt.overlap = c.overlap;
   topt.micro_batch = c.deterministic ? c.micro_batch : 0;
-  Trainer trainer(*model, sgd, topt);
+  topt.clip_grad_norm = c.clip_grad_norm;
+  topt.loss = loss.get();
+  topt.targets = c.reconstruct ? TrainerOptions::Targets::Inputs : TrainerOptions::Targets::Labels;
+  topt.schedule = &schedule;
+  Trainer trainer(*model, *optimizer, topt);
   if (!c.dump_graph.empty() && root) {
     ir::write_graph(trainer.training_graph(sample), c.dump_graph);
   }
@@ -250,7 +292,7 @@ int train(const std::string& program, AppConfig& c, const ModelBuilder& build) {
   std::string resumed, resumed_from;  // what to say about it after the header; the file
   if (!c.resume.empty()) {
     const checkpoint::Loaded ckpt =
-        checkpoint::load_shared(comm, c.resume, model->parameters(), sgd.state());
+        checkpoint::load_shared(comm, c.resume, model->parameters(), optimizer->state());
     // Rank 0 judges; on an error it ends the job, the others waiting in their first step.
     if (root) {
       for (const std::string& note : checkpoint::check_settings(ckpt, settings))
@@ -308,7 +350,14 @@ int train(const std::string& program, AppConfig& c, const ModelBuilder& build) {
                  {"fuse", !c.no_fuse},
                  {"batch_size", c.batch_size},
                  {"lr", c.lr},
+                 {"optimizer", optimizer->describe()},
                  {"momentum", c.momentum},
+                 {"nesterov", c.nesterov},
+                 {"weight_decay", c.weight_decay},
+                 {"lr_schedule", schedule.describe()},
+                 {"clip_grad_norm", c.clip_grad_norm},
+                 {"loss", c.loss},
+                 {"label_smoothing", c.label_smoothing},
                  {"seed", c.seed},
                  {"shuffle", !c.no_shuffle},
                  {"epochs", c.epochs},
@@ -334,7 +383,7 @@ int train(const std::string& program, AppConfig& c, const ModelBuilder& build) {
     const TrainerPosition pos = trainer.position();
     if (root) {
       const std::string path =
-          checkpoint::save(c.checkpoint_dir, pos, model->parameters(), sgd.state(),
+          checkpoint::save(c.checkpoint_dir, pos, model->parameters(), optimizer->state(),
                            checkpoint::settings_metadata(settings), c.checkpoint_keep);
       if (talk) {
         progress.clear();
@@ -344,8 +393,13 @@ int train(const std::string& program, AppConfig& c, const ModelBuilder& build) {
     }
     comm.barrier();
   };
+  bool stopped = false;  // --max-steps reached
   auto on_step = [&](const StepInfo& info) {
     progress.update(info.position, info.running_loss);
+    if (c.max_steps > 0 && info.step >= c.max_steps) {
+      trainer.request_stop();
+      stopped = true;
+    }
     if (c.checkpoint_every_steps > 0 && info.step % c.checkpoint_every_steps == 0)
       save_checkpoint();
     if (kill_after > 0 && info.step == kill_after && (kill_only < 0 || kill_only == comm.rank())) {
@@ -372,32 +426,48 @@ int train(const std::string& program, AppConfig& c, const ModelBuilder& build) {
     const double sps = static_cast<double>(s.timed_samples) / s.seconds;
     progress.clear();
     if (talk) {
-      fmt::print(
-          "epoch {:>2}/{}  loss {:.4f}  train acc {:6.2f}%  test acc {:6.2f}%  {:.2f} s  {:.0f} "
-          "samples/s\n",
-          epoch, c.epochs, s.loss, 100.0 * s.accuracy, 100.0 * e.accuracy, s.seconds, sps);
+      const std::string quality = loss->classification()
+                                      ? fmt::format("train acc {:6.2f}%  test acc {:6.2f}%",
+                                                    100.0 * s.accuracy, 100.0 * e.accuracy)
+                                      : fmt::format("test loss {:.5f}", e.loss);
+      const std::string extra =
+          (c.lr_schedule != "constant" || c.warmup_steps > 0 ? fmt::format("  lr {:.3g}", s.lr)
+                                                             : std::string()) +
+          (c.clip_grad_norm > 0 ? fmt::format("  grad norm {:.3f}", s.grad_norm) : std::string());
+      fmt::print("epoch {:>2}/{}  loss {:.4f}  {}  {:.2f} s  {:.0f} samples/s{}\n", epoch, c.epochs,
+                 s.loss, quality, s.seconds, sps, extra);
       if (c.profile) {
         fmt::print("           compute {:.3f} s  communication {:.3f} s  waiting {:.3f} s\n",
                    s.seconds - s.comm_seconds - s.wait_seconds, s.comm_seconds, s.wait_seconds);
       }
       std::fflush(stdout);
     }
-    metrics.add({{"epoch", epoch},
-                 {"train_loss", s.loss},
-                 {"train_accuracy", s.accuracy},
-                 {"test_loss", e.loss},
-                 {"test_accuracy", e.accuracy},
-                 {"epoch_seconds", s.seconds},
-                 {"samples_per_second", sps},
-                 {"comm_seconds", s.comm_seconds},
-                 {"wait_seconds", s.wait_seconds}});
-    if (c.checkpoint_every > 0 && epoch % c.checkpoint_every == 0) save_checkpoint();
+    nlohmann::json record = {{"epoch", epoch},
+                             {"train_loss", s.loss},
+                             {"test_loss", e.loss},
+                             {"epoch_seconds", s.seconds},
+                             {"samples_per_second", sps},
+                             {"comm_seconds", s.comm_seconds},
+                             {"wait_seconds", s.wait_seconds},
+                             {"lr", s.lr}};
+    if (loss->classification()) {
+      record["train_accuracy"] = s.accuracy;
+      record["test_accuracy"] = e.accuracy;
+    }
+    if (c.clip_grad_norm > 0) record["grad_norm"] = s.grad_norm;
+    metrics.add(record);
+    if (c.checkpoint_every > 0 && epoch % c.checkpoint_every == 0 && !stopped) save_checkpoint();
+    if (stopped) break;
   }
   if (c.quiet) {
     if (!evaluated) last = trainer.evaluate(test_set);
     if (root) {
-      fmt::print("{}: {} epoch(s)  test loss {:.4f}  test acc {:.2f}%\n", program, c.epochs,
-                 last.loss, 100.0 * last.accuracy);
+      if (loss->classification()) {
+        fmt::print("{}: {} epoch(s)  test loss {:.4f}  test acc {:.2f}%\n", program, c.epochs,
+                   last.loss, 100.0 * last.accuracy);
+      } else {
+        fmt::print("{}: {} epoch(s)  test loss {:.6f}\n", program, c.epochs, last.loss);
+      }
       std::fflush(stdout);
     }
   }
@@ -446,6 +516,55 @@ int run_training_app(int argc, char** argv, const std::string& description, AppC
       ->capture_default_str();
   app.add_option("--momentum", c.momentum, "SGD momentum in [0, 1)")
       ->check(CLI::Range(0.0, 0.999999))
+      ->capture_default_str();
+  app.add_option("--optimizer", c.optimizer, "optimizer")
+      ->check(CLI::IsMember({"sgd", "adamw"}))
+      ->capture_default_str();
+  app.add_flag("--nesterov", c.nesterov, "Nesterov momentum (SGD, needs --momentum)");
+  app.add_option("--weight-decay", c.weight_decay,
+                 "weight decay: added to the gradient (SGD) or decoupled (AdamW)")
+      ->check(CLI::Range(0.0, 1e6))
+      ->capture_default_str();
+  app.add_option("--beta1", c.beta1, "AdamW's first-moment decay in [0, 1)")
+      ->check(CLI::Range(0.0, 0.999999999))
+      ->capture_default_str();
+  app.add_option("--beta2", c.beta2, "AdamW's second-moment decay in [0, 1)")
+      ->check(CLI::Range(0.0, 0.999999999))
+      ->capture_default_str();
+  app.add_option("--eps", c.eps, "AdamW's denominator term")
+      ->check(CLI::Range(1e-30, 1.0))
+      ->capture_default_str();
+  app.add_option("--lr-schedule", c.lr_schedule,
+                 "learning rate per step: constant, step (x gamma every --lr-step-epochs) or "
+                 "cosine (to 0 at the last step)")
+      ->check(CLI::IsMember({"constant", "step", "cosine"}))
+      ->capture_default_str();
+  app.add_option("--lr-step-epochs", c.lr_step_epochs, "the step schedule's period in epochs")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30))
+      ->capture_default_str();
+  app.add_option("--lr-gamma", c.lr_gamma, "the step schedule's factor")
+      ->check(CLI::Range(1e-12, 1e6))
+      ->capture_default_str();
+  app.add_option("--warmup-steps", c.warmup_steps,
+                 "linear warm-up over the first N steps (any schedule)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40))
+      ->capture_default_str();
+  app.add_option("--clip-grad-norm", c.clip_grad_norm,
+                 "clip the global gradient norm to X after the reduction (0: off)")
+      ->check(CLI::Range(0.0, 1e12))
+      ->capture_default_str();
+  if (c.losses.size() > 1) {
+    app.add_option("--loss", c.loss, "loss")->check(CLI::IsMember(c.losses))->capture_default_str();
+  }
+  if (std::find(c.losses.begin(), c.losses.end(), "cross-entropy") != c.losses.end()) {
+    app.add_option("--label-smoothing", c.label_smoothing,
+                   "cross-entropy's label smoothing in [0, 1]")
+        ->check(CLI::Range(0.0, 1.0))
+        ->capture_default_str();
+  }
+  app.add_option("--max-steps", c.max_steps,
+                 "stop after N training steps, then evaluate and save (0: train every epoch)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40))
       ->capture_default_str();
   app.add_option("--seed", c.seed, "random seed (initialisation and shuffling)")
       ->capture_default_str();
@@ -550,7 +669,7 @@ int run_training_app(int argc, char** argv, const std::string& description, AppC
   std::string error;
   try {
     (void)c.hidden_sizes();
-    return train(program, c, build);
+    return run_training(program, c, build);
   } catch (const Error& e) {
     error = e.what();
   } catch (const std::bad_alloc&) {

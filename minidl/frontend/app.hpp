@@ -27,6 +27,23 @@ struct AppConfig {
   std::int64_t batch_size = 64;
   double lr = 0.01;
   double momentum = 0.0;
+  std::string optimizer = "sgd";  // sgd or adamw
+  bool nesterov = false;
+  double weight_decay = 0.0;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adamw
+  std::string lr_schedule = "constant";           // constant, step or cosine
+  std::int64_t lr_step_epochs = 1;
+  double lr_gamma = 0.1;
+  std::int64_t warmup_steps = 0;
+  double clip_grad_norm = 0.0;  // 0: off
+  // The loss, and the ones --loss accepts (the model decides which make sense).
+  std::string loss = "cross-entropy";
+  std::vector<std::string> losses{"cross-entropy"};
+  double label_smoothing = 0.0;  // cross-entropy only
+  // What the loss scores the output against: the labels, or the input images themselves
+  // (an autoencoder).
+  bool reconstruct = false;
+  std::int64_t max_steps = 0;  // stop after this many training steps (0: all epochs)
   std::uint64_t seed = 42;
   int threads = 0;                 // 0: OpenMP's default
   std::string backend = "native";  // preferred kernels: native or onednn (native is the fallback)

@@ -235,16 +235,7 @@ Dropout::Dropout(double p) : p_(p) {
 ir::Value* Dropout::forward(ir::Value* x) {
   if (!training_ || p_ == 0.0) return x;
   ir::Graph& g = x->graph();
-  ir::Value* key = nullptr;
-  if (ir::Node* n = g.find(kRngKeyInput); n != nullptr) {
-    key = n->output();
-    MINIDL_CHECK(n->op() == "input" && key->shape() == Shape{2} && key->dtype() == DType::I64,
-                 describe(), " '", name_, "': the graph's node '", kRngKeyInput, "' is ",
-                 n->describe(), " ", key->dtype(), " ", key->shape(),
-                 ", expected the dropout key input i64 [2]");
-  } else {
-    key = ops::input(g, std::string(kRngKeyInput), Shape{2}, DType::I64);
-  }
+  ir::Value* key = ops::rng_key(g);
   ir::NameScope scope(g, name_);
   // The same seed and name give the same node seed in every graph built for the model.
   const std::uint64_t seed = mix64(seed_ ^ name_hash(name_));

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "minidl/ir/graph.hpp"
+#include "minidl/train/model.hpp"
 
 namespace minidl::nn {
 
@@ -24,20 +25,19 @@ enum class Init {
 void initialize(Tensor& t, Init init, std::int64_t fan_in, std::int64_t fan_out, std::uint64_t seed,
                 std::string_view name);
 
-class Module {
+class Module : public train::Model {
  public:
-  virtual ~Module() = default;
   /// Adds this module's nodes after x; returns the output value.
-  virtual ir::Value* forward(ir::Value* x) = 0;
+  ir::Value* forward(ir::Value* x) override = 0;
   ir::Value* operator()(ir::Value* x) { return forward(x); }
   /// Parameters with their full names (prefix + own name), in a fixed order.
   virtual void collect_parameters(const std::string& prefix, NamedTensors& out) {}
   /// (Re)initialises every parameter from seed; the result depends on seed and names only.
   virtual void reset_parameters(std::uint64_t seed, const std::string& prefix) {}
   /// Short description, e.g. "Linear(784 -> 256)".
-  virtual std::string describe() const = 0;
+  std::string describe() const override = 0;
 
-  NamedTensors parameters() {
+  NamedTensors parameters() override {
     NamedTensors out;
     collect_parameters("", out);
     return out;
@@ -61,7 +61,7 @@ class Module {
   /// decides what forward() adds to the graph being built (Dropout adds nothing when off), so
   /// the Trainer sets it before it builds each training or evaluation graph. Containers pass it
   /// on to their children.
-  virtual void train(bool on = true) { training_ = on; }
+  void train(bool on = true) override { training_ = on; }
   void eval() { train(false); }
   bool training() const { return training_; }
 
@@ -177,17 +177,13 @@ class Sequential final : public Module {
   std::vector<std::pair<std::string, std::unique_ptr<Module>>> children_;
 };
 
-/// The graph input that keys every dropout mask of a graph: i64 [2] = (step, global index of
-/// the first sample of this rank's batch slice). The Trainer writes it before each step.
-inline constexpr std::string_view kRngKeyInput = "rng_key";
-
 /// Inverted dropout, as PyTorch's nn.Dropout(p): in training mode each element is zeroed with
 /// probability p and the others are scaled by 1 / (1 - p); in evaluation mode it is the
 /// identity and adds no node. The mask is a pure function of (seed, step, global sample index,
 /// feature) (ops/nn/dropout.cpp), so it does not depend on how a batch is split over ranks or
-/// threads. The key is the graph input kRngKeyInput, added by the first Dropout of a graph and
-/// shared by all; the nodes differ by their seed, which comes from reset(seed) and the module's
-/// name.
+/// threads. The key is the graph input ops::rng_key (ir::Role::RngKey), added by the first Dropout
+/// of a graph and shared by all; the nodes differ by their seed, which comes from reset(seed) and
+/// the module's name.
 class Dropout final : public Module {
  public:
   explicit Dropout(double p = 0.5);

@@ -1,21 +1,23 @@
-// The trainer loop: per-epoch seeded shuffle, one compiled training graph per batch size (the
-// last, ragged batch gets its own), evaluation over a whole dataset. With several ranks, every
-// rank walks the same permutation and takes its own share of each global batch; the
-// data-parallel pass reduces the gradients, and the statistics are summed over ranks.
+// The trainer loop: per-epoch seeded shuffle, one compiled step per batch size (the last, ragged
+// batch gets its own; train::compile_step builds them, the Trainer builds no graph), evaluation
+// over a whole dataset, statistics, the learning-rate schedule and the position checkpoints
+// record. With several ranks, every rank walks the same permutation and feeds its own share of
+// each global batch (the Layout says which); the statistics are summed over ranks.
 #pragma once
 
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
 
 #include "minidl/frontend/datasets.hpp"
-#include "minidl/frontend/nn.hpp"
-#include "minidl/frontend/optim.hpp"
 #include "minidl/frontend/trace.hpp"
 #include "minidl/parallel/communicator.hpp"
 #include "minidl/parallel/data_parallel.hpp"
 #include "minidl/runtime/executable.hpp"
+#include "minidl/train/schedule.hpp"
+#include "minidl/train/step.hpp"
 
 namespace minidl {
 
@@ -44,12 +46,23 @@ struct TrainerOptions {
   parallel::ReduceStrategy reduce_strategy = parallel::ReduceStrategy::Allreduce;
   std::int64_t bucket_bytes = parallel::DataParallelOptions{}.bucket_bytes;  // 0: no buckets
   bool overlap = parallel::DataParallelOptions{}.overlap;  // reduce during the backward
+  /// Global-norm gradient clipping after the reduction (0: off).
+  double clip_grad_norm = 0.0;
+  /// The loss; null: softmax cross-entropy against the labels.
+  const train::Loss* loss = nullptr;
+  /// What the loss's targets are: the dataset's labels, or the samples themselves (an
+  /// autoencoder's reconstruction target, flattened to the output's shape).
+  enum class Targets { Labels, Inputs };
+  Targets targets = Targets::Labels;
+  /// The learning rate of every step; null: the optimizer's own, constant.
+  const optim::LrSchedule* schedule = nullptr;
 };
 
 struct EpochStats {
   int epoch = 0;
   double loss = 0.0;      // mean over the epoch's samples
-  double accuracy = 0.0;  // fraction of the epoch's samples classified right (before each update)
+  double accuracy = 0.0;  // fraction of the epoch's samples classified right (before each update);
+                          // NaN when the loss does not classify
   std::int64_t samples = 0;
   double seconds = 0.0;  // wall time of the training steps, data gathering included
   // The samples trained in this call, which `seconds` covers: fewer than `samples` when the
@@ -59,11 +72,14 @@ struct EpochStats {
   // blocking reductions, broadcasts) and in waiting for non-blocking ones to finish.
   double comm_seconds = 0.0;
   double wait_seconds = 0.0;
+  double lr = 0.0;  // the learning rate of the epoch's last step
+  double grad_norm = std::numeric_limits<double>::quiet_NaN();  // mean over the epoch's steps,
+                                                                // with clipping; else NaN
 };
 
 struct EvalStats {
   double loss = 0.0;
-  double accuracy = 0.0;
+  double accuracy = 0.0;  // NaN when the loss does not classify
   std::int64_t samples = 0;
 };
 
@@ -95,7 +111,7 @@ using StepCallback = std::function<void(const StepInfo&)>;
 
 class Trainer {
  public:
-  Trainer(nn::Module& model, optim::Sgd& optimizer, TrainerOptions options);
+  Trainer(train::Model& model, optim::Optimizer& optimizer, TrainerOptions options);
   ~Trainer();
 
   /// One pass over d in the order fixed by (seed, epoch); after resume() to a position inside
@@ -120,6 +136,10 @@ class Trainer {
   /// category: communication, wait (for a non-blocking reduction), update or compute.
   std::vector<TraceSpan> trace_spans() const;
 
+  /// Ends the epoch in progress after the current step (from a StepCallback); train_epoch then
+  /// returns that epoch's statistics so far. Every rank must ask at the same step.
+  void request_stop() { stop_ = true; }
+
   /// The current position (between steps or epochs), its statistics summed over the ranks: a
   /// collective, every rank must call it at the same point.
   TrainerPosition position();
@@ -127,44 +147,44 @@ class Trainer {
   /// count): the next train_epoch must be for p.epoch and starts at p.next_sample.
   void resume(const TrainerPosition& p);
 
-  /// This rank's share [begin, end) of a global batch of n samples starting at start: an equal
-  /// split, or in deterministic mode the micro-shards of its subtree.
-  std::pair<std::int64_t, std::int64_t> share(std::int64_t start, std::int64_t n) const;
+  /// The layout every training step is compiled for.
+  const parallel::Layout& layout() const { return step_options_.layout; }
+  const train::Loss& loss() const { return *loss_; }
 
  private:
-  /// share() as rank `rank` sees it.
-  std::pair<std::int64_t, std::int64_t> share_of(int rank, std::int64_t start,
-                                                 std::int64_t n) const;
-  struct Program;
-  /// The compiled graph for `local` samples of a global batch of `global` (evaluation: 0).
-  Program& program(bool train, std::int64_t local, std::int64_t global, const Shape& sample);
+  /// The compiled step for a global batch of n samples (train), or for n samples of this
+  /// rank's evaluation shard.
+  train::CompiledStep& program(bool train, std::int64_t n, const Shape& sample, int as_rank = -1);
   struct Sums;
-  static void gather(const Dataset& d, const std::int64_t* idx, std::int64_t n, Program& p);
-  /// Runs p on samples idx[0..n) of d and adds their loss and correct count to sums.
-  void step(Program& p, const Dataset& d, const std::int64_t* idx, std::int64_t n, Sums& sums);
+  void gather(const Dataset& d, const std::int64_t* idx, train::CompiledStep& p) const;
+  /// Runs p on this rank's samples idx[share] of d and adds their loss and correct count to
+  /// sums.
+  void step(train::CompiledStep& p, const Dataset& d, const std::int64_t* idx,
+            const train::StepFeed& feed, Sums& sums);
 
   void check_ranks_agree(const Dataset& d, const Shape& sample);
-  /// Deterministic mode: micro-shards in a global batch of n samples.
-  std::int64_t micro_shards(std::int64_t n) const;
 
-  nn::Module& model_;
-  optim::Sgd& optimizer_;
+  train::Model& model_;
+  optim::Optimizer& optimizer_;
   TrainerOptions options_;
   parallel::Communicator& comm_;
+  train::StepOptions step_options_;
+  std::unique_ptr<train::Loss> own_loss_;  // the default loss, when options.loss is null
+  const train::Loss* loss_ = nullptr;
   /// Seconds in communication and waiting kernels of all training programs so far (profiling).
   std::pair<double, double> comm_wait_seconds() const;
 
   bool preflight_done_ = false;
+  bool stop_ = false;
   std::pair<double, double> comm_wait_ = {0.0, 0.0};  // at the end of the previous epoch
   std::int64_t steps_ = 0;    // training steps since training began: dropout's key step
   TrainerPosition position_;  // the statistics of which are this rank's own
   std::optional<TrainerPosition> resume_;  // where the next train_epoch starts
-  std::map<std::tuple<bool, std::int64_t, std::int64_t, std::vector<std::int64_t>>,
-           std::unique_ptr<Program>>
+  std::map<std::tuple<bool, std::int64_t, std::vector<std::int64_t>, int>,
+           std::unique_ptr<train::CompiledStep>>
       programs_;
 };
 
-/// Index of the largest of row's n values (the first on ties).
-std::int64_t argmax(const float* row, std::int64_t n);
+using train::argmax;
 
 }  // namespace minidl

@@ -28,6 +28,32 @@ std::string Node::describe() const {
   return fmt::format("{} '{}' (%{})", op(), name_, outputs_.empty() ? id_ : outputs_[0]->id());
 }
 
+std::string_view phase_name(Phase p) {
+  switch (p) {
+    case Phase::Forward:
+      return "forward";
+    case Phase::Backward:
+      return "backward";
+    case Phase::Update:
+      return "update";
+    case Phase::Communication:
+      return "communication";
+  }
+  return "?";
+}
+
+void Node::set_replica(int replica) {
+  MINIDL_CHECK(replica >= -1 && replica < kMaxReplicas, describe(), ": replica ", replica,
+               " is outside [0, ", kMaxReplicas, ")");
+  replica_ = replica;
+}
+
+void Node::take_marks(const Node& other) {
+  for (const auto& [k, v] : other.annotations_.items()) annotations_.set(k, v);
+  phase_ = other.phase_;
+  replica_ = other.replica_;
+}
+
 Node* Graph::add_node(const OpDef& def, std::vector<Value*> inputs, Attrs attrs, std::string name) {
   return insert(def, std::move(inputs), std::move(attrs), std::move(name), Tensor());
 }
@@ -115,6 +141,12 @@ Node* Graph::insert(const OpDef& def, std::vector<Value*> inputs, Attrs attrs, s
 Node* Graph::find(std::string_view name) const {
   for (Node* n : order_)
     if (n->name() == name) return n;
+  return nullptr;
+}
+
+Node* Graph::find(Role r) const {
+  for (Node* n : order_)
+    if (n->role() == r) return n;
   return nullptr;
 }
 

@@ -48,6 +48,17 @@ class Value {
   std::vector<Node*> users_;
 };
 
+/// Which part of a training step a node belongs to: autograd marks the backward, optimizers their
+/// updates, the parallel passes what they insert; printers, the preflight fingerprint and the
+/// profile's categories read it. Sources print as such whatever their phase.
+enum class Phase : std::uint8_t { Forward, Backward, Update, Communication };
+std::string_view phase_name(Phase p);
+
+/// What a graph input is for, where the step compiler or the loop must feed it by role rather
+/// than by name: the key of every random mask (dropout), the learning rate and the optimizer's
+/// step count of the schedule. Other nodes have no role.
+enum class Role : std::uint8_t { None, RngKey, LearningRate, OptimizerStep };
+
 /// The channel block of a layout: 1 for plain (""), 16 for "nChw16c", 8 for "nChw8c"; throws
 /// minidl::Error for any other name.
 int channel_block(std::string_view layout);
@@ -71,6 +82,21 @@ class Node {
   /// "relu 'fc1.act' (%17)", the prefix of every error about this node.
   std::string describe() const;
 
+  Phase phase() const { return phase_; }
+  void set_phase(Phase p) { phase_ = p; }
+  /// The data-parallel thread replica the node computes (its thread in a parallel section of
+  /// the runtime), or -1 for none. Set by the step compiler on a replica's inputs and by
+  /// parallel::ThreadReplicas on everything that depends on exactly one replica.
+  int replica() const { return replica_; }
+  /// Sets the replica (-1: none); throws minidl::Error outside [-1, kMaxReplicas).
+  void set_replica(int replica);
+  static constexpr int kMaxReplicas = 1024;
+  Role role() const { return role_; }
+  void set_role(Role r) { role_ = r; }
+  /// Takes other's annotations, phase and replica: a pass that replaces a node by a new one
+  /// (fusion, a rebuilt sum) keeps what is known of the old.
+  void take_marks(const Node& other);
+
  private:
   friend class Graph;
   const OpDef* def_ = nullptr;
@@ -81,6 +107,9 @@ class Node {
   Attrs attrs_;
   Attrs annotations_;
   Tensor bound_;
+  Phase phase_ = Phase::Forward;
+  int replica_ = -1;
+  Role role_ = Role::None;
 };
 
 class Graph {
@@ -100,6 +129,8 @@ class Graph {
   const std::vector<Node*>& nodes() const { return order_; }
   /// Finds a node by name, or null. Names are unique within a graph.
   Node* find(std::string_view name) const;
+  /// The node with role r (at most one per role and graph), or null.
+  Node* find(Role r) const;
 
   /// Values the caller reads after a run (loss, logits); dead-code elimination keeps them.
   void add_output(Value* v);

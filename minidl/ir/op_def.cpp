@@ -80,6 +80,18 @@ OpDef& OpDef::layout_aware() {
   kernels_.back().layouts = true;
   return *this;
 }
+OpDef& OpDef::update(int param, int grad, int grad_scale) {
+  MINIDL_ASSERT(param >= 0 && grad >= 0 && param != grad, name_, ": update(", param, ", ", grad,
+                ") needs two different inputs");
+  MINIDL_ASSERT(grad_scale < 0 || grad_scale + 1 == static_cast<int>(inputs_.size()), name_,
+                ": the grad_scale input must be the last (optional) one");
+  update_ = UpdateRole{param, grad, grad_scale};
+  return *this;
+}
+OpDef& OpDef::communication(CommRole role) {
+  comm_ = role;
+  return *this;
+}
 
 std::vector<const KernelDef*> kernel_order(const Node& n, Backend preferred) {
   Backend want = preferred;

@@ -71,6 +71,22 @@ struct KernelDef {
   bool layouts = false;
 };
 
+/// An optimizer update's inputs: which is the parameter it writes in place and which the
+/// gradient it reads. The parallel passes reduce that gradient and, for the root strategy,
+/// broadcast that parameter; an op that writes a parameter in place without this role is refused
+/// by them rather than skipped.
+struct UpdateRole {
+  int param = 0;
+  int grad = 1;
+  /// The optional input that scales the gradient (global-norm clipping's factor), or -1.
+  int grad_scale = -1;
+};
+
+/// What a collective op does to time: it moves data between ranks (Collective), or it waits for
+/// a non-blocking one started earlier (Wait). The profile splits communication from waiting by
+/// it.
+enum class CommRole : std::uint8_t { None, Collective, Wait };
+
 using InferFn = void (*)(InferCtx&);
 using GradFn = void (*)(GradCtx&);
 /// Floating-point operations one run of the node performs (profiler figures).
@@ -127,6 +143,11 @@ class OpDef {
   OpDef& elementwise();
   /// The kernel declared last takes values in any layout (KernelDef::layouts).
   OpDef& layout_aware();
+  /// The op is an optimizer update of input `param` (in place) by gradient input `grad`;
+  /// grad_scale, when the op has one, is the optional input that multiplies the gradient.
+  OpDef& update(int param, int grad, int grad_scale = -1);
+  /// The op communicates between ranks (see CommRole).
+  OpDef& communication(CommRole role);
 
   const std::string& name() const { return name_; }
   const std::vector<std::string>& input_names() const { return inputs_; }
@@ -146,6 +167,8 @@ class OpDef {
   bool has_side_effect() const { return side_effect_; }
   bool is_source() const { return source_; }
   bool is_elementwise() const { return elementwise_; }
+  const std::optional<UpdateRole>& update_role() const { return update_; }
+  CommRole comm_role() const { return comm_; }
 
  private:
   std::string name_;
@@ -163,6 +186,8 @@ class OpDef {
   bool side_effect_ = false;
   bool source_ = false;
   bool elementwise_ = false;
+  std::optional<UpdateRole> update_;
+  CommRole comm_ = CommRole::None;
 };
 
 /// The kernels of n's op in the order the runtime tries them: those of the node's "backend"

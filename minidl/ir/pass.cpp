@@ -1,5 +1,6 @@
 #include "minidl/ir/pass.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <unordered_set>
 
@@ -9,9 +10,25 @@
 
 namespace minidl::ir {
 
+PassManager::PassManager(std::vector<std::string> facts) : facts_(std::move(facts)) {}
+
 PassManager& PassManager::add(std::unique_ptr<Pass> pass) {
+  for (const std::string& need : pass->needs()) {
+    MINIDL_CHECK(std::find(facts_.begin(), facts_.end(), need) != facts_.end(), "pass pipeline: '",
+                 pass->name(), "' needs '", need, "', which no pass before it provides (pipeline: ",
+                 passes_.empty() ? std::string("empty") : describe(), "; starting facts: ",
+                 facts_.empty() ? std::string("none") : fmt::format("{}", fmt::join(facts_, ", ")),
+                 ")");
+  }
+  for (std::string& fact : pass->provides()) facts_.push_back(std::move(fact));
   passes_.push_back(std::move(pass));
   return *this;
+}
+
+std::string PassManager::describe() const {
+  std::string s;
+  for (const auto& p : passes_) s += (s.empty() ? "" : " -> ") + std::string(p->name());
+  return s;
 }
 
 bool PassManager::run(Graph& g) {

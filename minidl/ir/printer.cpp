@@ -8,8 +8,7 @@ namespace {
 
 std::string phase_of(const Node& n) {
   if (n.def().is_source()) return "source";
-  const AttrValue* p = n.annotations().find("phase");
-  return p ? std::get<std::string>(*p) : "forward";
+  return std::string(phase_name(n.phase()));
 }
 
 std::string outputs_text(const Node& n) {
@@ -35,7 +34,8 @@ std::string to_text(const Graph& g) {
     for (const auto& [k, v] : n->attrs().items())
       attrs += fmt::format(" {}={}", k, attr_to_string(v));
     for (const auto& [k, v] : n->annotations().items())
-      if (k != "phase") attrs += fmt::format(" @{}={}", k, attr_to_string(v));
+      attrs += fmt::format(" @{}={}", k, attr_to_string(v));
+    if (n->replica() >= 0) attrs += fmt::format(" @replica={}", n->replica());
     s += fmt::format("  {} = {}({}){} -> {}  # {} [{}]\n", lhs, n->op(), args, attrs,
                      outputs_text(*n), n->name(), phase_of(*n));
   }

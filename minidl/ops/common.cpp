@@ -64,4 +64,16 @@ void infer_unary_f32(ir::InferCtx& c) {
   c.set_output(0, c.input(0));
 }
 
+void check_scalar_input(ir::InferCtx& c, int i, DType dtype) {
+  if (i >= c.num_inputs()) return;
+  MINIDL_CHECK_NODE(c, c.input(i).numel() == 1 && c.dtype(i) == dtype, "input ", i, " (",
+                    c.node().def().input_names()[static_cast<std::size_t>(i)],
+                    ") must be a single ", dtype, " element, got ", c.input(i), " ", c.dtype(i));
+}
+
+float scalar_input(const ir::KernelArgs& k, int i, float fallback) {
+  return static_cast<int>(k.in.size()) > i ? *k.in[static_cast<std::size_t>(i)].data<float>()
+                                           : fallback;
+}
+
 }  // namespace minidl::ops

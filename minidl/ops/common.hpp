@@ -63,4 +63,10 @@ void map_binary(const ir::KernelArgs& k, F f) {
 /// Shape rule of unary f32 ops.
 void infer_unary_f32(ir::InferCtx& c);
 
+/// Inside a shape rule: input i, when the node has it, is a single element of dtype (a scalar
+/// fed each step, such as the learning rate).
+void check_scalar_input(ir::InferCtx& c, int i, DType dtype);
+/// The f32 scalar input i, or fallback when the node leaves that optional input out.
+float scalar_input(const ir::KernelArgs& k, int i, float fallback);
+
 }  // namespace minidl::ops

@@ -37,6 +37,7 @@ ir::Node* sole_reader(const ir::Graph& g, ir::Value* v, std::string_view op) {
 }  // namespace
 
 bool FuseBiasActivation::run(ir::Graph& g) {
+  if (!enabled_) return false;
   struct Match {
     ir::Node* producer;
     ir::Node* bias_add;  // or null
@@ -66,8 +67,7 @@ bool FuseBiasActivation::run(ir::Graph& g) {
     ir::Node* fused = g.add_node(m.producer->def(), std::move(inputs), std::move(attrs),
                                  name + "+" + (m.bias_add ? "bias" : "") +
                                      (m.bias_add && m.relu ? "+" : "") + (m.relu ? "relu" : ""));
-    for (const auto& [key, value] : m.producer->annotations().items())
-      fused->annotations().set(key, value);
+    fused->take_marks(*m.producer);
     fused->annotations().set("fused", absorbed);
     // Every input is defined before `last` (the bias before the bias_add), and every reader of
     // the result comes after it: the fused node takes its place.
@@ -82,9 +82,13 @@ bool FuseBiasActivation::run(ir::Graph& g) {
 }
 
 bool FuseUpdateIntoProduct::run(ir::Graph& g) {
+  if (!enabled_) return false;
   std::vector<std::pair<ir::Node*, ir::Node*>> matches;  // (matmul, sgd)
   for (ir::Node* n : g.nodes()) {
-    if (n->op() != "sgd" || n->attrs().get<float>("weight_decay") != 0.0f) continue;
+    // A plain update: no weight decay, no clipping factor (grad_scale).
+    if (n->op() != "sgd" || n->attrs().get<float>("weight_decay") != 0.0f ||
+        n->inputs().size() != 3)
+      continue;
     ir::Value* grad = n->input(1);
     ir::Node* mm = grad->producer();
     if (mm->op() != "matmul" || mm->inputs().size() != 2 ||
@@ -96,15 +100,14 @@ bool FuseUpdateIntoProduct::run(ir::Graph& g) {
     matches.emplace_back(mm, n);
   }
   for (const auto& [mm, sgd] : matches) {
-    ir::Node* fused =
-        g.add_node(ops::op("matmul_accumulate"), {mm->input(0), mm->input(1), sgd->input(0)},
-                   {{"trans_a", mm->attrs().get<bool>("trans_a")},
-                    {"trans_b", mm->attrs().get<bool>("trans_b")},
-                    {"alpha", -sgd->attrs().get<float>("lr")},
-                    {"beta", 1.0f}},
-                   mm->name() + "+sgd");
-    for (const auto& [key, value] : sgd->annotations().items())
-      fused->annotations().set(key, value);
+    ir::Node* fused = g.add_node(ops::op("matmul_accumulate"),
+                                 {mm->input(0), mm->input(1), sgd->input(0), sgd->input(2)},
+                                 {{"trans_a", mm->attrs().get<bool>("trans_a")},
+                                  {"trans_b", mm->attrs().get<bool>("trans_b")},
+                                  {"alpha", -1.0f},
+                                  {"beta", 1.0f}},
+                                 mm->name() + "+sgd");
+    fused->take_marks(*sgd);
     fused->annotations().set("fused", sgd->name());
     // The product's operands are defined before the matmul, and every reader of the parameter's
     // old value runs before the update: the fused node takes the update's place.

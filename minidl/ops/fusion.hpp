@@ -18,8 +18,15 @@ namespace minidl::ops {
 /// "fused" (shown by the graph printer).
 class FuseBiasActivation final : public ir::Pass {
  public:
+  /// enabled false (--no-fuse): the pass leaves the graph alone; the fact it provides (fusion
+  /// decided) holds either way.
+  explicit FuseBiasActivation(bool enabled = true) : enabled_(enabled) {}
   std::string_view name() const override { return "fuse-bias-activation"; }
+  std::vector<std::string> provides() const override { return {"bias-activation-fused"}; }
   bool run(ir::Graph& g) override;
+
+ private:
+  bool enabled_;
 };
 
 /// A plain SGD update whose gradient comes straight from a matmul (a linear layer's weight
@@ -29,11 +36,21 @@ class FuseBiasActivation final : public ir::Pass {
 /// without weight decay fuse, and only gradients with no other reader that are not graph outputs.
 /// The fused node takes the update's place and annotations, is named "<matmul>+sgd", and records
 /// the update in the annotation "fused". The result changes only by rounding: the GEMM's store
-/// computes p + (-lr) * acc, the update p - lr * g.
+/// computes p + (-1 * lr) * acc, the update p - lr * g; lr stays the graph's learning-rate input.
 class FuseUpdateIntoProduct final : public ir::Pass {
  public:
+  /// enabled false: no change (--no-fuse, deterministic mode's elementwise updates).
+  explicit FuseUpdateIntoProduct(bool enabled = true) : enabled_(enabled) {}
   std::string_view name() const override { return "fuse-update-into-product"; }
+  /// Reduced or clipped gradients must never fold into their product: it runs after both.
+  std::vector<std::string> needs() const override {
+    return {"gradients-reduced", "gradients-clipped"};
+  }
+  std::vector<std::string> provides() const override { return {"updates-fused"}; }
   bool run(ir::Graph& g) override;
+
+ private:
+  bool enabled_;
 };
 
 }  // namespace minidl::ops

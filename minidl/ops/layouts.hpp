@@ -20,6 +20,11 @@ class PropagateLayouts final : public ir::Pass {
   /// oneDNN is built in and has a blocked convolution layout on this machine.
   explicit PropagateLayouts(ir::Backend preferred) : preferred_(preferred) {}
   std::string_view name() const override { return "propagate-layouts"; }
+  /// It reads the kernels the runtime will pick: after every pass that changes nodes' ops.
+  std::vector<std::string> needs() const override {
+    return {"bias-activation-fused", "updates-fused"};
+  }
+  std::vector<std::string> provides() const override { return {"layouts-assigned"}; }
   bool run(ir::Graph& g) override;
 
  private:

@@ -46,5 +46,11 @@ Value* input(ir::Graph& g, const std::string& name, const Shape& shape, DType dt
 Value* parameter(ir::Graph& g, const std::string& name, const Tensor& storage);
 Value* state(ir::Graph& g, const std::string& name, const Tensor& storage);
 Value* fill(ir::Graph& g, const Shape& shape, float value);
+/// The graph's input with `role`, created (named name) on first use: one per role and graph.
+Value* role_input(ir::Graph& g, ir::Role role, const std::string& name, const Shape& shape,
+                  DType dtype);
+/// The key of every random mask of the graph (ir::Role::RngKey): i64 [2] = (training step,
+/// global index of this rank's first sample), written by the step before each run.
+Value* rng_key(ir::Graph& g);
 
 }  // namespace minidl::ops

@@ -310,6 +310,7 @@ const ir::OpDef& allreduce_def() {
           .kernel_factory(ir::Backend::Native, "mpi", naming(make_allreduce))
           .inplace(0, 0)
           .side_effect()
+          .communication(ir::CommRole::Collective)
           .no_grad(kNoGrad);
   return def;
 }
@@ -324,6 +325,7 @@ const ir::OpDef& reduce_def() {
                                    .kernel_factory(ir::Backend::Native, "mpi", naming(make_reduce))
                                    .inplace(0, 0)
                                    .side_effect()
+                                   .communication(ir::CommRole::Collective)
                                    .no_grad(kNoGrad);
   return def;
 }
@@ -338,6 +340,7 @@ const ir::OpDef& broadcast_def() {
           .kernel_factory(ir::Backend::Native, "mpi", naming(make_broadcast))
           .inplace(0, 0)
           .side_effect()
+          .communication(ir::CommRole::Collective)
           .no_grad(kNoGrad);
   return def;
 }
@@ -351,6 +354,7 @@ const ir::OpDef& allgather_def() {
           .infer(infer_allgather)
           .kernel_factory(ir::Backend::Native, "mpi", naming(make_allgather))
           .side_effect()
+          .communication(ir::CommRole::Collective)
           .no_grad(kNoGrad);
   return def;
 }
@@ -365,6 +369,7 @@ const ir::OpDef& tree_allreduce_def() {
           .kernel_factory(ir::Backend::Native, "mpi", naming(make_tree_allreduce))
           .inplace(0, 0)
           .side_effect()
+          .communication(ir::CommRole::Collective)
           .no_grad(kNoGrad);
   return def;
 }
@@ -379,6 +384,7 @@ const ir::OpDef& start_def() {
                                    .kernel_factory(ir::Backend::Native, "mpi", naming(make_start))
                                    .inplace(0, 0)
                                    .side_effect()
+                                   .communication(ir::CommRole::Collective)
                                    .no_grad(kNoGrad);
   return def;
 }
@@ -390,6 +396,7 @@ const ir::OpDef& wait_def() {
                                    .kernel_factory(ir::Backend::Native, "mpi", naming(make_wait))
                                    .inplace(0, 0)
                                    .side_effect()
+                                   .communication(ir::CommRole::Wait)
                                    .no_grad(kNoGrad);
   return def;
 }
@@ -404,6 +411,7 @@ const ir::OpDef& send_def() {
                                    .infer(infer_send)
                                    .kernel_factory(ir::Backend::Native, "mpi", naming(make_send))
                                    .side_effect()
+                                   .communication(ir::CommRole::Collective)
                                    .no_grad(kNoGrad);
   return def;
 }
@@ -419,6 +427,7 @@ const ir::OpDef& recv_def() {
                                    .infer(infer_recv)
                                    .kernel_factory(ir::Backend::Native, "mpi", naming(make_recv))
                                    .side_effect()
+                                   .communication(ir::CommRole::Collective)
                                    .no_grad(kNoGrad);
   return def;
 }
@@ -454,6 +463,7 @@ const ir::OpDef& progress_def() {
           .infer(infer_nothing)
           .kernel_factory(ir::Backend::Native, "mpi", naming(make_progress))
           .side_effect()
+          .communication(ir::CommRole::Collective)
           .no_grad(kNoGrad);
   return def;
 }

@@ -80,10 +80,8 @@ struct Bucket {
   std::int64_t bytes = 0;
 };
 
-bool is_phase(const ir::Node& n, std::string_view phase) {
-  const ir::AttrValue* p = n.annotations().find("phase");
-  return p && std::get<std::string>(*p) == phase;
-}
+bool is_communication(const ir::Node& n) { return n.phase() == ir::Phase::Communication; }
+bool is_wait(const ir::Node& n) { return n.def().comm_role() == ir::CommRole::Wait; }
 
 std::unordered_map<const ir::Node*, int> positions(const ir::Graph& g) {
   std::unordered_map<const ir::Node*, int> pos;
@@ -110,7 +108,7 @@ ir::Node* earliest(const ir::Graph& g, const std::vector<ir::Node*>& nodes) {
 }
 
 ir::Node* mark(ir::Node* n, int bucket) {
-  n->annotations().set("phase", std::string("communication"));
+  n->set_phase(ir::Phase::Communication);
   if (bucket >= 0) n->annotations().set("bucket", std::int64_t{bucket});
   return n;
 }
@@ -140,17 +138,27 @@ bool DataParallel::run(ir::Graph& g) {
                  " stage(s), ", part.shards, " shard(s))");
   }
 
-  // Match first: every update's "grad" input, in the order the gradients become final.
+  // Match first: every update's gradient input, in the order the gradients become final. A node
+  // that writes a parameter in place without declaring itself an update would keep each rank's
+  // own gradient, and the ranks would drift apart: refused.
   auto pos = positions(g);
   std::vector<Grad> grads;
   std::vector<ir::Node*> updates;
   for (ir::Node* n : g.nodes()) {
-    if (!is_phase(*n, "update")) continue;
-    const auto& names = n->def().input_names();
-    auto it = std::find(names.begin(), names.end(), "grad");
-    if (it == names.end()) continue;
+    const std::optional<ir::UpdateRole>& role = n->def().update_role();
+    if (!role) {
+      for (std::size_t o = 0; o < n->outputs().size(); ++o) {
+        const int in = n->def().shares_input(static_cast<int>(o));
+        MINIDL_CHECK(in < 0 || n->def().is_alias() || n->input(in)->producer()->op() != "parameter",
+                     "data-parallel: ", n->describe(), " writes parameter '",
+                     n->input(in)->producer()->name(),
+                     "' in place but its op declares no update role (OpDef::update(param, grad)), "
+                     "so its gradient would not be reduced across ranks");
+      }
+      continue;
+    }
     updates.push_back(n);
-    ir::Value* v = n->input(static_cast<int>(it - names.begin()));
+    ir::Value* v = n->input(role->grad);
     auto known =
         std::find_if(grads.begin(), grads.end(), [&](const Grad& x) { return x.value == v; });
     if (known != grads.end()) {
@@ -159,7 +167,7 @@ bool DataParallel::run(ir::Graph& g) {
     }
     MINIDL_CHECK(v->dtype() == DType::F32, n->describe(), ": gradient ", v->ref(), " is ",
                  v->dtype(), ", the data-parallel pass reduces f32 only");
-    const ir::Value* param = n->input(0);
+    const ir::Value* param = n->input(role->param);
     grads.push_back({v,
                      {n},
                      param->producer()->name(),
@@ -300,11 +308,7 @@ bool DataParallel::run(ir::Graph& g) {
   // Root: rank 0 alone has the reduced gradients, so its updated parameters are the result.
   if (strategy == ReduceStrategy::Root) {
     for (ir::Node* u : updates) {
-      const auto& names = u->def().input_names();
-      const auto slot = std::find(names.begin(), names.end(), "param") - names.begin();
-      MINIDL_CHECK(slot < static_cast<long>(names.size()), u->describe(),
-                   ": the root strategy broadcasts the updated parameter, but this update has no "
-                   "input called param");
+      const int slot = u->def().update_role()->param;
       const ir::Node* after = u;
       for (std::size_t i = 0; i < u->outputs().size(); ++i) {
         if (u->def().shares_input(static_cast<int>(i)) != slot) continue;
@@ -328,20 +332,17 @@ bool DataParallel::run(ir::Graph& g) {
     auto first = std::find_if(order.begin(), order.end(),
                               [](const ir::Node* n) { return n->op() == "allreduce_start"; });
     auto last = std::find_if(order.rbegin(), order.rend(), [](const ir::Node* n) {
-                  return n->op() == "allreduce_wait";
+                  return is_wait(*n);
                 }).base();
     // After each node that computes, past the collectives that directly follow it (a start
     // stays right after its gradient). Never inside a parallel section of thread replicas, which
-    // a node without a "replica" annotation would split.
+    // a node without a replica would split.
     std::vector<ir::Node*> polled;
     for (auto it = first; it < last; ++it) {
-      if (is_phase(**it, "communication") || (*it)->def().is_source() ||
-          (*it)->annotations().has("replica"))
-        continue;
+      if (is_communication(**it) || (*it)->def().is_source() || (*it)->replica() >= 0) continue;
       auto end = it + 1;
-      while (end < last && is_phase(**end, "communication") && (*end)->op() != "allreduce_wait")
-        ++end;
-      if (end < last && (*end)->op() == "allreduce_wait") continue;  // waiting progresses too
+      while (end < last && is_communication(**end) && !is_wait(**end)) ++end;
+      if (end < last && is_wait(**end)) continue;  // waiting progresses too
       polled.push_back(*(end - 1));
     }
     for (ir::Node* n : polled) {

@@ -71,7 +71,11 @@ class DataParallel final : public ir::Pass {
   /// strategy, so a rank configured differently fails in preflight instead of hanging here.
   DataParallel(Communicator& comm, double share, DataParallelOptions options = {});
   std::string_view name() const override { return "data-parallel"; }
-  /// Reduces the input called "grad" of every optimizer update node (phase=update).
+  /// After the thread replicas' sums (it reduces their result, and never splits a section).
+  std::vector<std::string> needs() const override { return {"replicas-scheduled"}; }
+  std::vector<std::string> provides() const override { return {"gradients-reduced"}; }
+  /// Reduces the gradient input of every optimizer update (OpDef::update_role); refuses a node
+  /// that writes a parameter in place without that role.
   bool run(ir::Graph& g) override;
   /// The last run's schedule, one line per bucket: its collectives and gradients in order.
   const std::string& schedule() const { return schedule_; }

@@ -25,8 +25,7 @@ std::string fingerprint(const ir::Graph& g) {
   std::string s;
   for (const ir::Node* n : g.nodes()) {
     s += fmt::format("{} {}", n->op(), n->name());
-    const ir::AttrValue* phase = n->annotations().find("phase");
-    const bool communication = phase && std::get<std::string>(*phase) == "communication";
+    const bool communication = n->phase() == ir::Phase::Communication;
     const bool keep_shape = n->op() == "parameter" || n->op() == "state" || communication;
     if (keep_shape) {
       for (const ir::Value* v : n->outputs()) s += fmt::format(" {} {}", v->shape(), v->dtype());

@@ -17,7 +17,7 @@ constexpr int kMixed = -2;   // depends on several replicas
 std::unordered_map<const ir::Node*, int> classify(const ir::Graph& g) {
   std::unordered_map<const ir::Node*, int> cls;
   for (const ir::Node* n : g.nodes()) {
-    int c = replica_of(*n) >= 0 ? replica_of(*n) : kShared;
+    int c = n->replica() >= 0 ? n->replica() : kShared;
     for (const ir::Value* in : n->inputs()) {
       const int ci = cls.at(in->producer());
       if (ci == kShared || ci == c) continue;
@@ -72,7 +72,6 @@ bool balance_sums(ir::Graph& g) {
       return cls.at(a->producer()) < cls.at(b->producer());
     });
     const std::string name = t.root->name();
-    const ir::Attrs annotations = t.root->annotations();
     // The tree of reduction_tree.hpp over the leaves: for the micro-shards of deterministic
     // training, the same subtree that every other layout computes for these leaves.
     int made = 0;
@@ -83,7 +82,7 @@ bool balance_sums(ir::Graph& g) {
       ir::Value* b = self(self, lo + left, n - left);
       ir::Node* sum =
           g.add_node(ops::op("add"), {a, b}, {}, name + ".tree" + std::to_string(made++));
-      for (const auto& [k, v] : annotations.items()) sum->annotations().set(k, v);
+      sum->take_marks(*t.root);
       g.move_before(sum, t.root);
       return sum->output();
     };
@@ -95,10 +94,6 @@ bool balance_sums(ir::Graph& g) {
 }
 
 }  // namespace
-
-void set_replica(ir::Node& n, int replica) {
-  n.annotations().set("replica", std::int64_t{replica});
-}
 
 bool ThreadReplicas::run(ir::Graph& g) {
   bool changed = balance_sums(g);
@@ -113,7 +108,7 @@ bool ThreadReplicas::run(ir::Graph& g) {
   std::vector<ir::Node*> shared, section, rest;
   for (ir::Node* n : g.nodes()) {
     const int c = cls.at(n);
-    if (c >= 0) set_replica(*n, c);
+    if (c >= 0) n->set_replica(c);
     if (n->def().is_source() || c == kShared)
       shared.push_back(n);
     else if (c >= 0)

@@ -1,11 +1,11 @@
 // Thread replicas: data parallelism inside one process, as the reports' OpenMP versions do it,
 // but without their critical sections. The trainer builds the forward once per replica, each on
-// its own slice of the local batch (its inputs carry the annotation "replica" = r), and
+// its own slice of the local batch (its inputs carry replica r, ir::Node::replica), and
 // differentiates the share-weighted sum of the replicas' losses; autograd then sums each
 // parameter's gradient over the replicas. This pass makes that a parallel program:
 //
-//   - every node is classified by the replica inputs it depends on: one replica r (annotated
-//     "replica" = r), none (shared work such as the loss seed), or several (the gradient sums,
+//   - every node is classified by the replica inputs it depends on: one replica r (given
+//     replica r), none (shared work such as the loss seed), or several (the gradient sums,
 //     the updates and what follows);
 //   - each gradient sum over the replicas becomes a balanced tree of adds, its leaves in replica
 //     order, so the reduction order is fixed and written in the graph;
@@ -22,11 +22,9 @@ namespace minidl::parallel {
 class ThreadReplicas final : public ir::Pass {
  public:
   std::string_view name() const override { return "thread-replicas"; }
+  std::vector<std::string> needs() const override { return {"differentiated"}; }
+  std::vector<std::string> provides() const override { return {"replicas-scheduled"}; }
   bool run(ir::Graph& g) override;
 };
-
-/// The "replica" annotation of n, or -1 (the runtime's reading of it).
-using runtime::replica_of;
-void set_replica(ir::Node& n, int replica);
 
 }  // namespace minidl::parallel

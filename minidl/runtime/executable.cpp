@@ -72,15 +72,6 @@ double trace_clock_us() {
       .count();
 }
 
-int replica_of(const ir::Node& n) {
-  const ir::AttrValue* a = n.annotations().find("replica");
-  if (!a) return -1;
-  const auto r = std::get<std::int64_t>(*a);
-  MINIDL_CHECK(r >= 0 && r < 1024, n.describe(), ": replica annotation ", r,
-               " is outside [0, 1024)");
-  return static_cast<int>(r);
-}
-
 Executable::Executable(const ir::Graph& g, CompileOptions options) : options_(options) {
   plan_memory(g);
   choose_kernels(g);
@@ -96,12 +87,12 @@ void Executable::plan_memory(const ir::Graph& g) {
   {
     const auto& order = g.nodes();
     for (std::size_t i = 0; i < order.size();) {
-      if (replica_of(*order[i]) < 0 || order[i]->def().is_source()) {
+      if (order[i]->replica() < 0 || order[i]->def().is_source()) {
         ++i;
         continue;
       }
       std::size_t j = i;
-      while (j < order.size() && replica_of(*order[j]) >= 0 && !order[j]->def().is_source()) ++j;
+      while (j < order.size() && order[j]->replica() >= 0 && !order[j]->def().is_source()) ++j;
       for (std::size_t k = i; k < j; ++k)
         section_of[order[k]] = {static_cast<int>(i), static_cast<int>(j - 1)};
       i = j;
@@ -245,15 +236,15 @@ void Executable::choose_kernels(const ir::Graph& g) {
       declined += fmt::format("; {} declined: {}", k->name, why);
     }
     MINIDL_CHECK(chosen != nullptr, n->describe(), ": no kernel accepts this node", declined);
-    log_verbose("dispatch", "{} -> {}{}{}", n->describe(), chosen->name,
-                replica_of(*n) >= 0 ? fmt::format(" (replica {}: one thread)", replica_of(*n))
-                                    : std::string(),
-                declined);
+    log_verbose(
+        "dispatch", "{} -> {}{}{}", n->describe(), chosen->name,
+        n->replica() >= 0 ? fmt::format(" (replica {}: one thread)", n->replica()) : std::string(),
+        declined);
     // A node of a parallel section runs on one thread: its kernel is made for one thread too
     // (oneDNN plans a primitive's thread partition when it is created and would otherwise wait
     // for threads that the section does not have).
     ir::Kernel kernel;
-    if (replica_of(*n) >= 0) {
+    if (n->replica() >= 0) {
       const int threads = omp_get_max_threads();
       omp_set_num_threads(1);
       try {
@@ -289,7 +280,7 @@ void Executable::choose_kernels(const ir::Graph& g) {
 
 void Executable::find_sections() {
   step_replica_.clear();
-  for (const Step& s : steps_) step_replica_.push_back(replica_of(*s.node));
+  for (const Step& s : steps_) step_replica_.push_back(s.node->replica());
   // Which replica produced each value of the current section, to reject cross-replica reads.
   std::unordered_map<const ir::Value*, int> producer_replica;
   for (std::size_t i = 0; i < steps_.size();) {

@@ -1,7 +1,7 @@
 // The runtime: compile a graph once (choose kernels, plan buffers with liveness-based reuse,
 // allocate), then run it every step as a flat list of kernel calls with no allocation.
 //
-// Parallel sections: a run of consecutive nodes that carry the int annotation "replica" is one
+// Parallel sections: a run of consecutive nodes that carry a replica (ir::Node::replica) is one
 // section. Within it the nodes of replica r run in graph order on one OpenMP thread, the
 // replicas at once (with fewer threads than replicas, each thread runs a contiguous block of
 // them in turn; kernels called inside the section run serially on their thread); the sections are
@@ -18,9 +18,6 @@
 #include "minidl/ir/graph.hpp"
 
 namespace minidl::runtime {
-
-/// The node's "replica" annotation (its thread in a parallel section), or -1 when it has none.
-int replica_of(const ir::Node& n);
 
 struct CompileOptions {
   /// Preferred backend; others are the fallback when it declines a node. A node annotation

@@ -74,7 +74,7 @@ TEST(Autograd, BackwardNodesAreMarked) {
   ir::Node* bwd = g.find("relu.bwd");
   ASSERT_NE(bwd, nullptr);
   EXPECT_EQ(bwd->op(), "relu_bwd");
-  EXPECT_EQ(std::get<std::string>(*bwd->annotations().find("phase")), "backward");
+  EXPECT_EQ(bwd->phase(), ir::Phase::Backward);
 }
 
 TEST(Autograd, ParameterThatDoesNotReachTheLoss) {

@@ -67,13 +67,13 @@ TEST(DropoutModule, OnlyTrainingGraphsHaveItAndTheKey) {
   const auto train = build(true);
   const auto eval = build(false);
   EXPECT_EQ(count_ops(*train, "dropout"), 1);
-  const ir::Node* key = train->find(nn::kRngKeyInput);
+  const ir::Node* key = train->find(ir::Role::RngKey);
   ASSERT_NE(key, nullptr);
   EXPECT_EQ(key->op(), "input");
   EXPECT_EQ(key->output()->shape(), Shape{2});
   EXPECT_EQ(key->output()->dtype(), DType::I64);
   EXPECT_EQ(count_ops(*eval, "dropout"), 0);
-  EXPECT_EQ(eval->find(nn::kRngKeyInput), nullptr);
+  EXPECT_EQ(eval->find(ir::Role::RngKey), nullptr);
   EXPECT_FALSE(model->training());
 
   // Two Dropout modules share one key input and differ by their seed.
@@ -86,7 +86,7 @@ TEST(DropoutModule, OnlyTrainingGraphsHaveItAndTheKey) {
   std::vector<std::int64_t> seeds;
   for (const ir::Node* n : g.nodes()) {
     if (n->op() != "dropout") continue;
-    EXPECT_EQ(n->input(1), g.find(nn::kRngKeyInput)->output());
+    EXPECT_EQ(n->input(1), g.find(ir::Role::RngKey)->output());
     seeds.push_back(n->attrs().get<std::int64_t>("seed"));
   }
   ASSERT_EQ(seeds.size(), 2u);

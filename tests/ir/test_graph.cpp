@@ -64,7 +64,7 @@ TEST(Verifier, CatchesInPlaceWriteBeforeARead) {
   Tensor pt = Tensor::zeros({4});
   ir::Value* p = ops::parameter(g, "p", pt);
   ir::Value* grad = ops::input(g, "g", {4});
-  g.add_node(ops::op("sgd"), {p, grad}, {{"lr", 0.1}}, "update");
+  g.add_node(ops::op("sgd"), {p, grad, ops::input(g, "lr", {})}, {}, "update");
   ir::Value* late = ops::relu(p);  // reads p after the update overwrote it
   (void)late;
   EXPECT_THAT([&] { ir::verify(g); }, ::testing::ThrowsMessage<Error>(HasSubstr("overwrites %")));

@@ -8,11 +8,11 @@
 #include "../support/synthetic.hpp"
 #include "../support/training_graph.hpp"
 #include "minidl/autograd/autograd.hpp"
-#include "minidl/frontend/optim.hpp"
 #include "minidl/ir/printer.hpp"
 #include "minidl/ops/fusion.hpp"
 #include "minidl/ops/ops.hpp"
 #include "minidl/runtime/executable.hpp"
+#include "minidl/train/optimizer.hpp"
 
 using namespace minidl;
 using minidl::testing::TrainingGraph;
@@ -93,6 +93,7 @@ namespace {
 // the model's parameters in place.
 struct SgdStep {
   ir::Graph g;
+  Tensor lr = Tensor::full({}, 0.1f);
   SgdStep(nn::Module& model, const Dataset& batch, double weight_decay = 0.0) {
     ir::Value* x = ops::parameter(g, "x", batch.images);
     ir::Value* labels = ops::parameter(g, "labels", batch.labels);
@@ -102,7 +103,7 @@ struct SgdStep {
       if (n->op() == "parameter" && n->name() != "x" && n->name() != "labels")
         params.push_back(n->output());
     optim::Sgd sgd({.lr = 0.1, .weight_decay = weight_decay});
-    sgd.apply(g, params, autograd::differentiate(g, loss, params));
+    sgd.apply(g, params, autograd::differentiate(g, loss, params), {.lr = ops::state(g, "lr", lr)});
     g.add_output(loss);
   }
 };
@@ -125,8 +126,10 @@ TEST(Fusion, FoldsPlainSgdIntoTheWeightGradientProduct) {
   EXPECT_EQ(count_op(fused.g, "matmul"), count_op(plain.g, "matmul") - 2);
   const ir::Node* fc1 = fused.g.find("fc1.matmul.bwd+sgd");
   ASSERT_NE(fc1, nullptr) << ir::to_text(fused.g);
-  EXPECT_FLOAT_EQ(fc1->attrs().get<float>("alpha"), -0.1f);
-  EXPECT_EQ(std::get<std::string>(*fc1->annotations().find("phase")), "update");
+  // alpha -1 times the learning-rate input, read each step: a schedule still applies.
+  EXPECT_FLOAT_EQ(fc1->attrs().get<float>("alpha"), -1.0f);
+  EXPECT_EQ(fc1->input(3)->producer()->name(), "lr");
+  EXPECT_EQ(fc1->phase(), ir::Phase::Update);
   EXPECT_EQ(std::get<std::string>(*fc1->annotations().find("fused")), "fc1.weight.sgd");
 
   runtime::Executable plain_exe(plain.g), fused_exe(fused.g);
@@ -160,7 +163,8 @@ TEST(Fusion, LeavesReadGradientsAndSelfReadingProductsAlone) {
   ir::Graph g;
   ir::Value* grad =
       ops::matmul(ops::parameter(g, "dy", dyt), ops::parameter(g, "a", at), true, false);
-  g.add_node(ops::op("sgd"), {ops::parameter(g, "w", wt), grad}, {{"lr", 0.1}});
+  ir::Value* lr = ops::parameter(g, "lr", Tensor::full({}, 0.1f));
+  g.add_node(ops::op("sgd"), {ops::parameter(g, "w", wt), grad, lr});
   g.add_output(grad);
   EXPECT_FALSE(ops::FuseUpdateIntoProduct().run(g));
   EXPECT_EQ(count_op(g, "sgd"), 1u);
@@ -169,7 +173,7 @@ TEST(Fusion, LeavesReadGradientsAndSelfReadingProductsAlone) {
   ir::Graph h;
   ir::Value* w = ops::parameter(h, "w", Tensor::full({3, 3}, 1.0f));
   ir::Value* own = ops::matmul(w, ops::parameter(h, "s", Tensor::full({3, 3}, 0.5f)));
-  h.add_node(ops::op("sgd"), {w, own}, {{"lr", 0.1}});
+  h.add_node(ops::op("sgd"), {w, own, ops::parameter(h, "lr", Tensor::full({}, 0.1f))});
   EXPECT_FALSE(ops::FuseUpdateIntoProduct().run(h));
   EXPECT_EQ(count_op(h, "sgd"), 1u);
 }

@@ -7,21 +7,30 @@ using minidl::testing::BadCase;
 using minidl::testing::OpCase;
 
 static const std::vector<BadCase> kSgdBad = {
-    {{{3}, {4}}, {}, {{"lr", 0.1}}, "input 1 has shape [4]"},
-    {{{3}, {3}}, {}, {}, "missing required attribute 'lr'"},
+    {{{3}, {4}, {}}, {}, {}, "input 1 has shape [4]"},
+    {{{3}, {3}, {2}}, {}, {}, "input 2 (lr) must be a single f32 element"},
+    {{{3}, {3}}, {}, {}, "expected 3 to 4 inputs"},
 };
 MINIDL_OP_TEST(sgd, std::vector<OpCase>{}, kSgdBad)
 static const std::vector<BadCase> kMomentumBad = {
-    {{{3}, {3}, {2}}, {}, {{"lr", 0.1}, {"momentum", 0.9}}, "input 2 has shape [2]"},
+    {{{3}, {3}, {2}, {}}, {}, {{"momentum", 0.9}}, "input 2 has shape [2]"},
+    {{{3}, {3}, {3}, {}, {3}}, {}, {{"momentum", 0.9}}, "input 4 (grad_scale) must be a single"},
 };
 MINIDL_OP_TEST(sgd_momentum, std::vector<OpCase>{}, kMomentumBad)
+
+namespace {
+ir::Value* scalar(ir::Graph& g, const std::string& name, float v) {
+  return ops::state(g, name, Tensor::full({}, v));
+}
+}  // namespace
 
 TEST(Sgd, UpdatesInPlace) {
   Tensor p = Tensor::from(Shape{3}, std::vector<float>{1, 2, 3});
   Tensor grad = Tensor::from(Shape{3}, std::vector<float>{0.5, -1, 2});
   ir::Graph g;
-  g.add_node(ops::op("sgd"), {ops::parameter(g, "p", p), ops::parameter(g, "g", grad)},
-             {{"lr", 0.1}, {"weight_decay", 0.01}});
+  g.add_node(ops::op("sgd"),
+             {ops::parameter(g, "p", p), ops::parameter(g, "g", grad), scalar(g, "lr", 0.1f)},
+             {{"weight_decay", 0.01}});
   runtime::Executable exe(g);
   exe.run();
   for (int i = 0; i < 3; ++i) {
@@ -30,14 +39,27 @@ TEST(Sgd, UpdatesInPlace) {
   }
 }
 
+TEST(Sgd, GradScaleMultipliesTheGradient) {
+  Tensor p = Tensor::from(Shape{2}, std::vector<float>{1, 2});
+  Tensor grad = Tensor::from(Shape{2}, std::vector<float>{4, -8});
+  ir::Graph g;
+  g.add_node(ops::op("sgd"), {ops::parameter(g, "p", p), ops::parameter(g, "g", grad),
+                              scalar(g, "lr", 0.5f), scalar(g, "s", 0.25f)});
+  runtime::Executable exe(g);
+  exe.run();
+  EXPECT_FLOAT_EQ(p.at(0), 1.0f - 0.5f * 1.0f);
+  EXPECT_FLOAT_EQ(p.at(1), 2.0f + 0.5f * 2.0f);
+}
+
 TEST(Sgd, MomentumMatchesPyTorchForm) {
   Tensor p = Tensor::from(Shape{2}, std::vector<float>{1, -1});
   Tensor grad = Tensor::from(Shape{2}, std::vector<float>{0.5, 0.25});
   Tensor v = Tensor::zeros({2});
   ir::Graph g;
   g.add_node(ops::op("sgd_momentum"),
-             {ops::parameter(g, "p", p), ops::parameter(g, "g", grad), ops::state(g, "v", v)},
-             {{"lr", 0.1}, {"momentum", 0.9}});
+             {ops::parameter(g, "p", p), ops::parameter(g, "g", grad), ops::state(g, "v", v),
+              scalar(g, "lr", 0.1f)},
+             {{"momentum", 0.9}});
   runtime::Executable exe(g);
   exe.run();
   exe.run();
@@ -47,5 +69,27 @@ TEST(Sgd, MomentumMatchesPyTorchForm) {
     const float p0 = i == 0 ? 1.0f : -1.0f;
     EXPECT_FLOAT_EQ(v.at(i), 1.9f * g0);
     EXPECT_NEAR(p.at(i), p0 - 0.1f * g0 - 0.1f * 1.9f * g0, 1e-6);
+  }
+}
+
+TEST(Sgd, NesterovMatchesPyTorchForm) {
+  Tensor p = Tensor::from(Shape{1}, std::vector<float>{1});
+  Tensor grad = Tensor::from(Shape{1}, std::vector<float>{0.5});
+  Tensor v = Tensor::zeros({1});
+  ir::Graph g;
+  g.add_node(ops::op("sgd_momentum"),
+             {ops::parameter(g, "p", p), ops::parameter(g, "g", grad), ops::state(g, "v", v),
+              scalar(g, "lr", 0.1f)},
+             {{"momentum", 0.9}, {"nesterov", true}, {"weight_decay", 0.1}});
+  runtime::Executable exe(g);
+  // PyTorch: d = g + wd p; buf = mu buf + d; p -= lr (d + mu buf), in double here.
+  double pd = 1.0, buf = 0.0;
+  for (int step = 0; step < 3; ++step) {
+    exe.run();
+    const double d = 0.5 + 0.1 * pd;
+    buf = 0.9 * buf + d;
+    pd -= 0.1 * (d + 0.9 * buf);
+    EXPECT_NEAR(p.at(0), pd, 1e-6) << "step " << step;
+    EXPECT_NEAR(v.at(0), buf, 1e-6) << "step " << step;
   }
 }

@@ -63,3 +63,33 @@ TEST(SoftmaxCrossEntropy, LabelOutOfRangeNamesTheSample) {
     EXPECT_THAT(e.what(), ::testing::HasSubstr("label 7 of sample 1 is out of range [0, 2)"));
   }
 }
+
+static const std::vector<OpCase> kSmoothed = {
+    OpCase()
+        .shapes({{6, 5}, {6}})
+        .dtypes({DType::F32, DType::I32})
+        .ints_below(5)
+        .attrs({{"label_smoothing", 0.1}})
+        .loss_outputs({0}),
+};
+TEST(SoftmaxCrossEntropy, LabelSmoothingPassesTheHarness) {
+  minidl::testing::run_op_cases("softmax_cross_entropy", kSmoothed, {});
+}
+
+// torch.nn.CrossEntropyLoss(label_smoothing=e): (1 - e) nll + e mean_j(-log p_j).
+TEST(SoftmaxCrossEntropy, LabelSmoothingMatchesTheDirectFormula) {
+  ir::Graph g;
+  Tensor x = Tensor::from(Shape{1, 3}, std::vector<float>{1, 2, 3});
+  Tensor l = Tensor::from(Shape{1}, std::vector<std::int32_t>{0});
+  ir::Node* n = g.add_node(ops::op("softmax_cross_entropy"),
+                           {ops::parameter(g, "x", x), ops::parameter(g, "y", l)},
+                           {{"label_smoothing", 0.2}});
+  g.add_output(n->output(0));
+  runtime::Executable exe(g);
+  exe.run();
+  const double z = std::exp(1.0) + std::exp(2.0) + std::exp(3.0);
+  const double nll0 = -std::log(std::exp(1.0) / z);
+  double mean = 0.0;
+  for (int j = 1; j <= 3; ++j) mean += -std::log(std::exp(j) / z) / 3.0;
+  EXPECT_NEAR(exe.value(n->output(0)).at(0), 0.8 * nll0 + 0.2 * mean, 1e-6);
+}

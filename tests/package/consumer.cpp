@@ -8,11 +8,13 @@
 #include "minidl/autograd/autograd.hpp"
 #include "minidl/core/error.hpp"
 #include "minidl/core/rng.hpp"
+#include "minidl/frontend/nn.hpp"
 #include "minidl/frontend/trainer.hpp"
 #include "minidl/ops/common.hpp"
 #include "minidl/ops/ops.hpp"
 #include "minidl/ops/registry.hpp"
 #include "minidl/runtime/executable.hpp"
+#include "minidl/train/optimizer.hpp"
 
 using namespace minidl;
 

@@ -8,9 +8,9 @@
 #include <cstring>
 
 #include "minidl/autograd/autograd.hpp"
-#include "minidl/frontend/optim.hpp"
 #include "minidl/ops/ops.hpp"
 #include "minidl/parallel/communicator.hpp"
+#include "minidl/train/optimizer.hpp"
 #include "support/synthetic.hpp"
 
 namespace minidl::testing {
@@ -19,6 +19,7 @@ namespace minidl::testing {
 struct MlpStep {
   std::unique_ptr<nn::Sequential> model = small_mlp();
   optim::Sgd sgd{{.lr = 0.1, .momentum = 0.9}};
+  Tensor lr = Tensor::full({}, 0.1f);  // the learning-rate input, bound as state
   ir::Graph g;
   ir::Value* loss = nullptr;
   std::vector<ir::Value*> params, grads;
@@ -32,7 +33,7 @@ struct MlpStep {
     for (ir::Node* n : g.nodes())
       if (n->op() == "parameter") params.push_back(n->output());
     grads = autograd::differentiate(g, loss, params);
-    sgd.apply(g, params, grads);
+    sgd.apply(g, params, grads, {.lr = ops::state(g, "lr", lr)});
   }
 };
 

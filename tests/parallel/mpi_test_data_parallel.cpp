@@ -19,7 +19,8 @@ struct TrainedModel {
   EpochStats last;
 };
 
-TrainedModel train(parallel::Communicator& comm, const Dataset& d, int epochs, double momentum) {
+TrainedModel train_model(parallel::Communicator& comm, const Dataset& d, int epochs,
+                         double momentum) {
   TrainedModel r{minidl::testing::small_mlp(), {}};
   r.model->reset(7);
   optim::Sgd sgd({.lr = 0.05, .momentum = momentum});
@@ -61,8 +62,8 @@ TEST(DataParallel, MatchesSerialAtTheSameGlobalBatch) {
   ASSERT_GT(world.size(), 1) << "run this test under mpirun with at least 2 ranks";
   auto local = parallel::make_local_communicator();
   const Dataset d = minidl::testing::blobs(1024, 11);
-  TrainedModel par = train(world, d, 2, 0.9);
-  TrainedModel ser = train(*local, d, 2, 0.9);
+  TrainedModel par = train_model(world, d, 2, 0.9);
+  TrainedModel ser = train_model(*local, d, 2, 0.9);
   expect_close(*par.model, *ser.model, 1e-4);
   EXPECT_NEAR(par.last.loss, ser.last.loss, 1e-5);
   EXPECT_EQ(par.last.samples, ser.last.samples);
@@ -74,8 +75,8 @@ TEST(DataParallel, RaggedLastBatch) {
   parallel::Communicator& world = parallel::world();
   auto local = parallel::make_local_communicator();
   const Dataset d = minidl::testing::blobs(1000, 12);
-  TrainedModel par = train(world, d, 1, 0.0);
-  TrainedModel ser = train(*local, d, 1, 0.0);
+  TrainedModel par = train_model(world, d, 1, 0.0);
+  TrainedModel ser = train_model(*local, d, 1, 0.0);
   EXPECT_EQ(par.last.samples, 1000);
   expect_close(*par.model, *ser.model, 1e-4);
   EXPECT_EQ(ranks_that_differ(world, *par.model), 0);

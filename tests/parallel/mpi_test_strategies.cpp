@@ -29,9 +29,9 @@ struct Config {
 
 // 256 samples at a global batch of 32: K = 8 steps per epoch. With `check`, called after every
 // epoch (so with one batch per epoch, after every step).
-std::unique_ptr<nn::Sequential> train(parallel::Communicator& comm, const Dataset& d, Config c,
-                                      int epochs = 1,
-                                      const std::function<void(nn::Module&)>& check = {}) {
+std::unique_ptr<nn::Sequential> train_model(parallel::Communicator& comm, const Dataset& d,
+                                            Config c, int epochs = 1,
+                                            const std::function<void(nn::Module&)>& check = {}) {
   auto model = minidl::testing::small_mlp();
   model->reset(7);
   optim::Sgd sgd({.lr = 0.05, .momentum = 0.9});
@@ -69,13 +69,13 @@ void strategy_matches_serial(ReduceStrategy s) {
   ASSERT_GT(world.size(), 1) << "run this test under mpirun with at least 2 ranks";
   auto local = parallel::make_local_communicator();
   const Dataset d = minidl::testing::blobs(256, 31);
-  auto serial = train(*local, d, {});
-  auto reference = train(world, d, {ReduceStrategy::Allreduce, 0, true});
+  auto serial = train_model(*local, d, {});
+  auto reference = train_model(world, d, {ReduceStrategy::Allreduce, 0, true});
   std::unique_ptr<nn::Sequential> first;
   int bitwise = 0;
   for (const Config& c : variants(s)) {
     SCOPED_TRACE(c.str());
-    auto m = train(world, d, c);
+    auto m = train_model(world, d, c);
     EXPECT_LT(minidl::testing::max_rel_diff(*m, *serial), kTolerance) << "against serial";
     EXPECT_LT(minidl::testing::max_rel_diff(*m, *reference), kTolerance) << "against allreduce";
     EXPECT_EQ(minidl::testing::ranks_that_differ(world, *m), 0);
@@ -103,7 +103,7 @@ void identical_after_every_step(ReduceStrategy s) {
   for (const Config& c : {Config{s, 0, true}, Config{s, 1500, false}}) {
     SCOPED_TRACE(c.str());
     int step = 0;
-    train(world, d, c, 5, [&](nn::Module& m) {
+    train_model(world, d, c, 5, [&](nn::Module& m) {
       ++step;
       EXPECT_EQ(minidl::testing::ranks_that_differ(world, m), 0) << "after step " << step;
     });
@@ -141,7 +141,7 @@ TEST(Strategies, PreflightCatchesAScheduleMismatch) {
   const Dataset d = minidl::testing::blobs(64, 33);
   const std::int64_t bytes = world.rank() == 1 ? 1500 : 0;
   try {
-    train(world, d, {ReduceStrategy::Allreduce, bytes, true});
+    train_model(world, d, {ReduceStrategy::Allreduce, bytes, true});
     ADD_FAILURE() << "rank " << world.rank() << " trained with a mismatched schedule";
   } catch (const Error& e) {
     const std::string what = e.what();
@@ -155,8 +155,8 @@ TEST(Strategies, PreflightCatchesAScheduleMismatch) {
   // Another strategy on the last rank: caught the same way, no rank hangs in a collective.
   const int odd = world.size() - 1;
   try {
-    train(world, d,
-          {world.rank() == odd ? ReduceStrategy::Root : ReduceStrategy::Allreduce, 0, true});
+    train_model(world, d,
+                {world.rank() == odd ? ReduceStrategy::Root : ReduceStrategy::Allreduce, 0, true});
     ADD_FAILURE() << "rank " << world.rank() << " trained with a mismatched strategy";
   } catch (const Error& e) {
     EXPECT_THAT(e.what(), HasSubstr(fmt::format("rank(s) {} differs from rank 0's", odd)));

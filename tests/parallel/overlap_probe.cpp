@@ -24,10 +24,10 @@
 #include "minidl/core/rng.hpp"
 #include "minidl/core/threading.hpp"
 #include "minidl/frontend/nn.hpp"
-#include "minidl/frontend/optim.hpp"
 #include "minidl/ops/ops.hpp"
 #include "minidl/parallel/data_parallel.hpp"
 #include "minidl/runtime/executable.hpp"
+#include "minidl/train/optimizer.hpp"
 
 using namespace minidl;
 
@@ -76,6 +76,7 @@ struct Setup {
   std::optional<parallel::DataParallelOptions> dp;  // none: no communication
   std::unique_ptr<nn::Sequential> model;
   std::unique_ptr<optim::Sgd> sgd;
+  Tensor lr = Tensor::full({}, 1e-4f);
   std::unique_ptr<ir::Graph> g;
   std::unique_ptr<runtime::Executable> exe;
   std::vector<double> step_ms;                           // per round
@@ -100,8 +101,9 @@ void build(Setup& s, const Args& a, parallel::Communicator& comm, std::int64_t l
   std::vector<ir::Value*> params;
   for (ir::Node* n : g.nodes())
     if (n->op() == "parameter") params.push_back(n->output());
-  s.sgd->apply(g, params, autograd::differentiate(g, loss, params));
-  ir::PassManager pm;
+  s.sgd->apply(g, params, autograd::differentiate(g, loss, params),
+               {.lr = ops::state(g, "lr", s.lr)});
+  ir::PassManager pm({"replicas-scheduled"});  // one graph, no thread replicas
   pm.add(std::make_unique<ir::DeadCodeElimination>());
   if (s.dp) pm.add(std::make_unique<parallel::DataParallel>(comm, 1.0 / comm.size(), *s.dp));
   pm.run(g);

@@ -49,19 +49,16 @@ struct Rewritten {
       if (n->op() == op) out.push_back(n);
     return out;
   }
-  bool is(const ir::Node* n, std::string_view phase) const {
-    const ir::AttrValue* p = n->annotations().find("phase");
-    return p && std::get<std::string>(*p) == phase;
-  }
+  bool is(const ir::Node* n, ir::Phase phase) const { return n->phase() == phase; }
   int last_backward() const {
     int last = -1;
     for (ir::Node* n : nodes)
-      if (is(n, "backward")) last = pos.at(n);
+      if (is(n, ir::Phase::Backward)) last = pos.at(n);
     return last;
   }
   int first_update() const {
     for (ir::Node* n : nodes)
-      if (is(n, "update")) return pos.at(n);
+      if (is(n, ir::Phase::Update)) return pos.at(n);
     return -1;
   }
   /// The update node reading the reduced gradient of parameter `param`.
@@ -91,7 +88,7 @@ TEST(DataParallelPass, OneStartPerGradientRightAfterItIsFinal) {
     ASSERT_EQ(wait->op(), "allreduce_wait") << p;
     // Between the wait and its update only communication nodes.
     for (int i = r.pos.at(wait) + 1; i < r.pos.at(u); ++i)
-      EXPECT_TRUE(r.is(r.nodes[i], "communication")) << r.nodes[i]->describe();
+      EXPECT_TRUE(r.is(r.nodes[i], ir::Phase::Communication)) << r.nodes[i]->describe();
   }
   // Polling between the starts and the waits, none after the last wait.
   const auto polls = r.all("comm_progress");

@@ -32,8 +32,8 @@ struct ReplicatedGraph {
       std::copy_n(batch.labels.data<std::int32_t>() + b, e - b, y.data<std::int32_t>());
       ir::Value* xv = ops::parameter(g, "x" + std::to_string(r), x);
       ir::Value* yv = ops::parameter(g, "y" + std::to_string(r), y);
-      parallel::set_replica(*xv->producer(), r);
-      parallel::set_replica(*yv->producer(), r);
+      xv->producer()->set_replica(r);
+      yv->producer()->set_replica(r);
       ir::NameScope scope(g, "r" + std::to_string(r));
       ir::Value* l = ops::softmax_cross_entropy(model.forward(xv), yv).first;
       terms.push_back(ops::scale(l, static_cast<double>(e - b) / static_cast<double>(n)));
@@ -42,8 +42,7 @@ struct ReplicatedGraph {
     for (std::size_t i = 1; i < terms.size(); ++i) loss = ops::add(loss, terms[i]);
     std::vector<ir::Value*> params;
     for (ir::Node* p : g.nodes())
-      if (p->op() == "parameter" && p->annotations().find("replica") == nullptr)
-        params.push_back(p->output());
+      if (p->op() == "parameter" && p->replica() < 0) params.push_back(p->output());
     grads = autograd::differentiate(g, loss, params);
     g.add_output(loss);
     for (ir::Value* v : grads) g.add_output(v);
@@ -85,9 +84,7 @@ TEST(ThreadReplicas, ParallelSectionMatchesTheWholeBatch) {
     ASSERT_TRUE(parallel::ThreadReplicas().run(rg.g));
     // The replica nodes form one run in the order; nothing after it is annotated.
     const auto& order = rg.g.nodes();
-    auto annotated = [](const ir::Node* n) {
-      return !n->def().is_source() && parallel::replica_of(*n) >= 0;
-    };
+    auto annotated = [](const ir::Node* n) { return !n->def().is_source() && n->replica() >= 0; };
     auto first = std::find_if(order.begin(), order.end(), annotated);
     auto last = std::find_if(order.rbegin(), order.rend(), annotated).base();
     ASSERT_LT(first, last);
@@ -110,8 +107,8 @@ TEST(ThreadReplicas, RuntimeRejectsReadsAcrossReplicas) {
   ir::Value* x = ops::parameter(g, "x", t);
   ir::Value* a = ops::scale(x, 2.0);
   ir::Value* b = ops::scale(a, 3.0);
-  parallel::set_replica(*a->producer(), 0);
-  parallel::set_replica(*b->producer(), 1);  // replica 1 reads replica 0's value
+  a->producer()->set_replica(0);
+  b->producer()->set_replica(1);  // replica 1 reads replica 0's value
   g.add_output(b);
   try {
     runtime::Executable exe(g);

@@ -4,9 +4,10 @@
 // the fusion pass folds a following bias_add and relu into the node (native: the GEMM's store
 // epilogue; oneDNN: the primitive's bias and an eltwise post-op).
 //
-// matmul_accumulate: c = alpha * op(a) * op(b) + beta * c, written in place into c (BLAS's gemm).
-// The update fusion pass makes it from a weight gradient's matmul and its plain SGD update
-// (alpha = -lr, beta = 1), so the gradient is never stored and read back.
+// matmul_accumulate: c = alpha * scale * op(a) * op(b) + beta * c, written in place into c (BLAS's
+// gemm), scale being an optional scalar input read each step. The update fusion pass makes it
+// from a weight gradient's matmul and its plain SGD update (alpha = -1, scale = the learning rate
+// input, beta = 1), so the gradient is never stored and read back.
 #include "minidl/ops/common.hpp"
 #include "minidl/ops/native/gemm.hpp"
 #include "minidl/ops/onednn/kernels.hpp"
@@ -47,6 +48,7 @@ void infer_accumulate(ir::InferCtx& c) {
   MINIDL_CHECK_NODE(c, c.dtype(2) == DType::F32, "expected an f32 accumulator");
   MINIDL_CHECK_NODE(c, c.input(2) == mn, "the accumulator is ", c.input(2), ", not the product's ",
                     mn);
+  check_scalar_input(c, 3, DType::F32);
   c.set_output(0, mn);
 }
 
@@ -72,7 +74,8 @@ void matmul_native(const ir::KernelArgs& k) {
 
 // In place: out[0] is in[2]'s buffer.
 void matmul_accumulate_native(const ir::KernelArgs& k) {
-  native_product(k, k.attrs().get<float>("alpha"), k.attrs().get<float>("beta"));
+  native_product(k, k.attrs().get<float>("alpha") * scalar_input(k, 3, 1.0f),
+                 k.attrs().get<float>("beta"));
 }
 
 // Each case follows from dy = op(a) op(b); the transposes move to the operands so that no
@@ -116,7 +119,7 @@ MINIDL_OP(matmul)
     .grad(grad);
 
 MINIDL_OP(matmul_accumulate)
-    .inputs({"a", "b", "c"})
+    .inputs({"a", "b", "c", "scale?"})
     .outputs({"c_out"})
     .attr<bool>("trans_a", false)
     .attr<bool>("trans_b", false)

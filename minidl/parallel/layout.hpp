@@ -1,0 +1,64 @@
+// Layout: how one global batch maps onto ranks x thread replicas x micro-shards. The step
+// compiler builds each rank's graph from it, the training loop feeds each rank its share from
+// it, and deterministic mode is one of its properties (micro-shards summed in the fixed tree of
+// reduction_tree.hpp) rather than a branch of the loop. Pipeline stages and tensor shards have
+// their fields here; only one of each exists so far.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace minidl::parallel {
+
+/// Samples [begin, end) of a batch.
+struct Slice {
+  std::int64_t begin = 0, end = 0;
+  std::int64_t size() const { return end - begin; }
+};
+
+struct LayoutOptions {
+  int ranks = 1;
+  /// Thread replicas per rank (parallel::ThreadReplicas); 1: one graph, kernels parallel inside.
+  int replicas = 1;
+  /// Deterministic when > 0: samples per micro-shard. Every global batch is cut into
+  /// micro-shards, each computed as a replica of its own on one thread wherever it runs, and
+  /// their gradients are summed in one fixed tree (ranks own subtrees), so the parameters have
+  /// the same bits for any ranks x threads. `replicas` then does not apply.
+  std::int64_t micro_batch = 0;
+  int stages = 1;  // pipeline stages (1: every rank holds the whole model)
+  int shards = 1;  // tensor-parallel shards
+};
+
+class Layout {
+ public:
+  /// Checks the options (positive counts; only one stage and one shard so far).
+  explicit Layout(LayoutOptions options = {});
+  const LayoutOptions& options() const { return options_; }
+  int ranks() const { return options_.ranks; }
+  bool deterministic() const { return options_.micro_batch > 0; }
+  std::int64_t micro_batch() const { return options_.micro_batch; }
+
+  /// Micro-shards in a global batch of n samples (deterministic mode).
+  std::int64_t micro_shards(std::int64_t n) const;
+  /// Rank `rank`'s share of a global batch of n samples: an equal split (the first n % ranks
+  /// ranks one sample more), or in deterministic mode the micro-shards of its subtree.
+  Slice share(int rank, std::int64_t n) const;
+  /// How a rank's share of `local` samples splits into replicas, relative to the share's start:
+  /// `replicas` near-equal slices (at most one per sample), or in deterministic mode its
+  /// micro-shards. Evaluation (train false) is one slice.
+  std::vector<Slice> replicas(std::int64_t local, bool train) const;
+  /// Whether the rank's graph runs its replicas as parallel sections (thread replicas, or
+  /// deterministic mode: each micro-shard on one thread).
+  bool sections(std::int64_t local, bool train) const;
+  /// Throws minidl::Error unless a global batch of n samples gives every rank at least one
+  /// sample (deterministic: one micro-shard); `what` names the batch ("the last batch").
+  void check_batch(std::int64_t n, const std::string& what) const;
+  /// "2 rank(s) x 2 replica(s)", "1 rank(s), deterministic: micro-batch 8".
+  std::string describe() const;
+
+ private:
+  LayoutOptions options_;
+};
+
+}  // namespace minidl::parallel
