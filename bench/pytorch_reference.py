@@ -1,25 +1,54 @@
 #!/usr/bin/python3
-"""The three reference models in PyTorch, trained like minidl's examples: the same data files,
-model shapes, initialisation (He normal for layers followed by ReLU, Xavier uniform for the
-output layer, zero biases), SGD settings, batch sizes and epochs. Prints one JSON line per epoch:
-{"epoch", "epoch_seconds", "train_loss", "test_accuracy"}, where epoch_seconds is the wall time
-of the epoch's training steps with their batch gathering (evaluation excluded), as minidl's
-metrics define it.
+"""The reference models in PyTorch, trained like minidl's examples: the same data files, model
+shapes, initialisation (He normal for layers followed by ReLU, Xavier uniform for the output
+layer, zero biases), optimiser, learning-rate schedule, batch sizes and epochs. Prints one JSON
+line per epoch: {"epoch", "epoch_seconds", "train_loss", "test_loss", "test_accuracy", "lr",
+"grad_norm"}, where epoch_seconds is the wall time of the epoch's training steps with their batch
+gathering (evaluation excluded), as minidl's metrics define it; test_accuracy is left out for the
+autoencoder, lr is the learning rate of the epoch's last step, and grad_norm (only with
+--clip-grad-norm) that step's total gradient norm before clipping.
 
 usage: pytorch_reference.py MODEL --data DIR [--epochs N] [--threads T] [--seed S]
                             [--train-limit N] [--test-limit N] [--no-shuffle]
-                            [--save-init FILE.safetensors] [--minidl-order]
-MODEL: mnist_mlp, mnist_cnn or cifar_cnn.
+                            [--save-init FILE.safetensors] [--save FILE.safetensors]
+                            [--minidl-order] [--max-steps N]
+                            [--optimizer sgd|adamw] [--lr X] [--momentum X] [--nesterov]
+                            [--weight-decay X] [--beta1 X] [--beta2 X] [--eps X]
+                            [--lr-schedule constant|step|cosine] [--lr-step-epochs N]
+                            [--lr-gamma X] [--warmup-steps W] [--clip-grad-norm X]
+MODEL: mnist_mlp, mnist_cnn, cifar_cnn (softmax cross-entropy) or mnist_autoencoder (784-128-32-
+128-784 with a sigmoid output; mean squared error against the input pixels in [0, 1]).
 
---save-init writes the initial parameters under minidl's names (conv1.weight, fc.bias, ...), and
---minidl-order shuffles every epoch with minidl's permutation for the same seed. Together they
-make a matched pair: `minidl_example --seed S --init FILE` and `pytorch_reference.py --seed S
---save-init FILE --minidl-order` start from the same weights and train on the same batches, so
-their losses and accuracies differ only by fp32 rounding (bench/compare-pytorch runs them so).
+Training (the flags of minidl's examples, with their semantics and defaults; a flag left out
+takes the model's default from SETTINGS, else the one below):
+- --optimizer sgd (default): torch.optim.SGD(lr, momentum, nesterov, weight_decay), PyTorch's
+  coupled weight decay (the gradient plus weight_decay x parameter). --optimizer adamw:
+  torch.optim.AdamW(lr, betas=(--beta1 0.9, --beta2 0.999), --eps 1e-8, weight_decay).
+  Both on the single-tensor path (foreach=False). --weight-decay defaults to 0; --momentum and
+  --nesterov apply to SGD only, --beta1, --beta2 and --eps to AdamW only.
+- The learning rate of optimizer step t (0, 1, 2, ... over the whole run, one per batch) is
+  lr * (warm(t) * decay(t)), in double, with warm(t) = min(1, (t + 1) / W) (1 when
+  --warmup-steps W is 0) and decay(t): constant (default) 1; step gamma ** floor(t / (N * S));
+  cosine 0.5 * (1 + cos(pi * min(1, max(0, t - W) / max(1, T - W)))), where N is
+  --lr-step-epochs (1), gamma --lr-gamma (0.1), S = ceil(training samples / batch) the steps
+  per epoch and T = epochs * S. A LambdaLR, stepped after every optimizer step.
+- --clip-grad-norm X (0: off) clips the gradients to a total 2-norm of X between backward and
+  the optimizer step (torch.nn.utils.clip_grad_norm_).
+- --max-steps N (0: no limit) stops after N optimizer steps, the schedule unchanged: the epoch
+  in progress is evaluated and reported over the samples it trained on, and the run ends.
+
+--save-init writes the initial parameters under minidl's names (conv1.weight, fc.bias, ...),
+--save the trained ones, and --minidl-order shuffles every epoch with minidl's permutation for
+the same seed. Together they make a matched pair: `minidl_example --seed S --init FILE` and
+`pytorch_reference.py --seed S --save-init FILE --minidl-order` start from the same weights and
+train on the same batches, so their losses and accuracies differ only by fp32 rounding
+(bench/compare-pytorch runs them so, and compares ten steps' parameters through --save).
 """
 import argparse
 import gzip
+import inspect
 import json
+import math
 import os
 import struct
 import sys
@@ -29,12 +58,17 @@ import numpy as np
 import torch
 from torch import nn
 
-# Each example's defaults (examples/*.cpp).
+# Each example's defaults (examples/*.cpp); TRAINING_DEFAULTS for the flags a model leaves out.
 SETTINGS = {
     "mnist_mlp": {"batch": 64, "lr": 0.01, "momentum": 0.0, "epochs": 20},
     "mnist_cnn": {"batch": 32, "lr": 0.01, "momentum": 0.0, "epochs": 5},
     "cifar_cnn": {"batch": 32, "lr": 0.01, "momentum": 0.9, "epochs": 10},
+    "mnist_autoencoder": {"batch": 64, "lr": 0.001, "momentum": 0.0, "epochs": 5,
+                          "optimizer": "adamw", "weight_decay": 0.0, "lr_schedule": "cosine",
+                          "warmup_steps": 0},
 }
+TRAINING_DEFAULTS = {"optimizer": "sgd", "weight_decay": 0.0, "lr_schedule": "constant",
+                     "warmup_steps": 0}
 
 
 def read_maybe_gzip(path):
@@ -81,7 +115,15 @@ PARAMETER_NAMES = {
     "mnist_mlp": ["fc1", "fc2", "fc3"],
     "mnist_cnn": ["conv1", "fc"],
     "cifar_cnn": ["conv1", "conv2", "fc1", "fc2"],
+    "mnist_autoencoder": ["fc1", "fc2", "fc3", "fc4"],
 }
+
+
+def named_parameters(net, name):
+    """The model's parameters under minidl's names, in minidl's order."""
+    weighted = [m for m in net if isinstance(m, (nn.Linear, nn.Conv2d))]
+    return {f"{n}.{p}": getattr(m, p) for n, m in zip(PARAMETER_NAMES[name], weighted)
+            for p in ("weight", "bias")}
 
 
 def save_safetensors(path, tensors):
@@ -139,6 +181,9 @@ def model(name):
     elif name == "mnist_cnn":
         layers = [nn.Conv2d(1, 8, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
                   nn.Linear(8 * 13 * 13, 10)]
+    elif name == "mnist_autoencoder":
+        layers = [nn.Flatten(), nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 32), nn.ReLU(),
+                  nn.Linear(32, 128), nn.ReLU(), nn.Linear(128, 784), nn.Sigmoid()]
     else:
         layers = [nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
                   nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
@@ -152,6 +197,29 @@ def model(name):
     return nn.Sequential(*layers)
 
 
+def lr_factor(t, schedule, warmup, step_epochs, gamma, steps_per_epoch, total_steps):
+    """The factor on the base learning rate for optimizer step t (0-based over the whole run),
+    in double: warm(t) * decay(t), as minidl's schedule computes it."""
+    warm = 1.0 if warmup == 0 else min(1.0, (t + 1) / warmup)
+    if schedule == "step":
+        decay = gamma ** (t // (step_epochs * steps_per_epoch))
+    elif schedule == "cosine":
+        decay = 0.5 * (1.0 + math.cos(math.pi * min(1.0, max(0, t - warmup) /
+                                                      max(1, total_steps - warmup))))
+    else:
+        decay = 1.0
+    return warm * decay
+
+
+def clip_grad_norm(params, max_norm):
+    """clip_grad_norm_ on the per-tensor path (foreach=False where PyTorch offers the choice;
+    1.13 has only that path). Returns the total norm before clipping."""
+    clip = torch.nn.utils.clip_grad_norm_
+    if "foreach" in inspect.signature(clip).parameters:
+        return clip(params, max_norm, foreach=False)
+    return clip(params, max_norm)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("model", choices=sorted(SETTINGS))
@@ -163,9 +231,45 @@ def main():
     ap.add_argument("--test-limit", type=int, default=0)
     ap.add_argument("--no-shuffle", action="store_true")
     ap.add_argument("--save-init")
+    ap.add_argument("--save")
     ap.add_argument("--minidl-order", action="store_true")
+    ap.add_argument("--max-steps", type=int, default=0)
+    ap.add_argument("--optimizer", choices=("sgd", "adamw"))
+    ap.add_argument("--lr", type=float)
+    ap.add_argument("--momentum", type=float)
+    ap.add_argument("--nesterov", action="store_true")
+    ap.add_argument("--weight-decay", type=float)
+    ap.add_argument("--beta1", type=float, default=0.9)
+    ap.add_argument("--beta2", type=float, default=0.999)
+    ap.add_argument("--eps", type=float, default=1e-8)
+    ap.add_argument("--lr-schedule", choices=("constant", "step", "cosine"))
+    ap.add_argument("--lr-step-epochs", type=int, default=1)
+    ap.add_argument("--lr-gamma", type=float, default=0.1)
+    ap.add_argument("--warmup-steps", type=int)
+    ap.add_argument("--clip-grad-norm", type=float, default=0.0)
     a = ap.parse_args()
     s = SETTINGS[a.model]
+    for key, default in TRAINING_DEFAULTS.items():
+        if getattr(a, key) is None:
+            setattr(a, key, s.get(key, default))
+    for key in ("lr", "momentum", "epochs"):
+        if getattr(a, key) is None:
+            setattr(a, key, s[key])
+    if not a.lr > 0:
+        ap.error(f"--lr must be positive, got {a.lr}")
+    if not 0 <= a.momentum < 1:
+        ap.error(f"--momentum must be in [0, 1), got {a.momentum}")
+    if a.nesterov and a.optimizer == "sgd" and a.momentum == 0:
+        ap.error("--nesterov needs a --momentum above 0")
+    if not a.weight_decay >= 0:
+        ap.error(f"--weight-decay must be >= 0, got {a.weight_decay}")
+    if not (0 <= a.beta1 < 1 and 0 <= a.beta2 < 1 and a.eps >= 0):
+        ap.error("--beta1 and --beta2 must be in [0, 1), --eps >= 0")
+    if a.epochs < 1 or a.lr_step_epochs < 1 or a.warmup_steps < 0 or a.max_steps < 0:
+        ap.error("--epochs and --lr-step-epochs must be >= 1, --warmup-steps and --max-steps >= 0")
+    if not a.clip_grad_norm >= 0:
+        ap.error(f"--clip-grad-norm must be >= 0 (0: off), got {a.clip_grad_norm}")
+    autoencoder = a.model == "mnist_autoencoder"
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
     xtr, ytr, xte, yte = (load_cifar if a.model == "cifar_cnn" else load_mnist)(a.data)
@@ -177,15 +281,27 @@ def main():
         xtr, xte = standardize(xtr, xte)
     xtr, ytr, xte, yte = map(torch.from_numpy, (np.ascontiguousarray(xtr), ytr,
                                                  np.ascontiguousarray(xte), yte))
+    if autoencoder:  # the target is the input image, flattened
+        ytr, yte = xtr.reshape(len(xtr), -1), xte.reshape(len(xte), -1)
     net = model(a.model)
     if a.save_init:
-        weighted = [m for m in net if isinstance(m, (nn.Linear, nn.Conv2d))]
-        save_safetensors(a.save_init, {f"{n}.{p}": getattr(m, p) for n, m in
-                                       zip(PARAMETER_NAMES[a.model], weighted)
-                                       for p in ("weight", "bias")})
-    opt = torch.optim.SGD(net.parameters(), lr=s["lr"], momentum=s["momentum"])
-    loss_fn = nn.CrossEntropyLoss()
-    for epoch in range(1, (a.epochs or s["epochs"]) + 1):
+        save_safetensors(a.save_init, named_parameters(net, a.model))
+    if a.optimizer == "adamw":
+        opt = torch.optim.AdamW(net.parameters(), lr=a.lr, betas=(a.beta1, a.beta2), eps=a.eps,
+                                weight_decay=a.weight_decay, foreach=False)
+    else:
+        opt = torch.optim.SGD(net.parameters(), lr=a.lr, momentum=a.momentum,
+                              nesterov=a.nesterov, weight_decay=a.weight_decay, foreach=False)
+    batch = s["batch"]
+    steps_per_epoch = -(-len(xtr) // batch)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda t: lr_factor(t, a.lr_schedule, a.warmup_steps, a.lr_step_epochs, a.lr_gamma,
+                                 steps_per_epoch, a.epochs * steps_per_epoch))
+    loss_fn = nn.MSELoss() if autoencoder else nn.CrossEntropyLoss()
+    test_loss_fn = (nn.MSELoss(reduction="sum") if autoencoder
+                    else nn.CrossEntropyLoss(reduction="sum"))
+    step = 0
+    for epoch in range(1, a.epochs + 1):
         net.train()
         if a.no_shuffle:
             order = torch.arange(len(xtr))
@@ -193,23 +309,45 @@ def main():
             order = torch.from_numpy(minidl_epoch_order(len(xtr), a.seed, epoch))
         else:
             order = torch.randperm(len(xtr))
-        total, t0 = 0.0, time.perf_counter()
-        for start in range(0, len(xtr), s["batch"]):
-            idx_ = order[start:start + s["batch"]]
+        total, seen, t0 = 0.0, 0, time.perf_counter()
+        for start in range(0, len(xtr), batch):
+            if a.max_steps and step == a.max_steps:
+                break
+            idx_ = order[start:start + batch]
             x, y = xtr[idx_], ytr[idx_]
             opt.zero_grad(set_to_none=True)
             loss = loss_fn(net(x), y)
             loss.backward()
+            if a.clip_grad_norm:
+                grad_norm = float(clip_grad_norm(net.parameters(), a.clip_grad_norm))
+            lr = opt.param_groups[0]["lr"]
             opt.step()
+            schedule.step()
+            step += 1
             total += loss.item() * len(idx_)
+            seen += len(idx_)
         seconds = time.perf_counter() - t0
         net.eval()
+        test_loss, correct = 0.0, 0
         with torch.no_grad():
-            correct = sum(int((net(xte[i:i + 1000]).argmax(1) == yte[i:i + 1000]).sum())
-                          for i in range(0, len(xte), 1000))
-        print(json.dumps({"epoch": epoch, "epoch_seconds": seconds,
-                          "train_loss": total / len(xtr), "test_accuracy": correct / len(xte)}),
-              flush=True)
+            for i in range(0, len(xte), 1000):
+                out = net(xte[i:i + 1000])
+                test_loss += test_loss_fn(out, yte[i:i + 1000]).item()
+                if not autoencoder:
+                    correct += int((out.argmax(1) == yte[i:i + 1000]).sum())
+        # Per sample for cross-entropy, per element (pixel) for the autoencoder's MSE.
+        record = {"epoch": epoch, "epoch_seconds": seconds, "train_loss": total / seen,
+                  "test_loss": test_loss / yte.numel()}
+        if not autoencoder:
+            record["test_accuracy"] = correct / len(xte)
+        record["lr"] = lr
+        if a.clip_grad_norm:
+            record["grad_norm"] = grad_norm
+        print(json.dumps(record), flush=True)
+        if a.max_steps and step >= a.max_steps:
+            break
+    if a.save:
+        save_safetensors(a.save, named_parameters(net, a.model))
 
 
 if __name__ == "__main__":
