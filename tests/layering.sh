@@ -3,6 +3,8 @@
 # it builds on (docs/architecture.md). Prints every upward include and fails if there is one.
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
+# The build enforces the same (each layer's include root holds only what it links); this is the
+# second check, and names every offending line at once.
 declare -A allowed=(
   [core]="core"
   [ir]="core ir"
