@@ -7,12 +7,13 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 # second check, and names every offending line at once.
 declare -A allowed=(
   [core]="core"
+  [io]="core io"
   [ir]="core ir"
   [ops]="core ir ops"
   [autograd]="core ir ops autograd"
   [runtime]="core ir ops runtime"
   [parallel]="core ir ops autograd runtime parallel"
-  [frontend]="core ir ops autograd runtime parallel frontend"
+  [frontend]="core io ir ops autograd runtime parallel frontend"
 )
 bad=0
 for layer in "${!allowed[@]}"; do
