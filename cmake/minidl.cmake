@@ -15,15 +15,29 @@ include(GNUInstallDirs)
 # Where `cmake --install` puts the package config; find_package(minidl) looks there.
 set(MINIDL_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/minidl)
 
-# minidl_add_library(<layer> SOURCES ... DEPS ...): one library target per folder, minidl::<layer>.
-# The target is installed into the export set minidlTargets (as minidl::<layer>) together with
-# the folder's headers, under include/minidl/<layer>/ as the code includes them.
+# minidl_add_library(<layer> SOURCES ... DEPS ...): one library target per folder, minidl::<layer>,
+# called from minidl/<layer>/CMakeLists.txt. The target is installed into the export set
+# minidlTargets (as minidl::<layer>) together with the folder's headers, under
+# include/minidl/<layer>/ as the code includes them.
+#
+# In the build tree a layer sees only its own headers and those of the targets it links: its
+# include root ${PROJECT_BINARY_DIR}/include/<layer> holds nothing but minidl/<layer>, a symbolic
+# link to the folder, and reaches users of the target (PUBLIC) through the link dependencies. So
+# "#include "minidl/<x>/..."" of a layer the target does not link fails with "No such file".
 function(minidl_add_library layer)
   cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
+  cmake_path(GET CMAKE_CURRENT_SOURCE_DIR FILENAME _folder)
+  if(NOT _folder STREQUAL layer)
+    message(FATAL_ERROR "minidl_add_library(${layer}) must be called from minidl/${layer}/, "
+                        "not from ${CMAKE_CURRENT_SOURCE_DIR}")
+  endif()
+  set(_root ${PROJECT_BINARY_DIR}/include/${layer})
+  file(MAKE_DIRECTORY ${_root}/minidl)
+  file(CREATE_LINK ${CMAKE_CURRENT_SOURCE_DIR} ${_root}/minidl/${layer} SYMBOLIC)
   add_library(minidl_${layer} ${ARG_SOURCES})
   add_library(minidl::${layer} ALIAS minidl_${layer})
   target_include_directories(minidl_${layer} PUBLIC
-    $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}> $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
+    $<BUILD_INTERFACE:${_root}> $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
   target_link_libraries(minidl_${layer} PUBLIC ${ARG_DEPS} PRIVATE $<BUILD_INTERFACE:minidl_options>)
   set_target_properties(minidl_${layer} PROPERTIES OUTPUT_NAME minidl_${layer} EXPORT_NAME ${layer})
   if(MINIDL_SANITIZE)

@@ -1,6 +1,6 @@
 // CIFAR-10 binary batch reader (raw or gzip): the input is one batch file.
 #include "fuzz_input.hpp"
-#include "minidl/frontend/datasets.hpp"
+#include "minidl/io/datasets.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   minidl::fuzz::MemFile batch(data, size);

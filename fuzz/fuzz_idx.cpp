@@ -1,7 +1,7 @@
 // IDX reader (raw or gzip): the first two bytes say how many of the rest form the image file
 // (modulo its size); the remainder is the label file.
 #include "fuzz_input.hpp"
-#include "minidl/frontend/datasets.hpp"
+#include "minidl/io/datasets.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size < 2) return 0;

@@ -1,6 +1,6 @@
 // .safetensors reader: the input is the file.
 #include "fuzz_input.hpp"
-#include "minidl/frontend/safetensors.hpp"
+#include "minidl/io/safetensors.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   minidl::fuzz::MemFile file(data, size);

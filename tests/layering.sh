@@ -3,15 +3,18 @@
 # it builds on (docs/architecture.md). Prints every upward include and fails if there is one.
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
+# The build enforces the same (each layer's include root holds only what it links); this is the
+# second check, and names every offending line at once.
 declare -A allowed=(
   [core]="core"
+  [io]="core io"
   [ir]="core ir"
   [ops]="core ir ops"
   [autograd]="core ir ops autograd"
   [runtime]="core ir ops runtime"
   [parallel]="core ir ops autograd runtime parallel"
   [train]="core ir ops autograd runtime parallel train"
-  [frontend]="core ir ops autograd runtime parallel train frontend"
+  [frontend]="core io ir ops autograd runtime parallel train frontend"
 )
 bad=0
 for layer in "${!allowed[@]}"; do

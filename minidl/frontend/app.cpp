@@ -14,13 +14,13 @@
 #include <string_view>
 #include <thread>
 
-#include "minidl/core/file.hpp"
 #include "minidl/core/threading.hpp"
-#include "minidl/frontend/checkpoint.hpp"
+#include "minidl/frontend/checkpoint_shared.hpp"
 #include "minidl/frontend/progress.hpp"
-#include "minidl/frontend/safetensors.hpp"
 #include "minidl/frontend/trace.hpp"
 #include "minidl/frontend/trainer.hpp"
+#include "minidl/io/file.hpp"
+#include "minidl/io/safetensors.hpp"
 #include "minidl/ir/printer.hpp"
 #include "minidl/parallel/communicator.hpp"
 #include "minidl/train/loss.hpp"
@@ -71,6 +71,12 @@ class MetricsWriter {
   std::string path_;
   std::string text_;
 };
+
+/// Writes the graph to path (--dump-graph), as DOT when it ends in ".dot", else as text.
+void write_graph(const ir::Graph& g, const std::string& path) {
+  const std::string text = path.ends_with(".dot") ? ir::to_dot(g) : ir::to_text(g);
+  write_file_atomically(path, text, "graph dump");
+}
 
 /// The values --backend accepts: onednn only in builds with oneDNN.
 std::vector<std::string> backends() {
@@ -274,7 +280,7 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
   topt.schedule = &schedule;
   Trainer trainer(*model, *optimizer, topt);
   if (!c.dump_graph.empty() && root) {
-    ir::write_graph(trainer.training_graph(sample), c.dump_graph);
+    write_graph(trainer.training_graph(sample), c.dump_graph);
   }
   const bool talk = root && !c.quiet;  // headers, per-epoch lines, notes
   if (talk) warn_if_spinning_oversubscribed(program);

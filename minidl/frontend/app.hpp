@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "minidl/frontend/datasets.hpp"
 #include "minidl/frontend/nn.hpp"
+#include "minidl/io/datasets.hpp"
 
 namespace minidl {
 

@@ -6,7 +6,7 @@
 #include <set>
 
 #include "minidl/core/error.hpp"
-#include "minidl/core/file.hpp"
+#include "minidl/io/file.hpp"
 
 namespace minidl {
 namespace {

@@ -11,8 +11,9 @@
 #include <memory>
 #include <optional>
 
-#include "minidl/frontend/datasets.hpp"
 #include "minidl/frontend/trace.hpp"
+#include "minidl/io/checkpoint.hpp"
+#include "minidl/io/datasets.hpp"
 #include "minidl/parallel/communicator.hpp"
 #include "minidl/parallel/data_parallel.hpp"
 #include "minidl/runtime/executable.hpp"
@@ -83,18 +84,8 @@ struct EvalStats {
   std::int64_t samples = 0;
 };
 
-/// Where training stands between two steps: what a checkpoint records and Trainer::resume
-/// restores, so that training goes on exactly as if it had not stopped.
-struct TrainerPosition {
-  int epoch = 1;                 // the epoch in progress, or the next one when epoch_step is 0
-  std::int64_t epoch_step = 0;   // steps done in that epoch
-  std::int64_t next_sample = 0;  // place in the epoch's sample order of the next batch's start
-  std::int64_t step = 0;         // training steps since training began (dropout's key)
-  // The epoch's statistics so far, summed over the ranks (for its summary).
-  double loss_sum = 0.0;
-  double correct = 0.0;
-  std::int64_t samples = 0;
-};
+/// Where training stands between two steps; the checkpoint format stores it.
+using TrainerPosition = checkpoint::Position;
 
 /// What the trainer tells every rank after each training step.
 struct StepInfo {

@@ -1,7 +1,5 @@
 #include "minidl/ir/printer.hpp"
 
-#include "minidl/core/file.hpp"
-
 namespace minidl::ir {
 
 namespace {
@@ -78,12 +76,6 @@ std::string to_dot(const Graph& g) {
   }
   s += "}\n";
   return s;
-}
-
-void write_graph(const Graph& g, const std::string& path) {
-  const bool dot = path.size() >= 4 && path.compare(path.size() - 4, 4, ".dot") == 0;
-  const std::string text = dot ? to_dot(g) : to_text(g);
-  write_file_atomically(path, text, "graph dump");
 }
 
 }  // namespace minidl::ir

@@ -11,8 +11,5 @@ namespace minidl::ir {
 std::string to_text(const Graph& g);
 /// Graphviz DOT; forward, backward and update nodes are coloured differently.
 std::string to_dot(const Graph& g);
-/// Writes the graph to path, as DOT when it ends in ".dot", else as text. Written to a temporary
-/// file and renamed.
-void write_graph(const Graph& g, const std::string& path);
 
 }  // namespace minidl::ir

@@ -2,8 +2,8 @@
 #pragma once
 
 #include "minidl/core/rng.hpp"
-#include "minidl/frontend/datasets.hpp"
 #include "minidl/frontend/nn.hpp"
+#include "minidl/io/datasets.hpp"
 
 namespace minidl::testing {
 

@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "minidl/autograd/autograd.hpp"
-#include "minidl/frontend/datasets.hpp"
 #include "minidl/frontend/nn.hpp"
+#include "minidl/io/datasets.hpp"
 #include "minidl/ops/ops.hpp"
 #include "minidl/runtime/executable.hpp"
 

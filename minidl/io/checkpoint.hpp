@@ -18,8 +18,6 @@
 #include <vector>
 
 #include "minidl/core/tensor.hpp"
-#include "minidl/frontend/trainer.hpp"
-#include "minidl/parallel/communicator.hpp"
 
 namespace minidl::checkpoint {
 
@@ -29,6 +27,19 @@ inline constexpr std::string_view kVersion = "1";
 inline constexpr std::string_view kOptimizerPrefix = "optimizer.";
 
 using Metadata = std::map<std::string, std::string>;
+
+/// Where training stands between two steps: what a checkpoint records and Trainer::resume
+/// restores (as TrainerPosition), so that training goes on exactly as if it had not stopped.
+struct Position {
+  int epoch = 1;                 // the epoch in progress, or the next one when epoch_step is 0
+  std::int64_t epoch_step = 0;   // steps done in that epoch
+  std::int64_t next_sample = 0;  // place in the epoch's sample order of the next batch's start
+  std::int64_t step = 0;         // training steps since training began (dropout's key)
+  // The epoch's statistics so far, summed over the ranks (for its summary).
+  double loss_sum = 0.0;
+  double correct = 0.0;
+  std::int64_t samples = 0;
+};
 
 /// "ckpt-e0001-s000012.safetensors": taken after `epochs` whole epochs and `steps` steps of the
 /// next one. The names sort in the order they were taken.
@@ -47,12 +58,12 @@ std::string resolve(const std::string& path);
 /// Writes dir/file_name(...) for position pos: a temporary file in dir, fsync, rename. Then
 /// removes all but the newest `keep` checkpoints of dir (and stale temporary files of killed
 /// writers). settings are stored in the metadata for check_settings. Returns the path.
-std::string save(const std::string& dir, const TrainerPosition& pos, const NamedTensors& params,
+std::string save(const std::string& dir, const Position& pos, const NamedTensors& params,
                  const NamedTensors& optimizer_state, const Metadata& settings, int keep);
 
 struct Loaded {
   std::string path;
-  TrainerPosition position;
+  Position position;
   Metadata metadata;  // all of it: position, settings, format
 };
 
@@ -62,10 +73,9 @@ struct Loaded {
 Loaded load(const std::string& path, const NamedTensors& params,
             const NamedTensors& optimizer_state);
 
-/// resolve() and load() on rank 0, then the tensors and the metadata are broadcast to every
-/// rank: a collective. An error on rank 0 leaves the others waiting; the caller ends the job.
-Loaded load_shared(parallel::Communicator& comm, const std::string& path,
-                   const NamedTensors& params, const NamedTensors& optimizer_state);
+/// The position recorded in a checkpoint's metadata m (read from path, named in errors);
+/// throws if the format version is another or the position is missing or inconsistent.
+Position position_from_metadata(const std::string& path, const Metadata& m);
 
 /// How a setting of the resuming run may differ from the checkpoint's.
 enum class Rule {

@@ -6,7 +6,7 @@
 #include <sstream>
 
 #include "minidl/core/error.hpp"
-#include "minidl/core/file.hpp"
+#include "minidl/io/file.hpp"
 
 using namespace minidl;
 using ::testing::HasSubstr;

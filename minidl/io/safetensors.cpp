@@ -1,4 +1,4 @@
-#include "minidl/frontend/safetensors.hpp"
+#include "minidl/io/safetensors.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>

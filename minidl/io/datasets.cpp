@@ -1,4 +1,4 @@
-#include "minidl/frontend/datasets.hpp"
+#include "minidl/io/datasets.hpp"
 
 #include <zlib.h>
 

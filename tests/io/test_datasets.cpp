@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "minidl/core/error.hpp"
-#include "minidl/frontend/datasets.hpp"
+#include "minidl/io/datasets.hpp"
 #include "support/error_of.hpp"
 #include "support/temp_dir.hpp"
 

@@ -1,7 +1,6 @@
-// Checkpoints: a run resumed from a checkpoint (at an epoch boundary or in the middle of an
-// epoch, with momentum and dropout) ends with bitwise the same parameters as one that never
-// stopped; loading names every tensor that does not match; settings that would change the
-// rest of an epoch are refused; old checkpoints are pruned. Also the progress bar's text.
+// The checkpoint format: old checkpoints are pruned and the newest found; loading names every
+// tensor that does not match; settings that would change the rest of an epoch are refused.
+// (Resuming a Trainer from a checkpoint: tests/frontend/test_resume.cpp.)
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -11,10 +10,9 @@
 #include <filesystem>
 
 #include "minidl/core/error.hpp"
-#include "minidl/frontend/checkpoint.hpp"
-#include "minidl/frontend/progress.hpp"
-#include "minidl/frontend/safetensors.hpp"
-#include "minidl/frontend/trainer.hpp"
+#include "minidl/train/optimizer.hpp"
+#include "minidl/io/checkpoint.hpp"
+#include "minidl/io/safetensors.hpp"
 #include "support/error_of.hpp"
 #include "support/synthetic.hpp"
 
@@ -45,22 +43,6 @@ struct TempDir {
   std::string str() const { return path.string(); }
 };
 
-/// 64 -> 32 -> dropout -> 10 over [N,1,8,8]: dropout makes the step counter part of the state.
-std::unique_ptr<nn::Sequential> mlp_with_dropout() {
-  auto m = std::make_unique<nn::Sequential>();
-  m->emplace<nn::Flatten>("flatten");
-  m->emplace<nn::Linear>("fc1", 64, 32, nn::Init::He);
-  m->emplace<nn::ReLU>("act1");
-  m->emplace<nn::Dropout>("drop", 0.25);
-  m->emplace<nn::Linear>("fc2", 32, 10, nn::Init::Xavier);
-  return m;
-}
-
-TrainerOptions options() {
-  // 200 samples in batches of 32: 7 steps per epoch, the last one ragged (8 samples).
-  return {.batch_size = 32, .eval_batch_size = 100, .seed = 11};
-}
-
 bool same_bits(const NamedTensors& a, const NamedTensors& b) {
   if (a.size() != b.size()) return false;
   for (std::size_t i = 0; i < a.size(); ++i) {
@@ -76,130 +58,6 @@ NamedTensors clone(const NamedTensors& v) {
   return out;
 }
 
-/// Trains `epochs` epochs without a stop; returns the parameters and the last epoch's stats.
-std::pair<NamedTensors, EpochStats> uninterrupted(const Dataset& d, int epochs) {
-  auto model = mlp_with_dropout();
-  model->reset(3);
-  optim::Sgd sgd({.lr = 0.05, .momentum = 0.9});
-  Trainer t(*model, sgd, options());
-  EpochStats last;
-  for (int e = 1; e <= epochs; ++e) last = t.train_epoch(d, e);
-  return {clone(model->parameters()), last};
-}
-
-/// Trains until the checkpoint taken after `stop_step` training steps, "dies", and resumes in
-/// a fresh model, optimizer and trainer from that checkpoint's directory.
-std::pair<NamedTensors, EpochStats> interrupted(const Dataset& d, int epochs,
-                                                std::int64_t stop_step, const std::string& dir) {
-  {
-    auto model = mlp_with_dropout();
-    model->reset(3);
-    optim::Sgd sgd({.lr = 0.05, .momentum = 0.9});
-    Trainer t(*model, sgd, options());
-    bool stopped = false;
-    auto on_step = [&](const StepInfo& info) {
-      if (info.step != stop_step) return;
-      checkpoint::save(dir, t.position(), model->parameters(), sgd.state(), {}, 2);
-      stopped = true;
-      throw Error("stop");  // the process dies here
-    };
-    try {
-      for (int e = 1; e <= epochs; ++e) t.train_epoch(d, e, on_step);
-    } catch (const Error&) {
-    }
-    EXPECT_TRUE(stopped);
-  }
-  auto model = mlp_with_dropout();
-  // The same seed (it also seeds dropout), but parameters the checkpoint must overwrite.
-  model->reset(3);
-  for (auto& [n, t] : model->parameters()) std::fill_n(t.data<float>(), t.numel(), 7.0f);
-  optim::Sgd sgd({.lr = 0.05, .momentum = 0.9});
-  Trainer t(*model, sgd, options());
-  const checkpoint::Loaded ckpt =
-      checkpoint::load(checkpoint::resolve(dir), model->parameters(), sgd.state());
-  t.resume(ckpt.position);
-  EpochStats last;
-  for (int e = ckpt.position.epoch; e <= epochs; ++e) last = t.train_epoch(d, e);
-  return {clone(model->parameters()), last};
-}
-
-TEST(Checkpoint, ResumeMidEpochIsBitwiseIdentical) {
-  const Dataset d = testing::blobs(200, 31);
-  TempDir dir;
-  const auto [a, sa] = uninterrupted(d, 2);
-  const auto [b, sb] = interrupted(d, 2, 10, dir.str());  // 3 steps into epoch 2
-  EXPECT_TRUE(fs::exists(dir.path / "ckpt-e0001-s000003.safetensors"));
-  EXPECT_TRUE(same_bits(a, b));
-  // The epoch's statistics carry over the stop too (up to the order of the sums).
-  EXPECT_EQ(sb.samples, 200);
-  EXPECT_NEAR(sa.loss, sb.loss, 1e-9);
-  EXPECT_DOUBLE_EQ(sa.accuracy, sb.accuracy);
-}
-
-TEST(Checkpoint, ResumeAtEpochBoundaryIsBitwiseIdentical) {
-  const Dataset d = testing::blobs(200, 32);
-  TempDir dir;
-  const auto [a, sa] = uninterrupted(d, 3);
-  const auto [b, sb] = interrupted(d, 3, 7, dir.str());  // the last (ragged) step of epoch 1
-  EXPECT_TRUE(fs::exists(dir.path / "ckpt-e0000-s000007.safetensors"));
-  EXPECT_TRUE(same_bits(a, b));
-  EXPECT_EQ(sa.loss, sb.loss);
-}
-
-// The test must be able to fail: a resume that forgets the momentum buffers or the step
-// counter (dropout's key) ends elsewhere.
-TEST(Checkpoint, LosingStateChangesTheResult) {
-  const Dataset d = testing::blobs(200, 33);
-  TempDir dir;
-  const auto [a, sa] = uninterrupted(d, 2);
-  (void)interrupted(d, 2, 10, dir.str());
-  const std::string file = checkpoint::resolve(dir.str());
-  for (const std::string lose : {"nothing", "momentum", "step"}) {
-    auto model = mlp_with_dropout();
-    model->reset(3);
-    optim::Sgd sgd({.lr = 0.05, .momentum = 0.9});
-    Trainer t(*model, sgd, options());
-    checkpoint::Loaded ckpt = checkpoint::load(file, model->parameters(), sgd.state());
-    if (lose == "momentum") {
-      for (auto& [n, v] : sgd.state()) std::memset(v.raw(), 0, v.nbytes());
-    } else if (lose == "step") {
-      ckpt.position.step = 0;
-    }
-    t.resume(ckpt.position);
-    t.train_epoch(d, 2);
-    EXPECT_EQ(same_bits(a, model->parameters()), lose == "nothing") << "losing " << lose;
-  }
-}
-
-TEST(Checkpoint, FileHoldsParametersStateAndPosition) {
-  TempDir dir;
-  auto model = testing::small_mlp();
-  model->reset(1);
-  optim::Sgd sgd({.lr = 0.1, .momentum = 0.5});
-  Trainer t(*model, sgd, options());
-  t.train_epoch(testing::blobs(64, 1), 1);
-  const std::string path = checkpoint::save(dir.str(), t.position(), model->parameters(),
-                                            sgd.state(), {{"seed", "11"}}, 3);
-  EXPECT_EQ(path, (dir.path / "ckpt-e0001-s000000.safetensors").string());
-  const SafetensorsFile f = load_safetensors(path);
-  std::vector<std::string> names;
-  for (const auto& [n, v] : f.tensors) names.push_back(n);
-  EXPECT_THAT(names, ::testing::ElementsAre("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias",
-                                            "optimizer.fc1.weight.momentum_buffer",
-                                            "optimizer.fc1.bias.momentum_buffer",
-                                            "optimizer.fc2.weight.momentum_buffer",
-                                            "optimizer.fc2.bias.momentum_buffer"));
-  EXPECT_EQ(f.metadata.at("minidl.checkpoint"), "1");
-  EXPECT_EQ(f.metadata.at("epoch"), "1");
-  EXPECT_EQ(f.metadata.at("epoch_step"), "0");
-  EXPECT_EQ(f.metadata.at("step"), "2");
-  EXPECT_EQ(f.metadata.at("seed"), "11");
-  EXPECT_EQ(f.metadata.at("format"), "pt");
-  // No temporary file is left next to it.
-  for (const auto& e : fs::directory_iterator(dir.path))
-    EXPECT_FALSE(e.path().string().ends_with(".tmp")) << e.path();
-}
-
 TEST(Checkpoint, KeepsTheNewestKAndResolvesTheNewest) {
   TempDir dir;
   auto model = testing::small_mlp();
@@ -209,7 +67,7 @@ TEST(Checkpoint, KeepsTheNewestKAndResolvesTheNewest) {
   // A temporary file a killed writer left behind.
   std::fclose(std::fopen((dir.path / "ckpt-e0000-s000001.safetensors.tmp").c_str(), "w"));
   for (const auto& [epochs, steps] : at) {
-    TrainerPosition p{.epoch = epochs + 1, .epoch_step = steps, .next_sample = steps * 32};
+    checkpoint::Position p{.epoch = epochs + 1, .epoch_step = steps, .next_sample = steps * 32};
     p.samples = p.next_sample;
     p.step = 100 * epochs + steps;
     checkpoint::save(dir.str(), p, model->parameters(), sgd.state(), {}, 3);
@@ -238,7 +96,8 @@ struct LoadCase {
   void save(nn::Module& model, double momentum) {
     optim::Sgd sgd({.lr = 0.1, .momentum = momentum});
     sgd.init_state(model.parameters());
-    path = checkpoint::save(dir.str(), TrainerPosition{}, model.parameters(), sgd.state(), {}, 1);
+    path =
+        checkpoint::save(dir.str(), checkpoint::Position{}, model.parameters(), sgd.state(), {}, 1);
   }
   std::string load_error(nn::Module& model, double momentum) {
     optim::Sgd sgd({.lr = 0.1, .momentum = momentum});
@@ -364,27 +223,6 @@ TEST(CheckpointSettings, SeedOrBatchChangeIsRefusedMidEpochAndNotedAtABoundary) 
   other["model"] = "N";
   EXPECT_THAT(error_of([&] { checkpoint::check_settings(loaded_at(0, other), run); }),
               HasSubstr("the model is N in the checkpoint, M here"));
-}
-
-// --- Progress bar text ---
-
-TEST(Progress, BarFitsTheTerminalAndShowsEverything) {
-  const ProgressState s{.epoch = 2,
-                        .epochs = 20,
-                        .done = 30000,
-                        .epoch_size = 60000,
-                        .samples_per_second = 15234.4,
-                        .loss = 0.28711,
-                        .eta_seconds = 83};
-  const std::string line = format_progress(s, 100);
-  EXPECT_THAT(line, HasSubstr("epoch  2/20 [###############---------------]  50%"));
-  EXPECT_THAT(line, HasSubstr("15234 samples/s  loss 0.2871  ETA 1:23"));
-  EXPECT_LE(line.size(), 99u);
-  EXPECT_LE(format_progress(s, 60).size(), 59u);  // a narrower bar, or none
-  EXPECT_THAT(format_progress(s, 60), HasSubstr("ETA"));
-  EXPECT_EQ(format_duration(9.4), "0:09");
-  EXPECT_EQ(format_duration(3903), "1:05:03");
-  EXPECT_THAT(format_progress({.epoch = 1, .epochs = 1, .epoch_size = 10}, 80), HasSubstr("ETA ?"));
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-#include "minidl/core/file.hpp"
+#include "minidl/io/file.hpp"
 
 #include <cstdio>
 #include <filesystem>

@@ -1,4 +1,4 @@
-#include "minidl/frontend/checkpoint.hpp"
+#include "minidl/io/checkpoint.hpp"
 
 #include <algorithm>
 #include <cerrno>
@@ -6,13 +6,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <nlohmann/json.hpp>
 #include <regex>
 #include <system_error>
 #include <tuple>
 
 #include "minidl/core/error.hpp"
-#include "minidl/frontend/safetensors.hpp"
+#include "minidl/io/safetensors.hpp"
 
 namespace minidl::checkpoint {
 
@@ -72,12 +71,14 @@ struct Reader {
   }
 };
 
-TrainerPosition parse_position(const std::string& path, const Metadata& m) {
+}  // namespace
+
+Position position_from_metadata(const std::string& path, const Metadata& m) {
   const Reader r{path, m};
   const std::string& version = r.text(kVersionKey);
   MINIDL_CHECK(version == kVersion, "checkpoint '", path, "': format version '", version,
                "', this program reads version ", kVersion);
-  TrainerPosition p;
+  Position p;
   const std::int64_t epochs = r.integer("epoch");
   MINIDL_CHECK(epochs < 1'000'000'000, "checkpoint '", path, "': metadata 'epoch' is ", epochs,
                ", too large");
@@ -94,8 +95,6 @@ TrainerPosition parse_position(const std::string& path, const Metadata& m) {
                " steps in all");
   return p;
 }
-
-}  // namespace
 
 std::string file_name(int epochs, std::int64_t steps) {
   return fmt::format("ckpt-e{:04}-s{:06}.safetensors", epochs, steps);
@@ -156,7 +155,7 @@ Metadata settings_metadata(const std::vector<Setting>& settings) {
   return m;
 }
 
-std::string save(const std::string& dir, const TrainerPosition& pos, const NamedTensors& params,
+std::string save(const std::string& dir, const Position& pos, const NamedTensors& params,
                  const NamedTensors& optimizer_state, const Metadata& settings, int keep) {
   MINIDL_CHECK(keep >= 1, "checkpoints to keep must be at least 1, got ", keep);
   const int epochs = pos.epoch - 1;
@@ -202,7 +201,7 @@ Loaded load(const std::string& path, const NamedTensors& params,
                "with --init)");
   Loaded out;
   out.path = path;
-  out.position = parse_position(path, file.metadata);
+  out.position = position_from_metadata(path, file.metadata);
   out.metadata = std::move(file.metadata);
 
   struct Expected {
@@ -231,8 +230,10 @@ Loaded load(const std::string& path, const NamedTensors& params,
     }
   }
   for (const auto& [name, t] : file.tensors) {
+    // Compared through a plain reference: clang before 16 cannot capture a structured binding.
+    const std::string& tensor_name = name;
     const bool known = std::any_of(expected.begin(), expected.end(),
-                                   [&](const Expected& e) { return e.name == name; });
+                                   [&](const Expected& e) { return e.name == tensor_name; });
     if (known) continue;
     const bool state = name.starts_with(kOptimizerPrefix);
     problems.push_back(fmt::format(
@@ -251,34 +252,8 @@ Loaded load(const std::string& path, const NamedTensors& params,
   return out;
 }
 
-Loaded load_shared(parallel::Communicator& comm, const std::string& path,
-                   const NamedTensors& params, const NamedTensors& optimizer_state) {
-  Loaded out;
-  std::string text;
-  if (comm.rank() == 0) {
-    out = load(resolve(path), params, optimizer_state);
-    text = nlohmann::json{{"path", out.path}, {"metadata", out.metadata}}.dump();
-  }
-  if (comm.size() == 1) return out;
-  std::int64_t size = static_cast<std::int64_t>(text.size());
-  comm.broadcast(&size, sizeof size, 0);
-  text.resize(static_cast<std::size_t>(size));
-  comm.broadcast(text.data(), size, 0);
-  for (const NamedTensors* group : {&params, &optimizer_state}) {
-    for (const auto& [name, t] : *group)
-      comm.broadcast(t.raw(), static_cast<std::int64_t>(t.nbytes()), 0);
-  }
-  if (comm.rank() != 0) {
-    const nlohmann::json j = nlohmann::json::parse(text);
-    out.path = j.at("path").get<std::string>();
-    out.metadata = j.at("metadata").get<Metadata>();
-    out.position = parse_position(out.path, out.metadata);
-  }
-  return out;
-}
-
 std::vector<std::string> check_settings(const Loaded& ckpt, const std::vector<Setting>& settings) {
-  const TrainerPosition& p = ckpt.position;
+  const Position& p = ckpt.position;
   const bool mid_epoch = p.epoch_step > 0;
   std::vector<std::string> refused, notes;
   bool only_mid_epoch = true;  // every refusal would be a note at an epoch boundary
