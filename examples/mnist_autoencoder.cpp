@@ -16,20 +16,19 @@ int main(int argc, char** argv) {
   defaults.loss = "mse";
   defaults.losses = {"mse"};
   defaults.reconstruct = true;
-  return run_training_app(
-      argc, argv, "Train an autoencoder on MNIST or Fashion-MNIST", defaults,
-      [](const AppConfig&, const Shape& sample) {
-        const std::int64_t pixels = sample.numel();
-        auto model = std::make_unique<nn::Sequential>();
-        model->emplace<nn::Flatten>("flatten");
-        model->emplace<nn::Linear>("fc1", pixels, 128, nn::Init::He);
-        model->emplace<nn::ReLU>("relu1");
-        model->emplace<nn::Linear>("fc2", 128, 32, nn::Init::He);
-        model->emplace<nn::ReLU>("relu2");
-        model->emplace<nn::Linear>("fc3", 32, 128, nn::Init::He);
-        model->emplace<nn::ReLU>("relu3");
-        model->emplace<nn::Linear>("fc4", 128, pixels, nn::Init::Xavier);
-        model->emplace<nn::Sigmoid>("sigmoid");
-        return model;
-      });
+  return run_training_app(argc, argv, "Train an autoencoder on MNIST or Fashion-MNIST", defaults,
+                          [](const AppConfig&, const Shape& sample) {
+                            const std::int64_t pixels = sample.numel();
+                            auto model = std::make_unique<nn::Sequential>();
+                            model->emplace<nn::Flatten>("flatten");
+                            model->emplace<nn::Linear>("fc1", pixels, 128, nn::Init::He);
+                            model->emplace<nn::ReLU>("relu1");
+                            model->emplace<nn::Linear>("fc2", 128, 32, nn::Init::He);
+                            model->emplace<nn::ReLU>("relu2");
+                            model->emplace<nn::Linear>("fc3", 32, 128, nn::Init::He);
+                            model->emplace<nn::ReLU>("relu3");
+                            model->emplace<nn::Linear>("fc4", 128, pixels, nn::Init::Xavier);
+                            model->emplace<nn::Sigmoid>("sigmoid");
+                            return model;
+                          });
 }
