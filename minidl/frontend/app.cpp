@@ -249,11 +249,8 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
                                                                .weight_decay = c.weight_decay});
   }
   const std::unique_ptr<train::Loss> loss = train::make_loss(c.loss, c.label_smoothing);
-  // Optimizer steps per epoch: every batch but a last one smaller than the rank count.
-  const std::int64_t batches = (train_set.size() + c.batch_size - 1) / c.batch_size;
-  const std::int64_t last_batch = train_set.size() - (batches - 1) * c.batch_size;
-  const std::int64_t steps_per_epoch =
-      std::max<std::int64_t>(1, batches - (last_batch < comm.size()));
+  const std::int64_t steps_per_epoch = std::max<std::int64_t>(
+      1, Trainer::steps_per_epoch(train_set.size(), c.batch_size, comm.size()));
   const optim::LrSchedule schedule(c.lr,
                                    {.kind = optim::parse_schedule(c.lr_schedule),
                                     .step_epochs = c.lr_step_epochs,

@@ -55,6 +55,12 @@ Trainer::Trainer(train::Model& model, optim::Optimizer& optimizer, TrainerOption
 
 Trainer::~Trainer() = default;
 
+std::int64_t Trainer::steps_per_epoch(std::int64_t samples, std::int64_t batch, int ranks) {
+  const std::int64_t batches = (samples + batch - 1) / batch;
+  const std::int64_t last = samples - (batches - 1) * batch;
+  return batches - (last < ranks ? 1 : 0);
+}
+
 train::CompiledStep& Trainer::program(bool train, std::int64_t n, const Shape& sample,
                                       int as_rank) {
   auto& slot = programs_[std::make_tuple(train, n, sample.dims(), as_rank)];

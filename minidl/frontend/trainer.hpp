@@ -138,6 +138,10 @@ class Trainer {
   /// count): the next train_epoch must be for p.epoch and starts at p.next_sample.
   void resume(const TrainerPosition& p);
 
+  /// Training steps in an epoch of `samples`: every batch but a last one smaller than the rank
+  /// count, which every rank skips.
+  static std::int64_t steps_per_epoch(std::int64_t samples, std::int64_t batch, int ranks);
+
   /// The layout every training step is compiled for.
   const parallel::Layout& layout() const { return step_options_.layout; }
   const train::Loss& loss() const { return *loss_; }

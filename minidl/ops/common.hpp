@@ -1,6 +1,7 @@
 // Helpers shared by op files: common shape rules and elementwise loops.
 #pragma once
 
+#include <algorithm>
 #include <string>
 
 #include "minidl/core/threading.hpp"
@@ -31,6 +32,27 @@ ir::Value* fused_bias_activation_grad(ir::GradCtx& g, int bias_input);
 template <typename Fn>
 void elementwise(std::int64_t n, Fn&& fn) {
   parallel_for(n, 1, std::forward<Fn>(fn));
+}
+
+/// The sum of term(i) over [0, n) in double: fixed chunks (4096 terms, more past 256 chunks)
+/// summed in parallel and combined in order, so the result has the same bits whatever the
+/// thread count (reductions, losses, norms).
+template <typename Term>
+double fixed_order_sum(std::int64_t n, Term term) {
+  constexpr std::int64_t kChunk = 4096, kMaxChunks = 256;
+  const std::int64_t chunk = std::max(kChunk, (n + kMaxChunks - 1) / kMaxChunks);
+  const std::int64_t chunks = (n + chunk - 1) / chunk;
+  double partial[kMaxChunks];
+  parallel_for(chunks, chunk, [&](std::int64_t c0, std::int64_t c1) {
+    for (std::int64_t c = c0; c < c1; ++c) {
+      double s = 0.0;
+      for (std::int64_t i = c * chunk, hi = std::min(n, i + chunk); i < hi; ++i) s += term(i);
+      partial[c] = s;
+    }
+  });
+  double total = 0.0;
+  for (std::int64_t c = 0; c < chunks; ++c) total += partial[c];
+  return total;
 }
 
 }  // namespace minidl::ops

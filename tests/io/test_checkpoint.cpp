@@ -10,9 +10,9 @@
 #include <filesystem>
 
 #include "minidl/core/error.hpp"
-#include "minidl/train/optimizer.hpp"
 #include "minidl/io/checkpoint.hpp"
 #include "minidl/io/safetensors.hpp"
+#include "minidl/train/optimizer.hpp"
 #include "support/error_of.hpp"
 #include "support/synthetic.hpp"
 

@@ -13,9 +13,6 @@
 namespace minidl::ops {
 namespace {
 
-constexpr std::int64_t kChunk = 4096;
-constexpr std::int64_t kMaxChunks = 256;
-
 void infer(ir::InferCtx& c) {
   MINIDL_CHECK_NODE(c, c.dtype(0) == DType::F32 && c.dtype(1) == DType::F32,
                     "expected f32 logits and target");
@@ -28,21 +25,10 @@ void bce_with_logits_native(const ir::KernelArgs& k) {
   const float* x = k.in[0].data<float>();
   const float* t = k.in[1].data<float>();
   const std::int64_t n = k.in[0].numel();
-  const std::int64_t chunk = std::max(kChunk, (n + kMaxChunks - 1) / kMaxChunks);
-  const std::int64_t chunks = (n + chunk - 1) / chunk;
-  double partial[kMaxChunks];
-  parallel_for(chunks, chunk, [&](std::int64_t c0, std::int64_t c1) {
-    for (std::int64_t c = c0; c < c1; ++c) {
-      double s = 0.0;
-      for (std::int64_t i = c * chunk, hi = std::min(n, i + chunk); i < hi; ++i) {
-        const double xi = x[i];
-        s += std::max(xi, 0.0) - xi * t[i] + std::log1p(std::exp(-std::abs(xi)));
-      }
-      partial[c] = s;
-    }
+  const double total = fixed_order_sum(n, [x, t](std::int64_t i) {
+    const double xi = x[i];
+    return std::max(xi, 0.0) - xi * t[i] + std::log1p(std::exp(-std::abs(xi)));
   });
-  double total = 0.0;
-  for (std::int64_t c = 0; c < chunks; ++c) total += partial[c];
   *k.out[0].data<float>() = static_cast<float>(total / static_cast<double>(n));
 }
 

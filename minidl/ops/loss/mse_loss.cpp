@@ -2,16 +2,11 @@
 //   x [...] f32, target [...] f32 (the same shape) -> loss []
 // Summed in double over fixed chunks of rows in order, so the loss does not depend on the
 // thread count. The backward is 2 (x - target) dloss / n.
-#include <algorithm>
-
 #include "minidl/ops/common.hpp"
 #include "minidl/ops/registry.hpp"
 
 namespace minidl::ops {
 namespace {
-
-constexpr std::int64_t kChunk = 4096;
-constexpr std::int64_t kMaxChunks = 256;
 
 void infer(ir::InferCtx& c) {
   MINIDL_CHECK_NODE(c, c.dtype(0) == DType::F32 && c.dtype(1) == DType::F32,
@@ -25,21 +20,10 @@ void mse_loss_native(const ir::KernelArgs& k) {
   const float* x = k.in[0].data<float>();
   const float* t = k.in[1].data<float>();
   const std::int64_t n = k.in[0].numel();
-  const std::int64_t chunk = std::max(kChunk, (n + kMaxChunks - 1) / kMaxChunks);
-  const std::int64_t chunks = (n + chunk - 1) / chunk;
-  double partial[kMaxChunks];
-  parallel_for(chunks, chunk, [&](std::int64_t c0, std::int64_t c1) {
-    for (std::int64_t c = c0; c < c1; ++c) {
-      double s = 0.0;
-      for (std::int64_t i = c * chunk, hi = std::min(n, i + chunk); i < hi; ++i) {
-        const double d = static_cast<double>(x[i]) - t[i];
-        s += d * d;
-      }
-      partial[c] = s;
-    }
+  const double total = fixed_order_sum(n, [x, t](std::int64_t i) {
+    const double d = static_cast<double>(x[i]) - t[i];
+    return d * d;
   });
-  double total = 0.0;
-  for (std::int64_t c = 0; c < chunks; ++c) total += partial[c];
   *k.out[0].data<float>() = static_cast<float>(total / static_cast<double>(n));
 }
 

@@ -9,24 +9,8 @@
 namespace minidl::ops {
 namespace {
 
-constexpr std::int64_t kChunk = 4096;
-constexpr std::int64_t kMaxChunks = 256;  // beyond this, chunks grow
-
 double deterministic_sum(const float* x, std::int64_t n) {
-  const std::int64_t chunk = std::max(kChunk, (n + kMaxChunks - 1) / kMaxChunks);
-  const std::int64_t chunks = (n + chunk - 1) / chunk;
-  double partial[kMaxChunks];
-  parallel_for(chunks, chunk, [&](std::int64_t c0, std::int64_t c1) {
-    for (std::int64_t c = c0; c < c1; ++c) {
-      const std::int64_t lo = c * chunk, hi = std::min(n, lo + chunk);
-      double s = 0.0;
-      for (std::int64_t i = lo; i < hi; ++i) s += x[i];
-      partial[c] = s;
-    }
-  });
-  double total = 0.0;
-  for (std::int64_t c = 0; c < chunks; ++c) total += partial[c];
-  return total;
+  return fixed_order_sum(n, [x](std::int64_t i) { return static_cast<double>(x[i]); });
 }
 
 void infer_reduce(ir::InferCtx& c) {
