@@ -25,6 +25,7 @@ struct AppConfig {
   std::string activation = "relu";
   int epochs = 20;
   std::int64_t batch_size = 64;
+  std::int64_t accumulate = 1;  // micro-steps per optimizer step (TrainerOptions::accumulate)
   double lr = 0.01;
   double momentum = 0.0;
   std::string optimizer = "sgd";  // sgd or adamw

@@ -23,7 +23,10 @@
 namespace minidl {
 
 struct TrainerOptions {
-  std::int64_t batch_size = 64;  // the global batch, split over the ranks
+  std::int64_t batch_size = 64;  // the global batch of one micro-step, split over the ranks
+  /// Gradient accumulation: micro-steps of batch_size samples per optimizer step, whose
+  /// gradients are summed before one update on accumulate * batch_size samples.
+  std::int64_t accumulate = 1;
   std::int64_t eval_batch_size = 1000;
   std::uint64_t seed = 1;
   bool shuffle = true;
