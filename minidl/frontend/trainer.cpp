@@ -16,8 +16,10 @@ namespace minidl {
 namespace {
 
 train::StepOptions step_options(const TrainerOptions& o, parallel::Communicator& comm) {
-  return {.layout = parallel::Layout(
-              {.ranks = comm.size(), .replicas = o.replicas, .micro_batch = o.micro_batch}),
+  return {.layout = parallel::Layout({.ranks = comm.size(),
+                                      .replicas = o.replicas,
+                                      .micro_batch = o.micro_batch,
+                                      .accumulate = o.accumulate}),
           .comm = &comm,
           .compile = o.compile,
           .fuse = o.fuse,
@@ -44,7 +46,8 @@ Trainer::Trainer(train::Model& model, optim::Optimizer& optimizer, TrainerOption
   MINIDL_CHECK(options.micro_batch == 0 || options.batch_size % options.micro_batch == 0,
                "deterministic mode: the micro-batch ", options.micro_batch,
                " does not divide the batch size ", options.batch_size);
-  layout().check_batch(options.batch_size, "a batch");
+  layout().check_batch(options.batch_size,
+                       options.accumulate > 1 ? "a micro-step (--batch-size)" : "a batch");
   MINIDL_CHECK(options.eval_batch_size >= 1, "evaluation batch size must be at least 1, got ",
                options.eval_batch_size);
   if (options.loss == nullptr) own_loss_ = std::make_unique<train::CrossEntropy>();
@@ -86,15 +89,16 @@ train::CompiledStep& Trainer::program(bool train, std::int64_t n, const Shape& s
 }
 
 const ir::Graph& Trainer::training_graph(const Shape& sample) {
-  return program(true, options_.batch_size, sample).graph();
+  return program(true, step_batch(), sample).graph();
 }
 
-void Trainer::gather(const Dataset& d, const std::int64_t* idx, train::CompiledStep& p) const {
+void Trainer::gather(const Dataset& d, const std::int64_t* idx,
+                     std::span<train::CompiledStep::Part> parts) const {
   const std::int64_t row = d.images.numel() / d.size();
   const float* src = d.images.data<float>();
   const std::int32_t* lab = d.labels.data<std::int32_t>();
   const bool labels = options_.targets == TrainerOptions::Targets::Labels;
-  for (train::CompiledStep::Part& part : p.parts()) {
+  for (train::CompiledStep::Part& part : parts) {
     float* x = part.x.data<float>();
     for (std::int64_t i = part.begin; i < part.end; ++i) {
       const std::int64_t j = i - part.begin;
@@ -124,8 +128,7 @@ struct Trainer::Sums {
 
 void Trainer::step(train::CompiledStep& p, const Dataset& d, const std::int64_t* idx,
                    const train::StepFeed& feed, Sums& sums) {
-  gather(d, idx + p.share().begin, p);
-  p.run(feed);
+  p.run(feed, [&](std::size_t j) { gather(d, idx + p.share(j).begin, p.parts(j)); });
   sums.loss += p.loss_sum();
   if (p.classification()) sums.correct += static_cast<double>(p.correct());
   if (const std::optional<double> n = p.grad_norm()) {
@@ -136,13 +139,14 @@ void Trainer::step(train::CompiledStep& p, const Dataset& d, const std::int64_t*
 
 void Trainer::check_ranks_agree(const Dataset& d, const Shape& sample) {
   if (preflight_done_ || comm_.size() == 1) return;
-  std::string description = fmt::format(
-      "data {} samples of {}\nbatch {}\nseed {}\nshuffle {}\nlayout {}\n", d.size(), sample,
-      options_.batch_size, options_.seed, options_.shuffle, layout().describe());
+  std::string description =
+      fmt::format("data {} samples of {}\nbatch {}\nseed {}\nshuffle {}\nlayout {}\n", d.size(),
+                  sample, step_batch(), options_.seed, options_.shuffle, layout().describe());
   // Ranks may own subtrees of different sizes (3 ranks: 4, 2 and 2 of 8 micro-shards), so their
   // graphs differ in the number of replicas: every rank compares rank 0's.
   const int as = layout().deterministic() && comm_.rank() != 0 ? 0 : -1;
-  description += parallel::fingerprint(program(true, options_.batch_size, sample, as).graph());
+  for (const ir::Graph* g : program(true, step_batch(), sample, as).graphs())
+    description += parallel::fingerprint(*g);
   parallel::preflight(comm_, description);
   preflight_done_ = true;
 }
@@ -178,22 +182,20 @@ EpochStats Trainer::train_epoch(const Dataset& d, int epoch, const StepCallback&
   if (layout().deterministic()) {
     // The last, ragged batch must still give every rank a micro-shard: skipping it would make
     // the result depend on the rank count.
-    const std::int64_t last = d.size() % options_.batch_size;
+    const std::int64_t last = d.size() % step_batch();
     if (last != 0) layout().check_batch(last, "the last batch");
   }
   const std::int64_t resumed_samples = pos.samples;
   double run_loss = 0.0;
   std::int64_t run_samples = 0;
-  for (std::int64_t start = pos.next_sample; start < d.size(); start += options_.batch_size) {
-    const std::int64_t n = std::min(options_.batch_size, d.size() - start);
+  for (std::int64_t start = pos.next_sample; start < d.size(); start += step_batch()) {
+    const std::int64_t n = std::min(step_batch(), d.size() - start);
     // A last batch smaller than the number of ranks would leave a rank without samples: every
     // rank skips it (each knows n and the rank count), so no rank waits for another.
     if (n < comm_.size()) break;
     train::CompiledStep& p = program(true, n, sample);
     const train::StepFeed feed{
-        .lr = options_.schedule ? options_.schedule->lr(steps_) : optimizer_.lr(),
-        .step = steps_,
-        .first_sample = p.share().begin};
+        .lr = options_.schedule ? options_.schedule->lr(steps_) : optimizer_.lr(), .step = steps_};
     ++steps_;
     const double before = sums.loss;
     try {
@@ -204,7 +206,7 @@ EpochStats Trainer::train_epoch(const Dataset& d, int epoch, const StepCallback&
     }
     s.lr = feed.lr;
     run_loss += sums.loss - before;
-    run_samples += p.share().size();
+    for (std::size_t j = 0; j < p.micro_steps(); ++j) run_samples += p.share(j).size();
     pos.epoch_step += 1;
     pos.next_sample = start + n;
     pos.step = steps_;
@@ -278,10 +280,12 @@ std::pair<double, double> Trainer::comm_wait_seconds() const {
   double comm = 0.0, wait = 0.0;
   for (const auto& [key, p] : programs_) {
     if (!std::get<0>(key) || std::get<3>(key) >= 0) continue;  // training programs this rank runs
-    for (const runtime::KernelProfile& k : p->executable().profile()) {
-      const std::string c = category(*k.node);
-      if (c == "wait") wait += k.seconds;
-      if (c == "communication") comm += k.seconds;
+    for (const runtime::Executable* exe : p->executables()) {
+      for (const runtime::KernelProfile& k : exe->profile()) {
+        const std::string c = category(*k.node);
+        if (c == "wait") wait += k.seconds;
+        if (c == "communication") comm += k.seconds;
+      }
     }
   }
   return {comm, wait};
@@ -291,14 +295,16 @@ std::vector<Trainer::KernelTime> Trainer::kernel_times() const {
   std::map<std::string, KernelTime> by_name;
   for (const auto& [key, p] : programs_) {
     if (!std::get<0>(key) || std::get<3>(key) >= 0) continue;  // training programs this rank runs
-    for (const runtime::KernelProfile& k : p->executable().profile()) {
-      KernelTime& t = by_name[k.node->name()];
-      t.node = k.node->name();
-      t.op = k.node->op();
-      t.kernel = k.kernel;
-      t.calls += k.calls;
-      t.seconds += k.seconds;
-      t.flops += static_cast<double>(k.flops) * static_cast<double>(k.calls);
+    for (const runtime::Executable* exe : p->executables()) {
+      for (const runtime::KernelProfile& k : exe->profile()) {
+        KernelTime& t = by_name[k.node->name()];
+        t.node = k.node->name();
+        t.op = k.node->op();
+        t.kernel = k.kernel;
+        t.calls += k.calls;
+        t.seconds += k.seconds;
+        t.flops += static_cast<double>(k.flops) * static_cast<double>(k.calls);
+      }
     }
   }
   std::vector<KernelTime> rows;
@@ -310,12 +316,14 @@ std::vector<TraceSpan> Trainer::trace_spans() const {
   std::vector<TraceSpan> spans;
   for (const auto& [key, p] : programs_) {
     if (!std::get<0>(key) || std::get<3>(key) >= 0) continue;  // training programs this rank runs
-    std::unordered_map<const ir::Node*, const runtime::KernelProfile*> profile;
-    for (const runtime::KernelProfile& k : p->executable().profile()) profile[k.node] = &k;
-    for (const runtime::TraceEvent& e : p->executable().trace()) {
-      const runtime::KernelProfile* k = profile.at(e.node);
-      spans.push_back({e.node->name(), category(*e.node), e.node->op(), k->kernel, e.thread,
-                       e.begin_us, e.duration_us, static_cast<double>(k->flops)});
+    for (const runtime::Executable* exe : p->executables()) {
+      std::unordered_map<const ir::Node*, const runtime::KernelProfile*> profile;
+      for (const runtime::KernelProfile& k : exe->profile()) profile[k.node] = &k;
+      for (const runtime::TraceEvent& e : exe->trace()) {
+        const runtime::KernelProfile* k = profile.at(e.node);
+        spans.push_back({e.node->name(), category(*e.node), e.node->op(), k->kernel, e.thread,
+                         e.begin_us, e.duration_us, static_cast<double>(k->flops)});
+      }
     }
   }
   return spans;

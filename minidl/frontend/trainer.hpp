@@ -114,7 +114,8 @@ class Trainer {
   /// Loss and accuracy over all of d; parameters are not changed.
   EvalStats evaluate(const Dataset& d);
 
-  /// This rank's training graph for a full batch of samples of shape `sample`.
+  /// This rank's training graph for a full batch of samples of shape `sample` (with
+  /// accumulation, its first micro-step's).
   const ir::Graph& training_graph(const Shape& sample);
 
   /// Kernel time of every training program so far, summed per node name over the programs,
@@ -141,8 +142,8 @@ class Trainer {
   /// count): the next train_epoch must be for p.epoch and starts at p.next_sample.
   void resume(const TrainerPosition& p);
 
-  /// Training steps in an epoch of `samples`: every batch but a last one smaller than the rank
-  /// count, which every rank skips.
+  /// Training steps in an epoch of `samples`: every batch (of batch_size * accumulate) but a
+  /// last one smaller than the rank count, which every rank skips.
   static std::int64_t steps_per_epoch(std::int64_t samples, std::int64_t batch, int ranks);
 
   /// The layout every training step is compiled for.
@@ -154,7 +155,11 @@ class Trainer {
   /// rank's evaluation shard.
   train::CompiledStep& program(bool train, std::int64_t n, const Shape& sample, int as_rank = -1);
   struct Sums;
-  void gather(const Dataset& d, const std::int64_t* idx, train::CompiledStep& p) const;
+  /// Samples per optimizer step: batch_size times accumulate.
+  std::int64_t step_batch() const { return options_.batch_size * options_.accumulate; }
+  /// Writes samples idx[part.begin, part.end) of d into each part's inputs.
+  void gather(const Dataset& d, const std::int64_t* idx,
+              std::span<train::CompiledStep::Part> parts) const;
   /// Runs p on this rank's samples idx[share] of d and adds their loss and correct count to
   /// sums.
   void step(train::CompiledStep& p, const Dataset& d, const std::int64_t* idx,

@@ -150,25 +150,8 @@ ir::Kernel make_tree_allreduce(const ir::Node& node) {
   MINIDL_CHECK(leaves >= comm->size(), node.describe(), ": a tree over ", leaves,
                " micro-shard(s) cannot give each of the ", comm->size(), " ranks of group ",
                node.attrs().get<std::int64_t>("group"), " one");
-  std::vector<std::pair<int, int>> joins;
-  tree_combine_order(leaves, comm->size(), [&](int a, int b) { joins.emplace_back(a, b); });
-  const std::int64_t n = node.output()->shape().numel();
-  auto parts = std::make_shared<std::vector<float>>(static_cast<std::size_t>(n * comm->size()));
-  return [comm, joins, n, parts](const ir::KernelArgs& k) {
-    if (joins.empty()) return;  // one rank: its part is the whole tree
-    float* x = k.out[0].data<float>();
-    float* all = parts->data();
-    comm->allgather(x, all, n * static_cast<std::int64_t>(sizeof(float)));
-    for (const auto& [a, b] : joins) {
-      float* dst = all + a * n;
-      const float* src = all + b * n;
-      ops::elementwise(n, [&](std::int64_t lo, std::int64_t hi) {
-#pragma omp simd
-        for (std::int64_t i = lo; i < hi; ++i) dst[i] += src[i];
-      });
-    }
-    std::memcpy(x, all, static_cast<std::size_t>(n) * sizeof(float));
-  };
+  auto tree = std::make_shared<TreeAllreduce>(*comm, leaves, node.output()->shape().numel());
+  return [tree](const ir::KernelArgs& k) { (*tree)(k.out[0].data<float>()); };
 }
 
 // ---- allreduce_start / allreduce_wait ---------------------------------------------------------
@@ -508,6 +491,30 @@ ir::Value* allgather(ir::Value* x, int group, const std::string& name) {
   const std::int64_t ranks = parallel::group(group).size();
   return add(allgather_def(), {x}, {{"ranks", ranks}, {"group", std::int64_t{group}}}, name)
       ->output();
+}
+
+TreeAllreduce::TreeAllreduce(Communicator& comm, std::int64_t leaves, std::int64_t n)
+    : comm_(comm), n_(n) {
+  MINIDL_CHECK(leaves >= comm.size(), "a tree over ", leaves,
+               " micro-shard(s) cannot give each of the ", comm.size(), " ranks one");
+  tree_combine_order(leaves, comm.size(), [&](int a, int b) { joins_.emplace_back(a, b); });
+  if (!joins_.empty()) parts_.resize(static_cast<std::size_t>(n * comm.size()));
+}
+
+void TreeAllreduce::operator()(float* x) {
+  if (joins_.empty()) return;  // one rank: its part is the whole tree
+  float* all = parts_.data();
+  comm_.allgather(x, all, n_ * static_cast<std::int64_t>(sizeof(float)));
+  const std::int64_t n = n_;
+  for (const auto& [a, b] : joins_) {
+    float* dst = all + a * n;
+    const float* src = all + b * n;
+    ops::elementwise(n, [&](std::int64_t lo, std::int64_t hi) {
+#pragma omp simd
+      for (std::int64_t i = lo; i < hi; ++i) dst[i] += src[i];
+    });
+  }
+  std::memcpy(x, all, static_cast<std::size_t>(n) * sizeof(float));
 }
 
 ir::Value* tree_allreduce(ir::Value* x, std::int64_t leaves, int group, const std::string& name) {

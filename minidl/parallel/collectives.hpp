@@ -41,6 +41,21 @@ ir::Value* allgather(ir::Value* x, int group = 0, const std::string& name = {});
 ir::Value* tree_allreduce(ir::Value* x, std::int64_t leaves, int group = 0,
                           const std::string& name = {});
 
+/// What a tree_allreduce node does, for n floats outside a graph: x, this rank's subtree of the
+/// tree over `leaves` micro-shards, becomes the tree's root on every rank (the same bits).
+class TreeAllreduce {
+ public:
+  /// Throws minidl::Error when leaves < comm.size().
+  TreeAllreduce(Communicator& comm, std::int64_t leaves, std::int64_t n);
+  void operator()(float* x);
+
+ private:
+  Communicator& comm_;
+  std::int64_t n_;
+  std::vector<std::pair<int, int>> joins_;
+  std::vector<float> parts_;
+};
+
 /// The two outputs of allreduce_start: the buffer in flight and the request to wait for.
 struct InFlight {
   ir::Value* data = nullptr;

@@ -13,6 +13,8 @@ Layout::Layout(LayoutOptions options) : options_(options) {
                options.replicas);
   MINIDL_CHECK(options.micro_batch >= 0, "layout: micro-batch must be positive (or 0: off), got ",
                options.micro_batch);
+  MINIDL_CHECK(options.accumulate >= 1, "layout: accumulate must be at least 1, got ",
+               options.accumulate);
   MINIDL_CHECK(options.stages == 1 && options.shards == 1, "layout: ", options.stages,
                " pipeline stage(s) x ", options.shards,
                " tensor shard(s) are not implemented (only one stage and one shard: every rank "
@@ -21,6 +23,59 @@ Layout::Layout(LayoutOptions options) : options_(options) {
 
 std::int64_t Layout::micro_shards(std::int64_t n) const {
   return (n + options_.micro_batch - 1) / options_.micro_batch;
+}
+
+namespace {
+
+// The micro-steps of deterministic accumulation: nodes [lo, lo + m) of the reduction tree over
+// the leaves, split while larger than `most` leaves and both children hold `least`. Each node
+// found calls leaf(lo, m); each join of two children calls join() after its right child's.
+template <typename Leaf, typename Join>
+void split_tree(std::int64_t lo, std::int64_t m, std::int64_t most, std::int64_t least, Leaf&& leaf,
+                Join&& join) {
+  const std::int64_t left = tree_left(m);
+  if (m <= most || m - left < least) {
+    leaf(lo, m);
+    return;
+  }
+  split_tree(lo, left, most, least, leaf, join);
+  split_tree(lo + left, m - left, most, least, leaf, join);
+  join();
+}
+
+}  // namespace
+
+std::vector<Slice> Layout::micro_steps(std::int64_t n) const {
+  check_batch(n, "a batch");
+  const std::int64_t k = options_.accumulate;
+  std::vector<Slice> steps;
+  if (deterministic()) {
+    const std::int64_t leaves = micro_shards(n), mb = options_.micro_batch;
+    split_tree(
+        0, leaves, (leaves + k - 1) / k, ranks(),
+        [&](std::int64_t lo, std::int64_t m) {
+          steps.push_back({lo * mb, std::min((lo + m) * mb, n)});
+        },
+        [] {});
+    return steps;
+  }
+  const std::int64_t parts = std::max<std::int64_t>(1, std::min(k, n / ranks()));
+  for (std::int64_t i = 0; i < parts; ++i) steps.push_back({n * i / parts, n * (i + 1) / parts});
+  return steps;
+}
+
+std::vector<int> Layout::micro_step_joins(std::int64_t n) const {
+  const std::size_t steps = micro_steps(n).size();
+  std::vector<int> joins(steps, 1);
+  joins[0] = 0;
+  if (!deterministic()) return joins;
+  std::fill(joins.begin(), joins.end(), 0);
+  const std::int64_t leaves = micro_shards(n), k = options_.accumulate;
+  std::size_t done = 0;  // micro-steps visited so far
+  split_tree(
+      0, leaves, (leaves + k - 1) / k, ranks(), [&](std::int64_t, std::int64_t) { ++done; },
+      [&] { ++joins[done - 1]; });
+  return joins;
 }
 
 Slice Layout::share(int rank, std::int64_t n) const {
@@ -64,9 +119,12 @@ void Layout::check_batch(std::int64_t n, const std::string& what) const {
 }
 
 std::string Layout::describe() const {
+  const std::string steps =
+      accumulate() > 1 ? fmt::format("{} micro-step(s) x ", accumulate()) : "";
   if (deterministic())
-    return fmt::format("{} rank(s), deterministic: micro-batch {}", ranks(), micro_batch());
-  return fmt::format("{} rank(s) x {} replica(s)", ranks(), options_.replicas);
+    return fmt::format("{}{} rank(s), deterministic: micro-batch {}", steps, ranks(),
+                       micro_batch());
+  return fmt::format("{}{} rank(s) x {} replica(s)", steps, ranks(), options_.replicas);
 }
 
 }  // namespace minidl::parallel

@@ -1,5 +1,6 @@
-// Layout: how one global batch maps onto ranks x thread replicas x micro-shards. The step
-// compiler builds each rank's graph from it, the training loop feeds each rank its share from
+// Layout: how one global batch (the samples of one optimizer step) maps onto micro-steps run
+// one after another (gradient accumulation) x ranks x thread replicas x micro-shards. The step
+// compiler builds each rank's graphs from it, the training loop feeds each rank its share from
 // it, and deterministic mode is one of its properties (micro-shards summed in the fixed tree of
 // reduction_tree.hpp) rather than a branch of the loop. Pipeline stages and tensor shards have
 // their fields here; only one of each exists so far.
@@ -26,6 +27,11 @@ struct LayoutOptions {
   /// their gradients are summed in one fixed tree (ranks own subtrees), so the parameters have
   /// the same bits for any ranks x threads. `replicas` then does not apply.
   std::int64_t micro_batch = 0;
+  /// Gradient accumulation: micro-steps per global batch, run one after another, their
+  /// gradients summed before the one update. In deterministic mode every micro-step is a
+  /// subtree of the batch's reduction tree and the sums follow the tree, so the bits equal those
+  /// of the whole batch in one step.
+  std::int64_t accumulate = 1;
   int stages = 1;  // pipeline stages (1: every rank holds the whole model)
   int shards = 1;  // tensor-parallel shards
 };
@@ -39,8 +45,22 @@ class Layout {
   bool deterministic() const { return options_.micro_batch > 0; }
   std::int64_t micro_batch() const { return options_.micro_batch; }
 
+  std::int64_t accumulate() const { return options_.accumulate; }
+
   /// Micro-shards in a global batch of n samples (deterministic mode).
   std::int64_t micro_shards(std::int64_t n) const;
+  /// The micro-steps of a global batch of n >= ranks samples, in sample order, each giving
+  /// every rank at least one sample (deterministic: one micro-shard). Without accumulation one,
+  /// the whole batch; otherwise up to `accumulate` near-equal parts, or in deterministic mode
+  /// the nodes of the reduction tree found by splitting it from the root while a node holds
+  /// more than 1/accumulate of the leaves and both its children can still feed every rank
+  /// (a power-of-two `accumulate` then gives equal micro-steps).
+  std::vector<Slice> micro_steps(std::int64_t n) const;
+  /// The order in which the micro-steps' gradients are summed: after micro-step j's gradient
+  /// is pushed on a stack, joins[j] times the top two entries are replaced by their sum. In
+  /// arrival order ({0, 1, 1, ...}), or in deterministic mode the reduction tree's order above
+  /// the micro-steps (children before parents), so the sum is the tree's root.
+  std::vector<int> micro_step_joins(std::int64_t n) const;
   /// Rank `rank`'s share of a global batch of n samples: an equal split (the first n % ranks
   /// ranks one sample more), or in deterministic mode the micro-shards of its subtree.
   Slice share(int rank, std::int64_t n) const;

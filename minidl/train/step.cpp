@@ -2,10 +2,12 @@
 
 #include <cmath>
 #include <cstring>
+#include <map>
 
 #include "minidl/autograd/autograd.hpp"
 #include "minidl/core/log.hpp"
 #include "minidl/ir/pass.hpp"
+#include "minidl/ops/common.hpp"
 #include "minidl/ops/fusion.hpp"
 #include "minidl/ops/layouts.hpp"
 #include "minidl/ops/ops.hpp"
@@ -23,45 +25,90 @@ std::int64_t argmax(const float* row, std::int64_t n) {
 
 namespace {
 
+// What a program of a step does.
+enum class Job {
+  Step,       // forward, backward, reduction and update of the whole batch
+  Gradients,  // forward and backward of one micro-step; the gradients are outputs
+  Apply,      // the micro-steps' summed gradients (inputs): reduction and update
+  Evaluate,   // forward only
+};
+
 // The pipeline every program runs, in the order its passes' needs allow: autograd's graph has
-// its gradients ("differentiated"); an evaluation graph has no gradients or updates, so what the
-// training passes provide holds of it from the start.
-ir::PassManager pipeline(const StepSpec& spec, const StepOptions& o, parallel::Communicator& comm,
-                         std::int64_t local, ClipGradNorm** clip) {
+// its gradients ("differentiated"); a graph without updates has nothing the update passes would
+// change, so what they provide holds of it from the start. `reduce`: this rank's share of the
+// batch for the data-parallel pass, none when the gradients need no reduction in the graph
+// (one rank; a micro-step's, summed outside it).
+ir::PassManager pipeline(Job job, const StepOptions& o, parallel::Communicator& comm,
+                         std::optional<double> reduce, std::int64_t tree_leaves,
+                         ClipGradNorm** clip) {
   const parallel::Layout& layout = o.layout;
-  if (!spec.train) {
-    ir::PassManager pm({"gradients-reduced", "gradients-clipped", "updates-fused"});
-    pm.add(std::make_unique<ir::DeadCodeElimination>());
-    pm.add(std::make_unique<ops::FuseBiasActivation>(o.fuse));
-    pm.add(std::make_unique<ops::PropagateLayouts>(o.compile.backend));
-    return pm;
-  }
-  // One rank's gradients are the reduced ones: no data-parallel pass to run.
-  const bool ranks = comm.size() > 1;
-  ir::PassManager pm = ranks ? ir::PassManager({"differentiated"})
-                             : ir::PassManager({"differentiated", "gradients-reduced"});
+  std::vector<std::string> facts;
+  if (job != Job::Evaluate) facts.push_back("differentiated");
+  if (!reduce) facts.push_back("gradients-reduced");
+  if (job == Job::Evaluate || job == Job::Gradients)
+    facts.insert(facts.end(), {"gradients-clipped", "updates-fused"});
+  ir::PassManager pm(facts);
   pm.add(std::make_unique<ir::DeadCodeElimination>());
   pm.add(std::make_unique<ops::FuseBiasActivation>(o.fuse));
-  pm.add(std::make_unique<parallel::ThreadReplicas>());
-  parallel::DataParallelOptions dp{
-      .strategy = o.reduce, .bucket_bytes = o.bucket_bytes, .overlap = o.overlap};
-  if (layout.deterministic()) {
-    dp.strategy = parallel::ReduceStrategy::Tree;
-    dp.overlap = false;
-    dp.tree_leaves = layout.micro_shards(spec.batch);
+  if (job != Job::Evaluate) pm.add(std::make_unique<parallel::ThreadReplicas>());
+  if (reduce) {
+    parallel::DataParallelOptions dp{
+        .strategy = o.reduce, .bucket_bytes = o.bucket_bytes, .overlap = o.overlap};
+    if (layout.deterministic()) {
+      dp.strategy = parallel::ReduceStrategy::Tree;
+      dp.overlap = false;
+      dp.tree_leaves = tree_leaves;
+    }
+    pm.add(std::make_unique<parallel::DataParallel>(comm, *reduce, dp));
   }
-  if (ranks) {
-    pm.add(std::make_unique<parallel::DataParallel>(
-        comm, static_cast<double>(local) / static_cast<double>(spec.batch), dp));
+  if (job == Job::Step || job == Job::Apply) {
+    auto c = std::make_unique<ClipGradNorm>(o.clip_grad_norm);
+    *clip = c.get();
+    pm.add(std::move(c));
+    // Deterministic mode keeps its updates elementwise, whatever the number of micro-shards.
+    pm.add(std::make_unique<ops::FuseUpdateIntoProduct>(o.fuse && !layout.deterministic()));
   }
-  auto c = std::make_unique<ClipGradNorm>(o.clip_grad_norm);
-  *clip = c.get();
-  pm.add(std::move(c));
-  // Deterministic mode keeps its updates elementwise, whatever the number of micro-shards.
-  pm.add(std::make_unique<ops::FuseUpdateIntoProduct>(o.fuse && !layout.deterministic()));
   // It reads the kernels the runtime will pick, which the passes above may change.
   pm.add(std::make_unique<ops::PropagateLayouts>(o.compile.backend));
   return pm;
+}
+
+// The parameter values of g, in graph order (the order every program of a step uses).
+std::vector<ir::Value*> parameters_of(const ir::Graph& g) {
+  std::vector<ir::Value*> params;
+  for (ir::Node* n : g.nodes())
+    if (n->op() == "parameter") params.push_back(n->output());
+  return params;
+}
+
+std::string program_name(Job job, std::int64_t local, std::int64_t batch) {
+  const std::string of = local != batch ? fmt::format(" of {}", batch) : "";
+  switch (job) {
+    case Job::Step:
+      return fmt::format("the training graph for {}{} samples", local, of);
+    case Job::Gradients:
+      return fmt::format("the micro-step graph for {}{} samples", local, of);
+    case Job::Apply:
+      return "the graph that applies the summed gradients";
+    case Job::Evaluate:
+      break;
+  }
+  return fmt::format("the evaluation graph for {} samples", local);
+}
+
+std::unique_ptr<runtime::Executable> compile(const ir::Graph& g, const StepOptions& o,
+                                             const std::string& what) {
+  try {
+    return std::make_unique<runtime::Executable>(g, o.compile);
+  } catch (const Error& e) {
+    MINIDL_FAIL("compiling ", what, ": ", e.what());
+  }
+}
+
+// The executable's input of the node with `role`, if it is one.
+Tensor role_tensor(const ir::Graph& g, const runtime::Executable& exe, ir::Role role) {
+  const ir::Node* n = g.find(role);
+  return n != nullptr && n->op() == "input" ? exe.input(n->name()) : Tensor();
 }
 
 }  // namespace
@@ -74,151 +121,291 @@ CompiledStep compile_step(Model& model, const Loss& loss, optim::Optimizer* opti
   parallel::Communicator& comm = o.comm ? *o.comm : parallel::world();
   MINIDL_CHECK(comm.size() == o.layout.ranks(), "compile_step: the layout has ", o.layout.ranks(),
                " rank(s), the communicator ", comm.size());
+  MINIDL_CHECK(spec.as_rank < comm.size(), "compile_step: rank ", spec.as_rank, " of ",
+               comm.size());
   const parallel::Layout& layout = o.layout;
+  const int rank = spec.as_rank >= 0 ? spec.as_rank : comm.rank();
+  const bool det = spec.train && layout.deterministic();
   CompiledStep s;
-  if (spec.train) {
-    layout.check_batch(spec.batch, "a batch");
-    MINIDL_CHECK(spec.as_rank < comm.size(), "compile_step: rank ", spec.as_rank, " of ",
-                 comm.size());
-    s.share_ = layout.share(spec.as_rank >= 0 ? spec.as_rank : comm.rank(), spec.batch);
-  } else {
-    s.share_ = {0, spec.batch};
-  }
-  const std::int64_t local = s.share_.size();
-  const std::vector<parallel::Slice> slices = layout.replicas(local, spec.train);
-  const bool sections = layout.sections(local, spec.train);
-  const auto replicas = static_cast<std::int64_t>(slices.size());
-  s.graph_ = std::make_unique<ir::Graph>();
-  ir::Graph& g = *s.graph_;
-  model.train(spec.train);  // e.g. Dropout adds its nodes to training graphs only
   s.classification_ = loss.classification();
-  ir::Value* total = nullptr;
-  std::vector<ir::Value*> predictions;
-  for (std::int64_t r = 0; r < replicas; ++r) {
-    CompiledStep::Part part{slices[static_cast<std::size_t>(r)].begin,
-                            slices[static_cast<std::size_t>(r)].end};
-    const std::int64_t n = part.end - part.begin;
-    const std::string suffix = replicas > 1 ? fmt::format(".{}", r) : "";
-    std::vector<std::int64_t> dims{n};
-    dims.insert(dims.end(), spec.sample.dims().begin(), spec.sample.dims().end());
-    ir::Value* x = ops::input(g, "x" + suffix, Shape(dims));
-    if (sections) x->producer()->set_replica(static_cast<int>(r));
-    ir::Value* out = model.forward(x);
-    MINIDL_CHECK(out->shape().rank() >= 1 && out->shape()[0] == n, "the model's output ",
-                 out->shape(), " does not have the batch's ", n, " samples first");
-    TargetSpec t = loss.target(out->shape());
-    if (r == 0) s.target_ = t;
-    ir::Value* target = ops::input(g, "target" + suffix, t.shape, t.dtype);
-    if (sections) target->producer()->set_replica(static_cast<int>(r));
-    LossNodes l = loss.build(out, target);
-    // Each slice's mean weighted by its share: of the global batch in deterministic mode (the
-    // rank's loss is then its subtree's part), of the rank's batch otherwise.
-    ir::Value* weighted = l.loss;
-    if (spec.train && layout.deterministic())
-      weighted = ops::scale(l.loss, static_cast<double>(n) / static_cast<double>(spec.batch));
-    else if (replicas > 1)
-      weighted = ops::scale(l.loss, static_cast<double>(n) / static_cast<double>(local));
-    total = total ? ops::add(total, weighted) : weighted;
-    if (l.predictions) g.add_output(l.predictions);
-    predictions.push_back(l.predictions);
-    s.parts_.push_back(std::move(part));
-  }
-  MINIDL_CHECK(!sections || g.find(ir::Role::RngKey) == nullptr,
-               layout.deterministic() ? "deterministic mode does not support dropout yet"
-                                      : "thread replicas do not support dropout yet: use one "
-                                        "replica per rank (--thread-mode intra-op)");
-  s.loss_to_sum_ = static_cast<double>(spec.train && layout.deterministic() ? spec.batch : local);
-  g.add_output(total);
-  if (spec.train) {
-    std::vector<ir::Value*> params;
-    for (ir::Node* n : g.nodes())
-      if (n->op() == "parameter") params.push_back(n->output());
-    const optim::StepInputs in{
-        ops::role_input(g, ir::Role::LearningRate, "lr", Shape{}, DType::F32),
-        ops::role_input(g, ir::Role::OptimizerStep, "optimizer_step", Shape{}, DType::I64)};
-    optimizer->apply(g, params, autograd::differentiate(g, total, params), in);
-  }
-  ClipGradNorm* clip = nullptr;
-  ir::PassManager pm = pipeline(spec, o, comm, local, &clip);
-  pm.run(g);
-  if (spec.train && layout.deterministic()) {
-    log_verbose("dispatch",
-                "deterministic mode: {} micro-shard(s) of this rank's {} samples; their forward "
-                "and backward kernels run on one thread each (any kernel then gives the same "
-                "bits whatever --threads is); outside them only elementwise kernels run (the "
-                "tree's adds, the updates)",
-                replicas, local);
-  }
-  // Passes may replace an output value (a fused node, a rebuilt sum) but keep its place in the
-  // graph's output list: read the values back from there.
-  std::size_t out = 0;
-  for (std::size_t r = 0; r < s.parts_.size(); ++r)
-    if (predictions[r] != nullptr) s.parts_[r].predictions = g.outputs()[out++];
-  s.loss_ = g.outputs()[out];
-  if (clip != nullptr && clip->norm() != nullptr) s.norm_ = clip->norm();
-  try {
-    s.exe_ = std::make_unique<runtime::Executable>(g, o.compile);
-  } catch (const Error& e) {
-    MINIDL_FAIL(
-        "compiling the ", spec.train ? "training" : "evaluation", " graph for ", local, " samples",
-        spec.train && local != spec.batch ? fmt::format(" of {}", spec.batch) : "", ": ", e.what());
-  }
-  for (std::size_t r = 0; r < s.parts_.size(); ++r) {
-    const std::string suffix = s.parts_.size() > 1 ? fmt::format(".{}", r) : "";
-    s.parts_[r].x = s.exe_->input("x" + suffix);
-    s.parts_[r].target = s.exe_->input("target" + suffix);
-  }
-  auto role_tensor = [&](ir::Role role) {
-    const ir::Node* n = g.find(role);
-    return n != nullptr && n->op() == "input" ? s.exe_->input(n->name()) : Tensor();
-  };
-  s.lr_ = role_tensor(ir::Role::LearningRate);
-  s.step_ = role_tensor(ir::Role::OptimizerStep);
-  s.rng_key_ = role_tensor(ir::Role::RngKey);
-  if (s.rng_key_.raw() != nullptr) std::fill_n(s.rng_key_.data<std::int64_t>(), 2, 0);
   s.check_numerics_ = o.compile.check_numerics;
+  model.train(spec.train);  // e.g. Dropout adds its nodes to training graphs only
+
+  const std::vector<parallel::Slice> steps =
+      spec.train ? layout.micro_steps(spec.batch) : std::vector<parallel::Slice>{{0, spec.batch}};
+  const bool accumulate = steps.size() > 1;
+  const Job job = !spec.train ? Job::Evaluate : accumulate ? Job::Gradients : Job::Step;
+  std::vector<std::string> param_names;
+
+  // One program per micro-step size (one without accumulation).
+  std::map<std::int64_t, std::size_t> by_size;
+  for (const parallel::Slice& step : steps) {
+    const auto [it, added] = by_size.try_emplace(step.size(), s.programs_.size());
+    s.micro_.push_back({step, it->second});
+    if (!added) continue;
+    const std::int64_t size = step.size();
+    CompiledStep::Program& p = s.programs_.emplace_back();
+    p.share = spec.train ? layout.share(rank, size) : parallel::Slice{0, size};
+    const std::int64_t local = p.share.size();
+    const std::vector<parallel::Slice> slices = layout.replicas(local, spec.train);
+    const bool sections = layout.sections(local, spec.train);
+    const auto replicas = static_cast<std::int64_t>(slices.size());
+    // Each slice's mean is weighted by its share: of the global batch when the gradients are
+    // summed beyond this graph's reduction (deterministic mode: the rank's loss is its
+    // subtree's part; accumulation), of the rank's samples otherwise.
+    const std::int64_t denominator = det || accumulate ? spec.batch : local;
+    p.loss_to_sum = static_cast<double>(denominator);
+    p.graph = std::make_unique<ir::Graph>();
+    ir::Graph& g = *p.graph;
+    ir::Value* total = nullptr;
+    std::vector<ir::Value*> predictions;
+    for (std::int64_t r = 0; r < replicas; ++r) {
+      CompiledStep::Part part{slices[static_cast<std::size_t>(r)].begin,
+                              slices[static_cast<std::size_t>(r)].end};
+      const std::int64_t n = part.end - part.begin;
+      const std::string suffix = replicas > 1 ? fmt::format(".{}", r) : "";
+      std::vector<std::int64_t> dims{n};
+      dims.insert(dims.end(), spec.sample.dims().begin(), spec.sample.dims().end());
+      ir::Value* x = ops::input(g, "x" + suffix, Shape(dims));
+      if (sections) x->producer()->set_replica(static_cast<int>(r));
+      ir::Value* out = model.forward(x);
+      MINIDL_CHECK(out->shape().rank() >= 1 && out->shape()[0] == n, "the model's output ",
+                   out->shape(), " does not have the batch's ", n, " samples first");
+      TargetSpec t = loss.target(out->shape());
+      if (r == 0) s.target_ = t;
+      ir::Value* target = ops::input(g, "target" + suffix, t.shape, t.dtype);
+      if (sections) target->producer()->set_replica(static_cast<int>(r));
+      LossNodes l = loss.build(out, target);
+      ir::Value* weighted = l.loss;
+      if (n != denominator)
+        weighted = ops::scale(l.loss, static_cast<double>(n) / static_cast<double>(denominator));
+      total = total ? ops::add(total, weighted) : weighted;
+      if (l.predictions) g.add_output(l.predictions);
+      predictions.push_back(l.predictions);
+      p.parts.push_back(std::move(part));
+    }
+    MINIDL_CHECK(!sections || g.find(ir::Role::RngKey) == nullptr,
+                 layout.deterministic() ? "deterministic mode does not support dropout yet"
+                                        : "thread replicas do not support dropout yet: use one "
+                                          "replica per rank (--thread-mode intra-op)");
+    g.add_output(total);
+    std::vector<ir::Value*> grads;
+    if (spec.train) {
+      const std::vector<ir::Value*> params = parameters_of(g);
+      grads = autograd::differentiate(g, total, params);
+      if (job == Job::Step) {
+        const optim::StepInputs in{
+            ops::role_input(g, ir::Role::LearningRate, "lr", Shape{}, DType::F32),
+            ops::role_input(g, ir::Role::OptimizerStep, "optimizer_step", Shape{}, DType::I64)};
+        optimizer->apply(g, params, grads, in);
+      } else {
+        param_names.clear();
+        for (ir::Value* v : params) param_names.push_back(v->producer()->name());
+        for (ir::Value* v : grads) g.add_output(v);
+      }
+    }
+    ClipGradNorm* clip = nullptr;
+    // Without accumulation the data-parallel pass reduces with this rank's share; a
+    // micro-step's gradients are reduced after the sum (the apply program) or, in
+    // deterministic mode, joined in the tree after each micro-step.
+    std::optional<double> reduce;
+    if (job == Job::Step && comm.size() > 1)
+      reduce = static_cast<double>(local) / static_cast<double>(spec.batch);
+    const std::int64_t leaves = layout.deterministic() ? layout.micro_shards(size) : 0;
+    pipeline(job, o, comm, reduce, leaves, &clip).run(g);
+    if (det) {
+      log_verbose("dispatch",
+                  "deterministic mode: {} micro-shard(s) of this rank's {} samples; their "
+                  "forward and backward kernels run on one thread each (any kernel then gives "
+                  "the same bits whatever --threads is); outside them only elementwise kernels "
+                  "run (the tree's adds, the updates)",
+                  replicas, local);
+    }
+    // Passes may replace an output value (a fused node, a rebuilt sum) but keep its place in
+    // the graph's output list: read the values back from there.
+    std::size_t out = 0;
+    for (std::size_t r = 0; r < p.parts.size(); ++r)
+      if (predictions[r] != nullptr) p.parts[r].predictions = g.outputs()[out++];
+    p.loss = g.outputs()[out++];
+    for (std::size_t i = 0; i < grads.size() && job == Job::Gradients; ++i)
+      p.grads.push_back(g.outputs()[out++]);
+    if (clip != nullptr && clip->norm() != nullptr) s.norm_ = clip->norm();
+    p.exe = compile(g, o, program_name(job, local, size));
+    if (s.norm_ != nullptr) s.norm_exe_ = p.exe.get();
+    for (std::size_t r = 0; r < p.parts.size(); ++r) {
+      const std::string suffix = p.parts.size() > 1 ? fmt::format(".{}", r) : "";
+      p.parts[r].x = p.exe->input("x" + suffix);
+      p.parts[r].target = p.exe->input("target" + suffix);
+    }
+    p.lr = role_tensor(g, *p.exe, ir::Role::LearningRate);
+    p.step = role_tensor(g, *p.exe, ir::Role::OptimizerStep);
+    p.rng_key = role_tensor(g, *p.exe, ir::Role::RngKey);
+    if (p.rng_key.raw() != nullptr) std::fill_n(p.rng_key.data<std::int64_t>(), 2, 0);
+    if (det && accumulate) {
+      std::int64_t numel = 0;
+      for (ir::Value* v : p.grads) numel += v->shape().numel();
+      p.tree = std::make_unique<parallel::TreeAllreduce>(comm, leaves, numel);
+    }
+  }
+  if (!accumulate) return s;
+
+  // The apply program: the summed gradients as inputs, reduced across ranks (but in
+  // deterministic mode, where the tree has joined them already), clipped and applied.
+  s.joins_ = layout.micro_step_joins(spec.batch);
+  auto& a = *(s.apply_ = std::make_unique<CompiledStep::Program>());
+  a.graph = std::make_unique<ir::Graph>();
+  ir::Graph& g = *a.graph;
+  std::map<std::string, Tensor> storage;
+  for (auto& [name, t] : model.parameters()) storage.emplace(name, t);
+  std::vector<ir::Value*> params, grads;
+  s.offsets_ = {0};
+  for (const std::string& name : param_names) {
+    const auto it = storage.find(name);
+    MINIDL_CHECK(it != storage.end(), "compile_step: the graph's parameter '", name,
+                 "' is not among the model's parameters");
+    params.push_back(ops::parameter(g, name, it->second));
+    grads.push_back(ops::input(g, "grad." + name, it->second.shape()));
+    s.offsets_.push_back(s.offsets_.back() + it->second.numel());
+  }
+  const optim::StepInputs in{
+      ops::role_input(g, ir::Role::LearningRate, "lr", Shape{}, DType::F32),
+      ops::role_input(g, ir::Role::OptimizerStep, "optimizer_step", Shape{}, DType::I64)};
+  optimizer->apply(g, params, grads, in);
+  ClipGradNorm* clip = nullptr;
+  std::optional<double> reduce;
+  if (comm.size() > 1 && !det) reduce = 1.0;  // each rank's sum is weighted already
+  pipeline(Job::Apply, o, comm, reduce, 0, &clip).run(g);
+  if (clip->norm() != nullptr) s.norm_ = clip->norm();
+  a.exe = compile(g, o, program_name(Job::Apply, 0, 0));
+  if (s.norm_ != nullptr) s.norm_exe_ = a.exe.get();
+  for (const std::string& name : param_names)
+    s.apply_grads_.push_back(a.exe->input("grad." + name));
+  a.lr = role_tensor(g, *a.exe, ir::Role::LearningRate);
+  a.step = role_tensor(g, *a.exe, ir::Role::OptimizerStep);
   return s;
 }
 
+parallel::Slice CompiledStep::share(std::size_t j) const {
+  MINIDL_CHECK(j < micro_.size(), "micro-step ", j, " of ", micro_.size());
+  const Micro& m = micro_[j];
+  const parallel::Slice& own = programs_[m.program].share;
+  return {m.samples.begin + own.begin, m.samples.begin + own.end};
+}
+
+std::span<CompiledStep::Part> CompiledStep::parts(std::size_t j) {
+  MINIDL_CHECK(j < micro_.size(), "micro-step ", j, " of ", micro_.size());
+  return programs_[micro_[j].program].parts;
+}
+
+std::vector<const ir::Graph*> CompiledStep::graphs() const {
+  std::vector<const ir::Graph*> out;
+  for (const Program& p : programs_) out.push_back(p.graph.get());
+  if (apply_) out.push_back(apply_->graph.get());
+  return out;
+}
+
+std::vector<const runtime::Executable*> CompiledStep::executables() const {
+  std::vector<const runtime::Executable*> out;
+  for (const Program& p : programs_) out.push_back(p.exe.get());
+  if (apply_) out.push_back(apply_->exe.get());
+  return out;
+}
+
+namespace {
+void feed_step_inputs(Tensor& lr, Tensor& step, const StepFeed& feed) {
+  if (lr.raw() != nullptr) *lr.data<float>() = static_cast<float>(feed.lr);
+  if (step.raw() != nullptr) *step.data<std::int64_t>() = feed.step + 1;
+}
+}  // namespace
+
 void CompiledStep::run(const StepFeed& feed) {
-  if (lr_.raw() != nullptr) *lr_.data<float>() = static_cast<float>(feed.lr);
-  if (step_.raw() != nullptr) *step_.data<std::int64_t>() = feed.step + 1;
-  if (rng_key_.raw() != nullptr) {
-    // Dropout masks follow the global step and each sample's place in the global batch, so
-    // they are the same however the batch is split over ranks.
-    rng_key_.data<std::int64_t>()[0] = feed.step;
-    rng_key_.data<std::int64_t>()[1] = feed.first_sample;
+  MINIDL_CHECK(micro_.size() == 1, "this step has ", micro_.size(),
+               " micro-steps: run it with a function that fills each");
+  run(feed, [](std::size_t) {});
+}
+
+void CompiledStep::run(const StepFeed& feed, const std::function<void(std::size_t)>& fill) {
+  loss_sum_ = 0.0;
+  correct_ = 0;
+  depth_ = 0;
+  for (std::size_t j = 0; j < micro_.size(); ++j) {
+    fill(j);
+    run_micro(j, feed);
   }
-  exe_->run();
-  // Checked every step (one number): a run that diverged stops here, before anything saves it.
-  const float loss = exe_->value(loss_).at(0);
-  MINIDL_CHECK(std::isfinite(loss), "the loss over this rank's ", share_.size(), " samples is ",
+  if (!apply_) return;
+  MINIDL_ASSERT(depth_ == 1, "the micro-steps' sums left ", depth_, " partial sums");
+  const float* sum = stack_[0].data();
+  for (std::size_t i = 0; i < apply_grads_.size(); ++i) {
+    std::memcpy(apply_grads_[i].data<float>(), sum + offsets_[i],
+                static_cast<std::size_t>(offsets_[i + 1] - offsets_[i]) * sizeof(float));
+  }
+  feed_step_inputs(apply_->lr, apply_->step, feed);
+  apply_->exe->run();
+}
+
+void CompiledStep::run_micro(std::size_t j, const StepFeed& feed) {
+  Program& p = programs_[micro_[j].program];
+  feed_step_inputs(p.lr, p.step, feed);
+  if (p.rng_key.raw() != nullptr) {
+    // Dropout masks follow the global step and each sample's place in the global batch, so
+    // they are the same however the batch is split over ranks and micro-steps.
+    p.rng_key.data<std::int64_t>()[0] = feed.step;
+    p.rng_key.data<std::int64_t>()[1] = share(j).begin;
+  }
+  p.exe->run();
+  // Checked every micro-step (one number): a run that diverged stops here, before anything
+  // saves it.
+  const float loss = p.exe->value(p.loss).at(0);
+  MINIDL_CHECK(std::isfinite(loss), "the loss over this rank's ", p.share.size(), " samples is ",
                loss,
                check_numerics_ ? ""
                                : "; --check-numerics names the first node that produced a NaN "
                                  "or Inf");
+  loss_sum_ += static_cast<double>(loss) * p.loss_to_sum;
+  if (classification_) {
+    for (const Part& part : p.parts) {
+      const Tensor& probs = p.exe->value(part.predictions);
+      const std::int64_t n = probs.shape()[0], c = probs.shape()[1];
+      const float* pr = probs.data<float>();
+      const std::int32_t* y = part.target.data<std::int32_t>();
+      for (std::int64_t i = 0; i < n; ++i) correct_ += argmax(pr + i * c, c) == y[i];
+    }
+  }
+  if (apply_) push_gradients(j);
 }
 
-double CompiledStep::loss_sum() const {
-  return static_cast<double>(exe_->value(loss_).at(0)) * loss_to_sum_;
+// Pushes micro-step j's gradients (deterministic mode: joined across the ranks in its subtree)
+// on the stack of partial sums, then joins the top two joins_[j] times.
+void CompiledStep::push_gradients(std::size_t j) {
+  Program& p = programs_[micro_[j].program];
+  if (stack_.size() <= depth_) stack_.emplace_back(static_cast<std::size_t>(offsets_.back()));
+  float* top = stack_[depth_++].data();
+  for (std::size_t i = 0; i < p.grads.size(); ++i) {
+    const Tensor& gr = p.exe->value(p.grads[i]);
+    std::memcpy(top + offsets_[i], gr.data<float>(),
+                static_cast<std::size_t>(gr.numel()) * sizeof(float));
+  }
+  if (p.tree) (*p.tree)(top);
+  for (int k = 0; k < joins_[j]; ++k) {
+    MINIDL_ASSERT(depth_ >= 2, "a join needs two partial sums");
+    float* dst = stack_[depth_ - 2].data();
+    const float* src = stack_[depth_ - 1].data();
+    ops::elementwise(offsets_.back(), [&](std::int64_t lo, std::int64_t hi) {
+#pragma omp simd
+      for (std::int64_t i = lo; i < hi; ++i) dst[i] += src[i];
+    });
+    --depth_;
+  }
 }
 
 std::int64_t CompiledStep::correct() const {
   MINIDL_CHECK(classification_, "correct(): the loss does not classify");
-  std::int64_t correct = 0;
-  for (const Part& part : parts_) {
-    const Tensor& probs = exe_->value(part.predictions);
-    const std::int64_t n = probs.shape()[0], c = probs.shape()[1];
-    const float* p = probs.data<float>();
-    const std::int32_t* y = part.target.data<std::int32_t>();
-    for (std::int64_t i = 0; i < n; ++i) correct += argmax(p + i * c, c) == y[i];
-  }
-  return correct;
+  return correct_;
 }
 
 std::optional<double> CompiledStep::grad_norm() const {
   if (norm_ == nullptr) return std::nullopt;
-  return static_cast<double>(exe_->value(norm_).at(0));
+  return static_cast<double>(norm_exe_->value(norm_).at(0));
 }
 
 }  // namespace minidl::train

@@ -2,10 +2,12 @@
 // Layout. compile_step builds this rank's graph (the forward once per replica of the layout, on
 // its slice of the rank's share, the loss weighted by each slice's share of the global batch),
 // differentiates it, appends the optimizer's updates, runs the declared pass pipeline and
-// compiles it. A CompiledStep is then fed a batch and run, once per step, by any loop: the
-// Trainer's, or a user's own.
+// compiles it (with gradient accumulation, one program per micro-step size and one that applies
+// the summed gradients). A CompiledStep is then fed a batch and run, once per step, by any
+// loop: the Trainer's, or a user's own.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "minidl/ir/graph.hpp"
+#include "minidl/parallel/collectives.hpp"
 #include "minidl/parallel/communicator.hpp"
 #include "minidl/parallel/data_parallel.hpp"
 #include "minidl/parallel/layout.hpp"
@@ -39,45 +42,61 @@ struct StepOptions {
   double clip_grad_norm = 0.0;
 };
 
-/// What one compiled program computes: training steps on global batches of `batch` samples, or
+/// What one compiled step computes: training steps on global batches of `batch` samples, or
 /// evaluation of `batch` samples on this rank (train false: no gradients, no updates, no
 /// layout: evaluation is sharded by the caller).
 struct StepSpec {
-  Shape sample;            // one sample's shape, e.g. [1, 28, 28]
-  std::int64_t batch = 0;  // training: the global batch; evaluation: this rank's samples
+  Shape sample;  // one sample's shape, e.g. [1, 28, 28]
+  /// Training: the global batch, the samples of one optimizer step (all its micro-steps);
+  /// evaluation: this rank's samples.
+  std::int64_t batch = 0;
   bool train = true;
-  /// Build the program as rank `as_rank` runs it (-1: this rank). Ranks may own different
-  /// shares in deterministic mode; the preflight compares rank 0's program on every rank.
+  /// Build the programs as rank `as_rank` runs them (-1: this rank). Ranks may own different
+  /// shares in deterministic mode; the preflight compares rank 0's programs on every rank.
   int as_rank = -1;
 };
 
 /// The per-step inputs the loop supplies.
 struct StepFeed {
-  double lr = 0.0;                // this step's learning rate (schedule)
-  std::int64_t step = 0;          // optimizer steps done before this one (AdamW counts from it)
-  std::int64_t first_sample = 0;  // global index of this rank's first sample (dropout's key)
+  double lr = 0.0;        // this step's learning rate (schedule)
+  std::int64_t step = 0;  // optimizer steps done before this one (AdamW counts from it; with the
+                          // sample's place in the batch, it keys dropout's masks)
 };
 
+/// One optimizer step, compiled. Without gradient accumulation one program runs the forward,
+/// backward, gradient reduction and update of this rank's share of the batch. With it (the
+/// layout's micro_steps), a program per micro-step size runs the forward and backward of one
+/// micro-step; its gradients are summed outside the graph in the layout's order (in
+/// deterministic mode joined across ranks in the tree after each micro-step), and an apply
+/// program reduces (other modes), clips and applies the sum.
 class CompiledStep {
  public:
-  /// One replica's inputs: samples [begin, end) of this rank's share, to be written into x and
-  /// target before run().
+  /// One replica's inputs: samples [begin, end) of this rank's share of a micro-step, to be
+  /// written into x and target before it runs.
   struct Part {
     std::int64_t begin = 0, end = 0;
     Tensor x, target;
     ir::Value* predictions = nullptr;
   };
-  /// This rank's share of the global batch, relative to the batch's start.
-  parallel::Slice share() const { return share_; }
-  std::span<Part> parts() { return parts_; }
+  /// Micro-steps per run (1 without accumulation, and for evaluation).
+  std::size_t micro_steps() const { return micro_.size(); }
+  /// This rank's samples of micro-step j, relative to the batch's start.
+  parallel::Slice share(std::size_t j = 0) const;
+  /// Micro-step j's inputs (shared by the micro-steps of the same size: fill them right before
+  /// the micro-step runs).
+  std::span<Part> parts(std::size_t j = 0);
   /// The loss's target for this program's parts (shape of one part's target differs by size).
   const TargetSpec& target() const { return target_; }
   bool classification() const { return classification_; }
 
-  /// Runs one step (training) or one evaluation. Throws if the loss is not finite.
+  /// Runs one step (training) or one evaluation whose single micro-step's inputs are written.
+  /// Throws if the loss is not finite.
   void run(const StepFeed& feed = {});
+  /// Runs one step of micro_steps() micro-steps: fill(j) writes micro-step j's samples into
+  /// parts(j) right before it runs.
+  void run(const StepFeed& feed, const std::function<void(std::size_t)>& fill);
   /// After run(): the loss summed over this rank's samples (the mean times the samples).
-  double loss_sum() const;
+  double loss_sum() const { return loss_sum_; }
   /// After run(), classification only: this rank's samples whose largest probability is at
   /// their label.
   std::int64_t correct() const;
@@ -85,22 +104,47 @@ class CompiledStep {
   /// rank); nullopt without clipping.
   std::optional<double> grad_norm() const;
 
-  const ir::Graph& graph() const { return *graph_; }
-  const runtime::Executable& executable() const { return *exe_; }
+  /// The first micro-step's graph (the whole step's without accumulation).
+  const ir::Graph& graph() const { return *programs_.front().graph; }
+  /// Every program's graph and executable: the micro-steps' and the apply program's.
+  std::vector<const ir::Graph*> graphs() const;
+  std::vector<const runtime::Executable*> executables() const;
 
  private:
   friend CompiledStep compile_step(Model&, const Loss&, optim::Optimizer*, const StepSpec&,
                                    const StepOptions&);
-  std::unique_ptr<ir::Graph> graph_;
-  std::unique_ptr<runtime::Executable> exe_;
-  parallel::Slice share_;
-  std::vector<Part> parts_;
+  struct Program {
+    std::unique_ptr<ir::Graph> graph;
+    std::unique_ptr<runtime::Executable> exe;
+    parallel::Slice share;  // this rank's samples, relative to its micro-step's start
+    std::vector<Part> parts;
+    ir::Value* loss = nullptr;
+    double loss_to_sum = 0.0;
+    std::vector<ir::Value*> grads;  // a micro-step's gradients, in the apply program's order
+    std::unique_ptr<parallel::TreeAllreduce> tree;  // deterministic: joins them across ranks
+    Tensor lr, step, rng_key;
+  };
+  struct Micro {
+    parallel::Slice samples;  // relative to the batch's start
+    std::size_t program = 0;
+  };
+  void run_micro(std::size_t j, const StepFeed& feed);
+  void push_gradients(std::size_t j);
+
+  std::vector<Program> programs_;
+  std::vector<Micro> micro_;
+  std::unique_ptr<Program> apply_;  // with accumulation
+  std::vector<Tensor> apply_grads_;
+  std::vector<std::int64_t> offsets_;  // of each gradient in a flat sum, and the total last
+  std::vector<int> joins_;
+  std::vector<std::vector<float>> stack_;  // partial sums of the micro-steps' gradients
+  std::size_t depth_ = 0;
   TargetSpec target_;
   bool classification_ = false;
-  ir::Value* loss_ = nullptr;
-  double loss_to_sum_ = 0.0;
+  const runtime::Executable* norm_exe_ = nullptr;
   ir::Value* norm_ = nullptr;
-  Tensor lr_, step_, rng_key_;
+  double loss_sum_ = 0.0;
+  std::int64_t correct_ = 0;
   bool check_numerics_ = false;
 };
 

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 
 #include "minidl/core/rng.hpp"
 #include "minidl/core/threading.hpp"
@@ -190,4 +192,58 @@ TEST(Training, FoldedUpdatesTrainTheSameModel) {
     ASSERT_NO_FATAL_FAILURE(expect_same_parameters(want, run(replicas, fuse)));
   }
   set_num_threads(threads);
+}
+
+namespace {
+// One epoch of AdamW with clipping; the parameters and the optimizer's state afterwards.
+NamedTensors train_accumulating(std::int64_t batch, std::int64_t accumulate,
+                                std::int64_t micro_batch, int threads) {
+  const int saved = max_threads();
+  set_num_threads(threads);
+  const Dataset train = blobs(1000, 9);  // 15 batches of 64 and a ragged one of 40
+  auto model = mlp();
+  model->reset(5);
+  optim::AdamW adamw({.lr = 0.01, .weight_decay = 0.01});
+  Trainer t(*model, adamw,
+            {.batch_size = batch,
+             .accumulate = accumulate,
+             .seed = 3,
+             .micro_batch = micro_batch,
+             .clip_grad_norm = 0.5});
+  const EpochStats e = t.train_epoch(train, 1);
+  EXPECT_EQ(e.samples, 1000);
+  EXPECT_FALSE(std::isnan(e.grad_norm));
+  set_num_threads(saved);
+  NamedTensors out;
+  for (const auto& [name, p] : model->parameters()) out.emplace_back(name, p.clone());
+  for (const auto& [name, s] : adamw.state()) out.emplace_back(name, s.clone());
+  return out;
+}
+
+bool same_bits(const NamedTensors& a, const NamedTensors& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (a[i].first != b[i].first || a[i].second.numel() != b[i].second.numel()) return false;
+    if (std::memcmp(a[i].second.raw(), b[i].second.raw(), a[i].second.nbytes()) != 0) return false;
+  }
+  return true;
+}
+}  // namespace
+
+// Deterministic mode: micro-steps are subtrees of the batch's reduction tree and their sums
+// follow it, so accumulating gives the whole batch's bits, for any split and thread count.
+TEST(Accumulation, DeterministicEqualsTheWholeBatchBitForBit) {
+  const NamedTensors whole = train_accumulating(64, 1, 8, 1);
+  EXPECT_TRUE(same_bits(whole, train_accumulating(16, 4, 8, 1)));
+  EXPECT_TRUE(same_bits(whole, train_accumulating(8, 8, 8, 2)));
+  EXPECT_TRUE(same_bits(whole, train_accumulating(32, 2, 8, 2)));
+  // Not a power of two: micro-steps of unequal size, the same tree.
+  EXPECT_TRUE(same_bits(train_accumulating(48, 1, 8, 2), train_accumulating(16, 3, 8, 1)));
+}
+
+// Other modes: the same model up to rounding (the sums' order differs).
+TEST(Accumulation, EqualsTheWholeBatchUpToRounding) {
+  const NamedTensors whole = train_accumulating(64, 1, 0, 2);
+  const NamedTensors acc = train_accumulating(16, 4, 0, 2);
+  expect_same_parameters(whole, acc);
 }
