@@ -16,6 +16,7 @@ usage: pytorch_reference.py MODEL --data DIR [--epochs N] [--threads T] [--seed 
                             [--weight-decay X] [--beta1 X] [--beta2 X] [--eps X]
                             [--lr-schedule constant|step|cosine] [--lr-step-epochs N]
                             [--lr-gamma X] [--warmup-steps W] [--clip-grad-norm X]
+                            [--float64]
 MODEL: mnist_mlp, mnist_cnn, cifar_cnn (softmax cross-entropy) or mnist_autoencoder (784-128-32-
 128-784 with a sigmoid output; mean squared error against the input pixels in [0, 1]).
 
@@ -43,6 +44,8 @@ the same seed. Together they make a matched pair: `minidl_example --seed S --ini
 `pytorch_reference.py --seed S --save-init FILE --minidl-order` start from the same weights and
 train on the same batches, so their losses and accuracies differ only by fp32 rounding
 (bench/compare-pytorch runs them so, and compares ten steps' parameters through --save).
+--float64 trains in double precision from the same float32 initial weights (saved as float32):
+the nearly rounding-free run that float32 runs of both frameworks are measured against.
 """
 import argparse
 import gzip
@@ -247,6 +250,9 @@ def main():
     ap.add_argument("--lr-gamma", type=float, default=0.1)
     ap.add_argument("--warmup-steps", type=int)
     ap.add_argument("--clip-grad-norm", type=float, default=0.0)
+    ap.add_argument("--float64", action="store_true",
+                    help="train in double precision (from the same float32 initial weights): "
+                         "the rounding-free reference the float32 runs are measured against")
     a = ap.parse_args()
     s = SETTINGS[a.model]
     for key, default in TRAINING_DEFAULTS.items():
@@ -286,6 +292,11 @@ def main():
     net = model(a.model)
     if a.save_init:
         save_safetensors(a.save_init, named_parameters(net, a.model))
+    if a.float64:
+        net = net.double()
+        xtr, xte = xtr.double(), xte.double()
+        if autoencoder:
+            ytr, yte = ytr.double(), yte.double()
     if a.optimizer == "adamw":
         opt = torch.optim.AdamW(net.parameters(), lr=a.lr, betas=(a.beta1, a.beta2), eps=a.eps,
                                 weight_decay=a.weight_decay, foreach=False)
