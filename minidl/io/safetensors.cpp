@@ -1,8 +1,5 @@
 #include "minidl/io/safetensors.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <bit>
 #include <cerrno>
@@ -16,8 +13,10 @@
 #include <set>
 #include <string_view>
 #include <system_error>
+#include <vector>
 
 #include "minidl/core/error.hpp"
+#include "minidl/io/file.hpp"
 
 namespace minidl {
 
@@ -48,18 +47,6 @@ std::string_view json_kind(const Json& j) {
   if (j.is_number_float()) return "non-integer number";
   return j.type_name();
 }
-
-/// Removes the temporary file unless the write got as far as the rename.
-struct TempFile {
-  std::string path;
-  bool keep = false;
-  ~TempFile() {
-    if (!keep) {
-      std::error_code ec;
-      fs::remove(path, ec);
-    }
-  }
-};
 
 /// What the header says about one tensor.
 struct Entry {
@@ -103,40 +90,11 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
   std::uint8_t len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<std::uint8_t>(text.size() >> (8 * i));
 
-  TempFile tmp{path + ".tmp"};
-  {
-    File f(std::fopen(tmp.path.c_str(), "wb"), &std::fclose);
-    if (f == nullptr) {
-      MINIDL_FAIL("cannot write ", file, ": cannot create '", tmp.path,
-                  "': ", std::strerror(errno));
-    }
-    errno = 0;
-    bool ok = std::fwrite(len, 1, 8, f.get()) == 8 &&
-              std::fwrite(text.data(), 1, text.size(), f.get()) == text.size();
-    for (const auto& [name, t] : tensors) {
-      if (!ok) break;
-      if (t.nbytes() > 0) ok = std::fwrite(t.raw(), 1, t.nbytes(), f.get()) == t.nbytes();
-    }
-    ok = ok && std::fflush(f.get()) == 0 && ::fsync(::fileno(f.get())) == 0;
-    const int err = errno;
-    ok = std::fclose(f.release()) == 0 && ok;
-    if (!ok) {
-      MINIDL_FAIL("cannot write ", file, ": writing '", tmp.path,
-                  "' failed: ", std::strerror(err != 0 ? err : errno));
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp.path, path, ec);
-  if (ec) MINIDL_FAIL("cannot write ", file, ": renaming '", tmp.path, "' failed: ", ec.message());
-  tmp.keep = true;
-  // The rename lasts through a crash only once the directory is on disk too (best effort: not
-  // every file system lets a directory be synced).
-  const fs::path parent = fs::path(path).parent_path();
-  if (const int dir = ::open(parent.empty() ? "." : parent.c_str(), O_RDONLY | O_DIRECTORY);
-      dir >= 0) {
-    (void)::fsync(dir);
-    ::close(dir);
-  }
+  std::vector<std::string_view> pieces{std::string_view(reinterpret_cast<const char*>(len), 8),
+                                       text};
+  for (const auto& [name, t] : tensors)
+    pieces.emplace_back(static_cast<const char*>(t.raw()), t.nbytes());
+  write_file_atomically(path, pieces, "safetensors file");
 }
 
 SafetensorsFile load_safetensors(const std::string& path) {

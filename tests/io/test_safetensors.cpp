@@ -185,7 +185,7 @@ TEST_F(SafetensorsTest, SaveIntoAMissingDirectoryFailsAndLeavesNoFile) {
   const std::string msg = error_of([&] {
     save_safetensors(p, {{"x", Tensor::from<float>({1}, {1.0f})}});
   });
-  EXPECT_THAT(msg, HasSubstr("cannot write safetensors file '" + p + "'"));
+  EXPECT_THAT(msg, HasSubstr("safetensors file: cannot write '" + p + "'"));
   EXPECT_THAT(msg, HasSubstr("No such file or directory"));
   EXPECT_FALSE(fs::exists(p));
   EXPECT_FALSE(fs::exists(p + ".tmp"));
@@ -197,7 +197,7 @@ TEST_F(SafetensorsTest, FailedRenameRemovesTheTempFile) {
   const std::string msg = error_of([&] {
     save_safetensors(p, {{"x", Tensor::from<float>({1}, {1.0f})}});
   });
-  EXPECT_THAT(msg, HasSubstr("cannot write safetensors file '" + p + "'"));
+  EXPECT_THAT(msg, HasSubstr("safetensors file: cannot write '" + p + "'"));
   EXPECT_THAT(msg, HasSubstr("renaming"));
   EXPECT_TRUE(fs::is_directory(p));
   EXPECT_FALSE(fs::exists(p + ".tmp"));
