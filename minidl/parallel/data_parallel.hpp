@@ -51,7 +51,7 @@ struct DataParallelOptions {
   /// (allreduce_start, non-blocking) and is waited for right before the first update that needs
   /// it. Off: blocking collectives after the whole backward. Off by default: on one machine the
   /// transfers and sums are work for the same cores that run the backward, and overlapping did
-  /// not shorten a step there (see docs/architecture.md, "Data parallelism today").
+  /// not shorten a step there (see docs/performance.md, "Overlapping the gradient reduction").
   bool overlap = false;
   /// With overlap: a comm_progress node after every node between the first start and the last
   /// wait, since OpenMPI advances a non-blocking collective only inside MPI calls.
