@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Deterministic mode: K training steps of the MLP (SGD with momentum, and AdamW with clipping and
-# a cosine schedule) and of the MNIST CNN give bitwise-identical
+# a cosine schedule, also accumulated over micro-steps) and of the MNIST CNN give
+# bitwise-identical
 # parameter files under 1x1, 1x2, 2x1, 2x2 and 4x1 ranks x threads (4x1 and 2x2 oversubscribe
 # a small machine), and a checkpoint written at step K/2 on 4 ranks, resumed on 2, ends bitwise
 # identical to the uninterrupted 1x1 run. The training sets leave ragged last batches, so the
@@ -64,6 +65,21 @@ adamw_flags=(--data "$tmp/mlp-data" --hidden 32,16 --epochs 2 --optimizer adamw 
 check mlp "$mlp" "${mlp_flags[@]}"
 check adamw "$mlp" "${adamw_flags[@]}"
 check cnn "$cnn" "${cnn_flags[@]}"
+
+# Gradient accumulation: --batch-size 16 --accumulate 4 trains adamw's batches of 64 in
+# micro-steps of 16 (each a subtree of the batch's tree, summed in its order): the same bits as
+# adamw's 1x1 on every layout whose ranks each get a micro-shard of every micro-step.
+for layout in 1x1 1x2 2x1 2x2; do
+  name=accumulate-$layout
+  if ! launch "${layout%x*}" "${layout#*x}" "$mlp" "${adamw_flags[@]}" --batch-size 16 \
+    --accumulate 4 --save "$tmp/$name.safetensors" >"$tmp/$name.out" 2>&1; then
+    fail "$name: the run failed: $(cat "$tmp/$name.out")"
+  elif cmp -s "$tmp/adamw-1x1.safetensors" "$tmp/$name.safetensors"; then
+    echo "ok   --batch-size 16 --accumulate 4 on $layout: bitwise identical to --batch-size 64"
+  else
+    fail "--batch-size 16 --accumulate 4 on $layout: parameters differ from --batch-size 64"
+  fi
+done
 
 # For contrast (not a check): without --deterministic, 2 ranks usually end with other bits.
 launch 2 1 "$mlp" "${mlp_flags[@]/--deterministic/--no-fuse}" --save "$tmp/plain-2x1.safetensors" \

@@ -68,3 +68,18 @@ TEST(Layout, RefusesBadAccumulation) {
         << e.what();
   }
 }
+
+// Every rank needs a micro-shard of every micro-step: --batch-size 16 in micro-shards of 8 cannot
+// feed four ranks, whatever the accumulation.
+TEST(Layout, AMicroStepTooSmallForTheRanksIsNamed) {
+  const Layout l({.ranks = 4, .micro_batch = 8, .accumulate = 4});
+  try {
+    l.check_batch(16, "a micro-step (--batch-size)");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("a micro-step (--batch-size) of 16 samples holds 2 "
+                                         "micro-shard(s) of 8, fewer than the 4 ranks"),
+              std::string::npos)
+        << e.what();
+  }
+}
