@@ -208,7 +208,8 @@ std::int64_t test_hook(const char* variable, std::int64_t fallback, std::int64_t
   return x;
 }
 
-int run_training(const std::string& program, AppConfig& c, const ModelBuilder& build) {
+int run_training(const std::string& program, AppConfig& c, const ModelBuilder& build,
+                 const AppHooks& hooks) {
   if (c.threads > 0) set_num_threads(c.threads);
   parallel::Communicator& comm = parallel::world();
   // Before the first collective (the parameters' broadcast below, the preflight).
@@ -482,13 +483,14 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
   if (!c.save.empty() && root) {
     save_safetensors(c.save, model->parameters(), {{"format", "pt"}, {"framework", "minidl"}});
   }
+  if (hooks.after_training && root) hooks.after_training(c, *model, test_set);
   return 0;
 }
 
 }  // namespace
 
 int run_training_app(int argc, char** argv, const std::string& description, AppConfig c,
-                     const ModelBuilder& build) {
+                     const ModelBuilder& build, const AppHooks& hooks) {
   const std::string program = std::filesystem::path(argv[0]).filename().string();
   // The example's own choice of datasets: a mistake here is the program's, not the user's.
   const std::vector<std::string> known = dataset_names();
@@ -656,6 +658,10 @@ int run_training_app(int argc, char** argv, const std::string& description, AppC
   app.add_option("--trace", c.trace,
                  "write every kernel call of the training steps to FILE.json (Chrome trace: "
                  "Perfetto, chrome://tracing), one track per rank and thread");
+  for (const AppFlag& f : hooks.flags) {  // the example's own
+    CLI::Option* o = app.add_option(f.name, *f.value, f.help)->capture_default_str();
+    if (f.check) o->check(CLI::Validator([&f](std::string& v) { return f.check(v); }, ""));
+  }
   // Flags are the same on every rank, so only rank 0 reports their errors. Other errors may be
   // one rank's own: each rank reports its error and the job ends at once, so no rank waits
   // for a collective that will never come.
@@ -672,7 +678,7 @@ int run_training_app(int argc, char** argv, const std::string& description, AppC
   std::string error;
   try {
     (void)c.hidden_sizes();
-    return run_training(program, c, build);
+    return run_training(program, c, build, hooks);
   } catch (const Error& e) {
     error = e.what();
   } catch (const std::bad_alloc&) {

@@ -94,8 +94,29 @@ struct AppConfig {
 
 using ModelBuilder = std::function<std::unique_ptr<nn::Module>(const AppConfig&, const Shape&)>;
 
-/// Parses flags over the defaults in config, trains, and returns the process exit code. Every
-/// error (bad flag, missing data, corrupt file) is one line on stderr and a non-zero exit.
+/// A string-valued flag of the example's own ("--png FILE"), parsed with the app's flags and
+/// listed by --help; *value's content before parsing is its default.
+struct AppFlag {
+  std::string name;  // "--png"
+  std::string help;
+  std::string* value = nullptr;
+  /// Optional: "" when the value is good, else what is wrong with it (the app reports it as a
+  /// bad flag, before any data is read).
+  std::function<std::string(const std::string&)> check;
+};
+
+/// What an example adds to the app besides its defaults and its model.
+struct AppHooks {
+  std::vector<AppFlag> flags;
+  /// Runs on rank 0 at the very end (after the last evaluation and --save) with the trained
+  /// model and the test set as it was evaluated (limited, upscaled, normalised); an
+  /// minidl::Error it throws ends the program like any other.
+  std::function<void(const AppConfig&, nn::Module& model, const Dataset& test_set)> after_training;
+};
+
+/// Parses flags over the defaults in config (and the example's own, hooks.flags), trains, runs
+/// hooks.after_training, and returns the process exit code. Every error (bad flag, missing
+/// data, corrupt file) is one line on stderr and a non-zero exit.
 ///
 /// Output of rank 0: a header line, one line per epoch and, when stdout is a terminal, a live
 /// progress bar (progress.hpp); --quiet prints one final line instead. --metrics FILE writes
@@ -110,6 +131,6 @@ using ModelBuilder = std::function<std::unique_ptr<nn::Module>(const AppConfig&,
 /// the first element of the last parameter on every rank after step G (its checkpoint
 /// written), so tests can watch the numerics checks catch it.
 int run_training_app(int argc, char** argv, const std::string& description, AppConfig config,
-                     const ModelBuilder& build);
+                     const ModelBuilder& build, const AppHooks& hooks = {});
 
 }  // namespace minidl

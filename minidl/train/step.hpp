@@ -27,7 +27,7 @@
 namespace minidl::train {
 
 struct StepOptions {
-  parallel::Layout layout;
+  parallel::Layout layout{};  // one rank, one replica (so StepOptions{} is a single process)
   parallel::Communicator* comm = nullptr;  // null: parallel::world(); its size is the rank count
   runtime::CompileOptions compile;
   /// Fold bias_add and relu into matmul / conv2d, and plain SGD updates into their
