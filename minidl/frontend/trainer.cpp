@@ -10,6 +10,7 @@
 
 #include "minidl/core/rng.hpp"
 #include "minidl/parallel/preflight.hpp"
+#include "minidl/train/batch.hpp"
 
 namespace minidl {
 
@@ -92,26 +93,6 @@ const ir::Graph& Trainer::training_graph(const Shape& sample) {
   return program(true, step_batch(), sample).graph();
 }
 
-void Trainer::gather(const Dataset& d, const std::int64_t* idx,
-                     std::span<train::CompiledStep::Part> parts) const {
-  const std::int64_t row = d.images.numel() / d.size();
-  const float* src = d.images.data<float>();
-  const std::int32_t* lab = d.labels.data<std::int32_t>();
-  const bool labels = options_.targets == TrainerOptions::Targets::Labels;
-  for (train::CompiledStep::Part& part : parts) {
-    float* x = part.x.data<float>();
-    for (std::int64_t i = part.begin; i < part.end; ++i) {
-      const std::int64_t j = i - part.begin;
-      std::memcpy(x + j * row, src + idx[i] * row, static_cast<std::size_t>(row) * sizeof(float));
-      if (labels) part.target.data<std::int32_t>()[j] = lab[idx[i]];
-    }
-    if (!labels) {
-      std::memcpy(part.target.data<float>(), x,
-                  static_cast<std::size_t>((part.end - part.begin) * row) * sizeof(float));
-    }
-  }
-}
-
 // Loss and correct predictions summed over this rank's samples, then over the ranks.
 struct Trainer::Sums {
   double loss = 0.0;
@@ -126,9 +107,10 @@ struct Trainer::Sums {
   }
 };
 
-void Trainer::step(train::CompiledStep& p, const Dataset& d, const std::int64_t* idx,
+void Trainer::step(train::CompiledStep& p, const Dataset& d, std::span<const std::int64_t> batch,
                    const train::StepFeed& feed, Sums& sums) {
-  p.run(feed, [&](std::size_t j) { gather(d, idx + p.share(j).begin, p.parts(j)); });
+  const Tensor& targets = options_.targets == TrainerOptions::Targets::Labels ? d.labels : d.images;
+  p.run(feed, [&](std::size_t j) { train::gather(p, d.images, targets, batch, j); });
   sums.loss += p.loss_sum();
   if (p.classification()) sums.correct += static_cast<double>(p.correct());
   if (const std::optional<double> n = p.grad_norm()) {
@@ -199,7 +181,7 @@ EpochStats Trainer::train_epoch(const Dataset& d, int epoch, const StepCallback&
     ++steps_;
     const double before = sums.loss;
     try {
-      step(p, d, order.data() + start, feed, sums);
+      step(p, d, std::span(order).subspan(start, n), feed, sums);
     } catch (const Error& e) {
       MINIDL_FAIL("training step ", steps_, " (epoch ", epoch, ", step ", pos.epoch_step + 1,
                   " of the epoch): ", e.what());
@@ -341,7 +323,7 @@ EvalStats Trainer::evaluate(const Dataset& d) {
   for (std::int64_t start = shard.begin; start < shard.end; start += options_.eval_batch_size) {
     const std::int64_t n = std::min(options_.eval_batch_size, shard.end - start);
     try {
-      step(program(false, n, sample), d, order.data() + start, {}, sums);
+      step(program(false, n, sample), d, std::span(order).subspan(start, n), {}, sums);
     } catch (const Error& e) {
       MINIDL_FAIL("evaluation on '", d.name, "': ", e.what());
     }

@@ -157,12 +157,9 @@ class Trainer {
   struct Sums;
   /// Samples per optimizer step: batch_size times accumulate.
   std::int64_t step_batch() const { return options_.batch_size * options_.accumulate; }
-  /// Writes samples idx[part.begin, part.end) of d into each part's inputs.
-  void gather(const Dataset& d, const std::int64_t* idx,
-              std::span<train::CompiledStep::Part> parts) const;
-  /// Runs p on this rank's samples idx[share] of d and adds their loss and correct count to
-  /// sums.
-  void step(train::CompiledStep& p, const Dataset& d, const std::int64_t* idx,
+  /// Runs p on this rank's samples of the batch (indices into d) and adds their loss and
+  /// correct count to sums.
+  void step(train::CompiledStep& p, const Dataset& d, std::span<const std::int64_t> batch,
             const train::StepFeed& feed, Sums& sums);
 
   void check_ranks_agree(const Dataset& d, const Shape& sample);

@@ -23,8 +23,8 @@ std::size_t row_bytes(const Tensor& t, std::int64_t count, const char* what, con
 }  // namespace
 
 void gather(CompiledStep& step, const Tensor& samples, const Tensor& targets,
-            std::span<const std::int64_t> batch) {
-  const parallel::Slice share = step.share();
+            std::span<const std::int64_t> batch, std::size_t micro) {
+  const parallel::Slice share = step.share(micro);
   MINIDL_CHECK(static_cast<std::int64_t>(batch.size()) >= share.end,
                "gather: this rank takes samples [", share.begin, ", ", share.end,
                ") of the batch, but the batch has ", batch.size(), " indices");
@@ -33,7 +33,7 @@ void gather(CompiledStep& step, const Tensor& samples, const Tensor& targets,
   const std::int64_t count = samples.shape()[0];
   const auto* src = static_cast<const char*>(samples.raw());
   const auto* rows = static_cast<const char*>(targets.raw());
-  for (CompiledStep::Part& part : step.parts()) {
+  for (CompiledStep::Part& part : step.parts(micro)) {
     const std::int64_t n = part.end - part.begin;
     const std::size_t x_row = row_bytes(samples, count, "samples", part.x, n);
     const std::size_t t_row = row_bytes(targets, count, "targets", part.target, n);
