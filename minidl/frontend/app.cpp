@@ -20,7 +20,6 @@
 #include "minidl/frontend/trace.hpp"
 #include "minidl/frontend/trainer.hpp"
 #include "minidl/io/file.hpp"
-#include "minidl/io/safetensors.hpp"
 #include "minidl/ir/printer.hpp"
 #include "minidl/parallel/communicator.hpp"
 #include "minidl/train/loss.hpp"
@@ -231,10 +230,10 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
   const Shape sample(std::vector<std::int64_t>(dims.begin() + 1, dims.end()));
   std::unique_ptr<nn::Module> model = build(c, sample);
   model->reset(c.seed);
-  if (!c.init.empty()) nn::load_parameters(*model, load_safetensors(c.init).tensors, c.init);
-  // Every rank starts from rank 0's parameters (they agree already when seeds agree; this makes
-  // it so whatever the initialisation).
-  for (auto& [name, t] : model->parameters()) comm.broadcast(t.raw(), t.nbytes(), 0);
+  if (!c.init.empty()) nn::load_state_dict(*model, c.init);
+  // Every rank starts from rank 0's parameters and buffers (they agree already when seeds agree;
+  // this makes it so whatever the initialisation).
+  for (auto& [name, t] : model->state_dict()) comm.broadcast(t.raw(), t.nbytes(), 0);
   std::unique_ptr<optim::Optimizer> optimizer;
   if (c.optimizer == "adamw") {
     optimizer = std::make_unique<optim::AdamW>(optim::AdamWOptions{.lr = c.lr,
@@ -480,7 +479,7 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
     if (talk) fmt::print("{}: wrote {} ({} kernel calls)\n", program, c.trace, events);
   }
   if (!c.save.empty() && root) {
-    save_safetensors(c.save, model->parameters(), {{"format", "pt"}, {"framework", "minidl"}});
+    nn::save_state_dict(*model, c.save);
   }
   return 0;
 }
