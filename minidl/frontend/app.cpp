@@ -195,6 +195,11 @@ std::vector<checkpoint::Setting> run_settings(const AppConfig& c, const nn::Modu
           {"micro_batch", str(c.deterministic ? c.micro_batch : 0), R::Note, "--micro-batch"}};
 }
 
+/// What a checkpoint of this model and optimizer holds.
+checkpoint::Tensors checkpoint_tensors(nn::Module& model, const optim::Optimizer& optimizer) {
+  return {model.parameters(), model.buffers(), optimizer.state()};
+}
+
 /// A testing hook's value (see run_training_app): fallback when the variable is unset, else an
 /// integer of at least `least` (a step number, a rank).
 std::int64_t test_hook(const char* variable, std::int64_t fallback, std::int64_t least) {
@@ -294,7 +299,7 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
   std::string resumed, resumed_from;  // what to say about it after the header; the file
   if (!c.resume.empty()) {
     const checkpoint::Loaded ckpt =
-        checkpoint::load_shared(comm, c.resume, model->parameters(), optimizer->state());
+        checkpoint::load_shared(comm, c.resume, checkpoint_tensors(*model, *optimizer));
     // Rank 0 judges; on an error it ends the job, the others waiting in their first step.
     if (root) {
       for (const std::string& note : checkpoint::check_settings(ckpt, settings))
@@ -385,7 +390,7 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
     const TrainerPosition pos = trainer.position();
     if (root) {
       const std::string path =
-          checkpoint::save(c.checkpoint_dir, pos, model->parameters(), optimizer->state(),
+          checkpoint::save(c.checkpoint_dir, pos, checkpoint_tensors(*model, *optimizer),
                            checkpoint::settings_metadata(settings), c.checkpoint_keep);
       if (talk) {
         progress.clear();
