@@ -110,13 +110,11 @@ ir::Value* gelu(ir::Value* x, std::string node_name = {}) {
   return ops::apply_node("gelu", {x}, {}, std::move(node_name))->output();
 }
 
-/// The layer: no parameters, one gelu node named "<module name>.gelu".
+/// The layer: no parameters, one gelu node, named "act1.gelu" in a child called "act1" (a
+/// container calls its child as child(x), which names the child's nodes after it).
 class Gelu final : public nn::Module {
  public:
-  ir::Value* forward(ir::Value* x) override {
-    ir::NameScope scope(x->graph(), name_);
-    return gelu(x);
-  }
+  ir::Value* forward(ir::Value* x) override { return gelu(x); }
   std::string describe() const override { return "GELU"; }
 };
 

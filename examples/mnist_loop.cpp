@@ -59,7 +59,7 @@ void train_and_save(const Dataset& train, const Dataset& test, int epochs,
   train::gather(eval, test.images, test.labels, all);
   eval.run();
   fmt::print("test accuracy {:.2f}%\n", 100.0 * eval.correct() / test.size());
-  save_safetensors(path, model->parameters());
+  nn::save_state_dict(*model, path);
   const auto classes = train::predicted_classes(train::predict(*model, take(test, 10).images));
   fmt::print("trained model:  {}\n", fmt::join(classes, " "));
 }
@@ -67,7 +67,7 @@ void train_and_save(const Dataset& train, const Dataset& test, int epochs,
 // Inference alone: nothing from training but the file.
 void load_and_predict(const std::string& path, const Dataset& test) {
   auto model = mlp();
-  nn::load_parameters(*model, load_safetensors(path).tensors, path);
+  nn::load_state_dict(*model, path);
   const Dataset few = take(test, 10);
   const auto classes = train::predicted_classes(train::predict(*model, few.images));
   fmt::print("reloaded model: {}\ntrue labels:    {}\n", fmt::join(classes, " "),

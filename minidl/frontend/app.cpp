@@ -20,7 +20,6 @@
 #include "minidl/frontend/trace.hpp"
 #include "minidl/frontend/trainer.hpp"
 #include "minidl/io/file.hpp"
-#include "minidl/io/safetensors.hpp"
 #include "minidl/ir/printer.hpp"
 #include "minidl/parallel/communicator.hpp"
 #include "minidl/train/loss.hpp"
@@ -196,6 +195,11 @@ std::vector<checkpoint::Setting> run_settings(const AppConfig& c, const nn::Modu
           {"micro_batch", str(c.deterministic ? c.micro_batch : 0), R::Note, "--micro-batch"}};
 }
 
+/// What a checkpoint of this model and optimizer holds.
+checkpoint::Tensors checkpoint_tensors(nn::Module& model, const optim::Optimizer& optimizer) {
+  return {model.parameters(), model.buffers(), optimizer.state()};
+}
+
 /// A testing hook's value (see run_training_app): fallback when the variable is unset, else an
 /// integer of at least `least` (a step number, a rank).
 std::int64_t test_hook(const char* variable, std::int64_t fallback, std::int64_t least) {
@@ -232,10 +236,10 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
   const Shape sample(std::vector<std::int64_t>(dims.begin() + 1, dims.end()));
   std::unique_ptr<nn::Module> model = build(c, sample);
   model->reset(c.seed);
-  if (!c.init.empty()) nn::load_parameters(*model, load_safetensors(c.init).tensors, c.init);
-  // Every rank starts from rank 0's parameters (they agree already when seeds agree; this makes
-  // it so whatever the initialisation).
-  for (auto& [name, t] : model->parameters()) comm.broadcast(t.raw(), t.nbytes(), 0);
+  if (!c.init.empty()) nn::load_state_dict(*model, c.init);
+  // Every rank starts from rank 0's parameters and buffers (they agree already when seeds agree;
+  // this makes it so whatever the initialisation).
+  for (auto& [name, t] : model->state_dict()) comm.broadcast(t.raw(), t.nbytes(), 0);
   std::unique_ptr<optim::Optimizer> optimizer;
   if (c.optimizer == "adamw") {
     optimizer = std::make_unique<optim::AdamW>(optim::AdamWOptions{.lr = c.lr,
@@ -296,7 +300,7 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
   std::string resumed, resumed_from;  // what to say about it after the header; the file
   if (!c.resume.empty()) {
     const checkpoint::Loaded ckpt =
-        checkpoint::load_shared(comm, c.resume, model->parameters(), optimizer->state());
+        checkpoint::load_shared(comm, c.resume, checkpoint_tensors(*model, *optimizer));
     // Rank 0 judges; on an error it ends the job, the others waiting in their first step.
     if (root) {
       for (const std::string& note : checkpoint::check_settings(ckpt, settings))
@@ -387,7 +391,7 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
     const TrainerPosition pos = trainer.position();
     if (root) {
       const std::string path =
-          checkpoint::save(c.checkpoint_dir, pos, model->parameters(), optimizer->state(),
+          checkpoint::save(c.checkpoint_dir, pos, checkpoint_tensors(*model, *optimizer),
                            checkpoint::settings_metadata(settings), c.checkpoint_keep);
       if (talk) {
         progress.clear();
@@ -481,7 +485,7 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
     if (talk) fmt::print("{}: wrote {} ({} kernel calls)\n", program, c.trace, events);
   }
   if (!c.save.empty() && root) {
-    save_safetensors(c.save, model->parameters(), {{"format", "pt"}, {"framework", "minidl"}});
+    nn::save_state_dict(*model, c.save);
   }
   if (hooks.after_training && root) hooks.after_training(c, *model, test_set);
   return 0;

@@ -5,12 +5,11 @@
 
 namespace minidl::checkpoint {
 
-Loaded load_shared(parallel::Communicator& comm, const std::string& path,
-                   const NamedTensors& params, const NamedTensors& optimizer_state) {
+Loaded load_shared(parallel::Communicator& comm, const std::string& path, const Tensors& into) {
   Loaded out;
   std::string text;
   if (comm.rank() == 0) {
-    out = load(resolve(path), params, optimizer_state);
+    out = load(resolve(path), into);
     text = nlohmann::json{{"path", out.path}, {"metadata", out.metadata}}.dump();
   }
   if (comm.size() == 1) return out;
@@ -18,7 +17,7 @@ Loaded load_shared(parallel::Communicator& comm, const std::string& path,
   comm.broadcast(&size, sizeof size, 0);
   text.resize(static_cast<std::size_t>(size));
   comm.broadcast(text.data(), size, 0);
-  for (const NamedTensors* group : {&params, &optimizer_state}) {
+  for (const NamedTensors* group : {&into.parameters, &into.buffers, &into.optimizer_state}) {
     for (const auto& [name, t] : *group)
       comm.broadcast(t.raw(), static_cast<std::int64_t>(t.nbytes()), 0);
   }

@@ -10,7 +10,6 @@ namespace minidl::checkpoint {
 
 /// resolve() and load() on rank 0, then the tensors and the metadata are broadcast to every
 /// rank: a collective. An error on rank 0 leaves the others waiting; the caller ends the job.
-Loaded load_shared(parallel::Communicator& comm, const std::string& path,
-                   const NamedTensors& params, const NamedTensors& optimizer_state);
+Loaded load_shared(parallel::Communicator& comm, const std::string& path, const Tensors& into);
 
 }  // namespace minidl::checkpoint

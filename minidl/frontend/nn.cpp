@@ -1,8 +1,14 @@
 #include "minidl/frontend/nn.hpp"
 
+#include <cxxabi.h>
+
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <typeinfo>
 
 #include "minidl/core/rng.hpp"
+#include "minidl/io/safetensors.hpp"
 #include "minidl/ops/ops.hpp"
 
 namespace minidl::nn {
@@ -13,12 +19,27 @@ std::uint64_t name_hash(std::string_view s) {
   for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ULL;
   return h;
 }
+
+/// "Linear" for minidl::nn::Linear, "custom::Gelu" for a user's custom::Gelu: the type as a
+/// user wrote it.
+std::string type_name(const std::type_info& t) {
+  std::string name = t.name();
+  int status = 0;
+  std::unique_ptr<char, void (*)(void*)> demangled(
+      abi::__cxa_demangle(name.c_str(), nullptr, nullptr, &status), std::free);
+  if (status == 0 && demangled != nullptr) name = demangled.get();
+  for (std::string_view noise : {"minidl::nn::", "minidl::", "(anonymous namespace)::"}) {
+    for (std::size_t at; (at = name.find(noise)) != std::string::npos;)
+      name.erase(at, noise.size());
+  }
+  return name;
+}
 }  // namespace
 
 void initialize(Tensor& t, Init init, std::int64_t fan_in, std::int64_t fan_out, std::uint64_t seed,
-                std::string_view name) {
+                std::string_view stream_name) {
   const CounterRng rng(seed);
-  const std::uint64_t stream = name_hash(name);
+  const std::uint64_t stream = name_hash(stream_name);
   switch (init) {
     case Init::He:
       rng.fill_normal(t, stream, 0.0f, static_cast<float>(std::sqrt(2.0 / fan_in)));
@@ -34,40 +55,159 @@ void initialize(Tensor& t, Init init, std::int64_t fan_in, std::int64_t fan_out,
   }
 }
 
-ir::Value* Module::param_value(ir::Graph& g, const std::string& full_name, const Tensor& t) {
-  if (ir::Node* n = g.find(full_name); n != nullptr && n->op() == "parameter") {
-    MINIDL_CHECK(n->bound().raw() == t.raw(), "two different parameters are named '", full_name,
-                 "'");
+ir::Value* Module::operator()(ir::Value* x) {
+  ir::NameScope scope(x->graph(), local_name_);
+  return forward(x);
+}
+
+std::string Module::who() const {
+  std::string type = type_name(typeid(*this));
+  return path_.empty() ? type : fmt::format("{} '{}'", type, path_);
+}
+
+void Module::check_new_name(std::string_view kind, const std::string& name) const {
+  std::string problem = train::name_segment_problem(name);
+  if (problem.empty()) {
+    auto taken = [&](const NamedTensors& list) {
+      return std::any_of(list.begin(), list.end(), [&](const auto& p) { return p.first == name; });
+    };
+    if (taken(parameters_)) problem = "this module has a parameter of that name already";
+    if (taken(buffers_)) problem = "this module has a buffer of that name already";
+    if (std::any_of(children_.begin(), children_.end(),
+                    [&](const Child& c) { return c.name == name; })) {
+      problem = "this module has a child of that name already";
+    }
+  } else if (name.find('.') != std::string::npos) {
+    problem += " (the module tree makes the dotted names: register a child module instead)";
+  }
+  MINIDL_CHECK(problem.empty(), who(), ": cannot register ", kind, " '", name, "': ", problem);
+}
+
+Tensor Module::register_parameter(std::string name, Tensor t) {
+  check_new_name("parameter", name);
+  MINIDL_CHECK(t.raw() != nullptr, who(), ": cannot register parameter '", name,
+               "': the tensor has no storage");
+  parameters_.emplace_back(std::move(name), t);
+  return t;
+}
+
+Tensor Module::register_buffer(std::string name, Tensor t) {
+  check_new_name("buffer", name);
+  MINIDL_CHECK(t.raw() != nullptr, who(), ": cannot register buffer '", name,
+               "': the tensor has no storage");
+  buffers_.emplace_back(std::move(name), t);
+  return t;
+}
+
+void Module::adopt(std::string name, std::unique_ptr<Module> m) {
+  check_new_name("module", name);
+  MINIDL_CHECK(m != nullptr, who(), ": cannot register module '", name, "': it is null");
+  m->local_name_ = name;
+  m->set_path(full_name(name));
+  m->train(training_);
+  children_.push_back({std::move(name), std::move(m)});
+}
+
+void Module::set_path(const std::string& path) {
+  path_ = path;
+  for (Child& c : children_) c.module->set_path(full_name(c.name));
+}
+
+std::string Module::full_name(std::string_view local) const {
+  return path_.empty() ? std::string(local) : fmt::format("{}.{}", path_, local);
+}
+
+void Module::collect(bool buffers, NamedTensors& out) const {
+  for (const auto& [name, t] : buffers ? buffers_ : parameters_)
+    out.emplace_back(full_name(name), t);
+  for (const Child& c : children_) c.module->collect(buffers, out);
+}
+
+NamedTensors Module::parameters() {
+  NamedTensors out;
+  collect(false, out);
+  return out;
+}
+
+NamedTensors Module::buffers() {
+  NamedTensors out;
+  collect(true, out);
+  return out;
+}
+
+NamedTensors Module::state_dict() {
+  NamedTensors out;
+  collect(false, out);
+  collect(true, out);
+  return out;
+}
+
+void Module::reset(std::uint64_t seed) {
+  reset_parameters(seed);
+  for (Child& c : children_) c.module->reset(seed);
+}
+
+void Module::train(bool on) {
+  training_ = on;
+  for (Child& c : children_) c.module->train(on);
+}
+
+ir::Value* Module::source_value(ir::Graph& g, bool buffer, std::string_view name) {
+  const NamedTensors& list = buffer ? buffers_ : parameters_;
+  const char* kind = buffer ? "buffer" : "parameter";
+  auto it = std::find_if(list.begin(), list.end(), [&](const auto& p) { return p.first == name; });
+  if (it == list.end()) {
+    std::string known;
+    for (const auto& [n, t] : list) known += fmt::format("{}'{}'", known.empty() ? "" : ", ", n);
+    MINIDL_FAIL(who(), " has no ", kind, " '", name,
+                "' (registered: ", known.empty() ? "none" : known, ")");
+  }
+  const std::string full = full_name(name);
+  const std::string_view op = buffer ? "state" : "parameter";
+  if (ir::Node* n = g.find(full)) {
+    MINIDL_CHECK(n->op() == op && n->bound().raw() == it->second.raw(), who(), ": ", kind, " '",
+                 full, "' cannot be a node of the graph, which has a node of that name already (",
+                 n->op(), " ", n->output()->ref(), ")");
     return n->output();
   }
-  return ops::parameter(g, full_name, t);
+  return buffer ? ops::state(g, full, it->second) : ops::parameter(g, full, it->second);
+}
+
+ir::Value* Module::parameter_value(ir::Graph& g, std::string_view name) {
+  return source_value(g, false, name);
+}
+
+ir::Value* Module::buffer_value(ir::Graph& g, std::string_view name) {
+  return source_value(g, true, name);
+}
+
+void Module::initialize_parameter(std::string_view name, Init init, std::int64_t fan_in,
+                                  std::int64_t fan_out, std::uint64_t seed) {
+  auto it = std::find_if(parameters_.begin(), parameters_.end(),
+                         [&](const auto& p) { return p.first == name; });
+  MINIDL_CHECK(it != parameters_.end(), who(), " has no parameter '", name, "'");
+  initialize(it->second, init, fan_in, fan_out, seed, full_name(name));
 }
 
 Linear::Linear(std::int64_t in, std::int64_t out, Init init, bool bias)
     : in_(in), out_(out), init_(init) {
   MINIDL_CHECK(in > 0 && out > 0, "Linear(", in, " -> ", out, "): sizes must be positive");
-  weight_ = Tensor::zeros({out, in});
-  if (bias) bias_ = Tensor::zeros({out});
+  weight_ = register_parameter("weight", Tensor::zeros({out, in}));
+  if (bias) bias_ = register_parameter("bias", Tensor::zeros({out}));
 }
 
 ir::Value* Linear::forward(ir::Value* x) {
   ir::Graph& g = x->graph();
-  MINIDL_CHECK(x->shape().rank() == 2 && x->shape()[1] == in_, describe(), " '", name_,
+  MINIDL_CHECK(x->shape().rank() == 2 && x->shape()[1] == in_, describe(), " '", name(),
                "': expected input [N,", in_, "], got ", x->shape());
-  ir::NameScope scope(g, name_);
-  ir::Value* y = ops::matmul(x, param_value(g, join(name_, "weight"), weight_), false, true);
-  if (bias_.raw() != nullptr) y = ops::bias_add(y, param_value(g, join(name_, "bias"), bias_));
+  ir::Value* y = ops::matmul(x, parameter_value(g, "weight"), false, true);
+  if (bias_.raw() != nullptr) y = ops::bias_add(y, parameter_value(g, "bias"));
   return y;
 }
 
-void Linear::collect_parameters(const std::string& prefix, NamedTensors& out) {
-  out.emplace_back(prefix + "weight", weight_);
-  if (bias_.raw() != nullptr) out.emplace_back(prefix + "bias", bias_);
-}
-
-void Linear::reset_parameters(std::uint64_t seed, const std::string& prefix) {
-  initialize(weight_, init_, in_, out_, seed, prefix + "weight");
-  if (bias_.raw() != nullptr) initialize(bias_, Init::Zeros, in_, out_, seed, prefix + "bias");
+void Linear::reset_parameters(std::uint64_t seed) {
+  initialize_parameter("weight", init_, in_, out_, seed);
+  if (bias_.raw() != nullptr) initialize_parameter("bias", Init::Zeros, in_, out_, seed);
 }
 
 std::string Linear::describe() const {
@@ -85,31 +225,25 @@ Conv2d::Conv2d(std::int64_t in_channels, std::int64_t out_channels, std::int64_t
   MINIDL_CHECK(in_ > 0 && out_ > 0 && kernel_ > 0 && stride_ > 0 && pad_ >= 0, "Conv2d(", in_,
                " -> ", out_, ", kernel ", kernel_, ", stride ", stride_, ", pad ", pad_,
                "): sizes, kernel and stride must be positive and pad non-negative");
-  weight_ = Tensor::zeros({out_, in_, kernel_, kernel_});
-  if (bias) bias_ = Tensor::zeros({out_});
+  weight_ = register_parameter("weight", Tensor::zeros({out_, in_, kernel_, kernel_}));
+  if (bias) bias_ = register_parameter("bias", Tensor::zeros({out_}));
 }
 
 ir::Value* Conv2d::forward(ir::Value* x) {
   ir::Graph& g = x->graph();
-  MINIDL_CHECK(x->shape().rank() == 4 && x->shape()[1] == in_, describe(), " '", name_,
+  MINIDL_CHECK(x->shape().rank() == 4 && x->shape()[1] == in_, describe(), " '", name(),
                "': expected input [N,", in_, ",H,W], got ", x->shape());
-  ir::NameScope scope(g, name_);
   ir::Value* y =
-      ops::apply("conv2d", {x, param_value(g, join(name_, "weight"), weight_)},
+      ops::apply("conv2d", {x, parameter_value(g, "weight")},
                  {{"stride", ir::Ints{stride_, stride_}}, {"pad", ir::Ints{pad_, pad_}}});
-  if (bias_.raw() != nullptr) y = ops::bias_add(y, param_value(g, join(name_, "bias"), bias_));
+  if (bias_.raw() != nullptr) y = ops::bias_add(y, parameter_value(g, "bias"));
   return y;
 }
 
-void Conv2d::collect_parameters(const std::string& prefix, NamedTensors& out) {
-  out.emplace_back(prefix + "weight", weight_);
-  if (bias_.raw() != nullptr) out.emplace_back(prefix + "bias", bias_);
-}
-
-void Conv2d::reset_parameters(std::uint64_t seed, const std::string& prefix) {
+void Conv2d::reset_parameters(std::uint64_t seed) {
   const std::int64_t taps = kernel_ * kernel_;
-  initialize(weight_, init_, in_ * taps, out_ * taps, seed, prefix + "weight");
-  if (bias_.raw() != nullptr) initialize(bias_, Init::Zeros, 0, 0, seed, prefix + "bias");
+  initialize_parameter("weight", init_, in_ * taps, out_ * taps, seed);
+  if (bias_.raw() != nullptr) initialize_parameter("bias", Init::Zeros, 0, 0, seed);
 }
 
 std::string Conv2d::describe() const {
@@ -134,7 +268,6 @@ MaxPool2d::MaxPool2d(std::int64_t kernel, std::int64_t stride, std::int64_t pad)
 }
 
 ir::Value* MaxPool2d::forward(ir::Value* x) {
-  ir::NameScope scope(x->graph(), name_);
   return ops::apply("max_pool2d", {x}, pool_attrs(kernel_, stride_, pad_));
 }
 
@@ -154,7 +287,6 @@ AvgPool2d::AvgPool2d(std::int64_t kernel, std::int64_t stride, std::int64_t pad,
 }
 
 ir::Value* AvgPool2d::forward(ir::Value* x) {
-  ir::NameScope scope(x->graph(), name_);
   ir::Attrs a = pool_attrs(kernel_, stride_, pad_);
   a.set("count_include_pad", count_include_pad_);
   return ops::apply("avg_pool2d", {x}, a);
@@ -165,59 +297,26 @@ std::string AvgPool2d::describe() const {
                      count_include_pad_ ? "" : ", count_include_pad false");
 }
 
-ir::Value* ReLU::forward(ir::Value* x) {
-  ir::NameScope scope(x->graph(), name_);
-  return ops::relu(x);
-}
-ir::Value* Sigmoid::forward(ir::Value* x) {
-  ir::NameScope scope(x->graph(), name_);
-  return ops::sigmoid(x);
-}
-ir::Value* Tanh::forward(ir::Value* x) {
-  ir::NameScope scope(x->graph(), name_);
-  return ops::tanh(x);
-}
-ir::Value* Flatten::forward(ir::Value* x) {
-  ir::NameScope scope(x->graph(), name_);
-  return ops::flatten(x);
-}
+ir::Value* ReLU::forward(ir::Value* x) { return ops::relu(x); }
+ir::Value* Sigmoid::forward(ir::Value* x) { return ops::sigmoid(x); }
+ir::Value* Tanh::forward(ir::Value* x) { return ops::tanh(x); }
+ir::Value* Flatten::forward(ir::Value* x) { return ops::flatten(x); }
 
 Sequential& Sequential::add(std::unique_ptr<Module> m, std::string name) {
-  if (name.empty()) name = std::to_string(children_.size());
-  for (const auto& [n, c] : children_)
-    MINIDL_CHECK(n != name, "Sequential: two children are named '", name, "'");
-  m->set_name(join(name_, name));
-  children_.emplace_back(std::move(name), std::move(m));
+  if (name.empty()) name = std::to_string(children().size());
+  register_module(std::move(name), std::move(m));
   return *this;
 }
 
-void Sequential::set_name(std::string name) {
-  name_ = std::move(name);
-  for (auto& [n, child] : children_) child->set_name(join(name_, n));
-}
-
-void Sequential::train(bool on) {
-  training_ = on;
-  for (auto& [n, child] : children_) child->train(on);
-}
-
 ir::Value* Sequential::forward(ir::Value* x) {
-  for (auto& [name, child] : children_) x = child->forward(x);
+  for (const Child& c : children()) x = (*c.module)(x);
   return x;
-}
-
-void Sequential::collect_parameters(const std::string& prefix, NamedTensors& out) {
-  for (auto& [name, child] : children_) child->collect_parameters(prefix + name + ".", out);
-}
-
-void Sequential::reset_parameters(std::uint64_t seed, const std::string& prefix) {
-  for (auto& [name, child] : children_) child->reset_parameters(seed, prefix + name + ".");
 }
 
 std::string Sequential::describe() const {
   std::string s;
-  for (const auto& [name, child] : children_)
-    s += fmt::format("{}{}: {}", s.empty() ? "" : ", ", name, child->describe());
+  for (const Child& c : children())
+    s += fmt::format("{}{}: {}", s.empty() ? "" : ", ", c.name, c.module->describe());
   return "Sequential(" + s + ")";
 }
 
@@ -233,23 +332,21 @@ Dropout::Dropout(double p) : p_(p) {
 }
 
 ir::Value* Dropout::forward(ir::Value* x) {
-  if (!training_ || p_ == 0.0) return x;
-  ir::Graph& g = x->graph();
-  ir::Value* key = ops::rng_key(g);
-  ir::NameScope scope(g, name_);
+  if (!training() || p_ == 0.0) return x;
+  ir::Value* key = ops::rng_key(x->graph());
   // The same seed and name give the same node seed in every graph built for the model.
-  const std::uint64_t seed = mix64(seed_ ^ name_hash(name_));
+  const std::uint64_t seed = mix64(seed_ ^ name_hash(name()));
   return ops::dropout(x, key, p_, static_cast<std::int64_t>(seed)).first;
 }
 
-void Dropout::reset_parameters(std::uint64_t seed, const std::string& prefix) { seed_ = seed; }
+void Dropout::reset_parameters(std::uint64_t seed) { seed_ = seed; }
 
 std::string Dropout::describe() const { return fmt::format("Dropout(p={})", p_); }
 
-void load_parameters(Module& m, const NamedTensors& values, const std::string& source) {
-  NamedTensors params = m.parameters();
+void load_state_dict(Module& m, const NamedTensors& values, const std::string& source) {
+  NamedTensors state = m.state_dict();
   std::string problems;
-  for (auto& [name, t] : params) {
+  for (auto& [name, t] : state) {
     auto it =
         std::find_if(values.begin(), values.end(), [&](const auto& v) { return v.first == name; });
     if (it == values.end()) {
@@ -261,14 +358,22 @@ void load_parameters(Module& m, const NamedTensors& values, const std::string& s
   }
   for (const auto& [name, t] : values) {
     auto it =
-        std::find_if(params.begin(), params.end(), [&](const auto& p) { return p.first == name; });
-    if (it == params.end()) problems += fmt::format("; unexpected '{}' {}", name, t.shape());
+        std::find_if(state.begin(), state.end(), [&](const auto& p) { return p.first == name; });
+    if (it == state.end()) problems += fmt::format("; unexpected '{}' {}", name, t.shape());
   }
   MINIDL_CHECK(problems.empty(), "'", source, "' does not match the model", problems);
-  for (auto& [name, t] : params) {
+  for (auto& [name, t] : state) {
     for (const auto& [vn, v] : values)
       if (vn == name) t.copy_from(v);
   }
+}
+
+void load_state_dict(Module& m, const std::string& path) {
+  load_state_dict(m, load_safetensors(path).tensors, path);
+}
+
+void save_state_dict(Module& m, const std::string& path) {
+  save_safetensors(path, m.state_dict(), {{"format", "pt"}, {"framework", "minidl"}});
 }
 
 }  // namespace minidl::nn

@@ -1,5 +1,8 @@
-// Modules: the frontend's way of declaring a model. A module owns its parameters (named
-// PyTorch-style, "fc1.weight") and adds its nodes to a graph when called on a value.
+// Modules: the frontend's way of declaring a model. A module registers its parameters (trained),
+// buffers (not trained, but saved and checkpointed) and child modules under local names
+// ("weight", "fc1"); the module tree derives every full name as the dotted path from the root
+// ("block1.fc1.weight", PyTorch's names) and refuses a local name that would make an unclean
+// path. A module adds its nodes to a graph when called on a value.
 #pragma once
 
 #include <cstdint>
@@ -22,52 +25,105 @@ enum class Init {
   Xavier,  // uniform in +-sqrt(6 / (fan_in + fan_out)): for the output layer and sigmoid/tanh
   Zeros,
 };
+/// Fills t by init from seed, the random stream chosen by stream_name (a parameter's full name).
 void initialize(Tensor& t, Init init, std::int64_t fan_in, std::int64_t fan_out, std::uint64_t seed,
-                std::string_view name);
+                std::string_view stream_name);
 
 class Module : public train::Model {
  public:
-  /// Adds this module's nodes after x; returns the output value.
+  Module() = default;
+  // A module is the node of a tree of modules that owns its children; it is not copied.
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  /// Adds this module's nodes after x; returns the output value. A container calls its
+  /// children as child(x), not child.forward(x).
   ir::Value* forward(ir::Value* x) override = 0;
-  ir::Value* operator()(ir::Value* x) { return forward(x); }
-  /// Parameters with their full names (prefix + own name), in a fixed order.
-  virtual void collect_parameters(const std::string& prefix, NamedTensors& out) {}
-  /// (Re)initialises every parameter from seed; the result depends on seed and names only.
-  virtual void reset_parameters(std::uint64_t seed, const std::string& prefix) {}
+  /// forward(x) with the nodes named under this module's local name ("fc1.matmul" for a child
+  /// "fc1" of the model, "block1.fc1.matmul" one level down).
+  ir::Value* operator()(ir::Value* x);
   /// Short description, e.g. "Linear(784 -> 256)".
   std::string describe() const override = 0;
 
-  NamedTensors parameters() override {
-    NamedTensors out;
-    collect_parameters("", out);
-    return out;
-  }
-  void reset(std::uint64_t seed) { reset_parameters(seed, ""); }
+  /// Trained tensors by full name: this module's own in the order it registered them, then
+  /// each child's, children in the order they were registered. The tensors share the
+  /// module's storage.
+  NamedTensors parameters() final;
+  /// Buffers (state that is not trained: statistics, constants) by full name, in the same
+  /// order. Graphs read them; autograd, the optimizer and the gradient reduction leave them out.
+  NamedTensors buffers() final;
+  /// Parameters, then buffers: what --save writes and --init reads (PyTorch's state_dict).
+  NamedTensors state_dict();
 
- protected:
-  /// The parameter node for t in x's graph (created once per graph), named full_name.
-  static ir::Value* param_value(ir::Graph& g, const std::string& full_name, const Tensor& t);
-  /// "prefix.name" or just name when there is no prefix.
-  static std::string join(const std::string& prefix, const std::string& name) {
-    return prefix.empty() ? name : prefix + "." + name;
-  }
+  /// (Re)initialises every module of the tree from seed (each one's reset_parameters); the
+  /// result depends on seed and the full names only.
+  void reset(std::uint64_t seed);
 
- public:
-  /// The module's full dotted name ("features.fc1"); parents set it on their children.
-  virtual void set_name(std::string name) { name_ = std::move(name); }
-  const std::string& name() const { return name_; }
+  /// The module's full dotted name ("features.fc1"), derived from where it sits in the tree;
+  /// "" for the root (the model itself) and for a module not placed in a model yet.
+  const std::string& name() const { return path_; }
 
-  /// Training mode (on, the default) or evaluation mode, as PyTorch's Module.train(mode): it
-  /// decides what forward() adds to the graph being built (Dropout adds nothing when off), so
-  /// the Trainer sets it before it builds each training or evaluation graph. Containers pass it
-  /// on to their children.
-  void train(bool on = true) override { training_ = on; }
+  /// Training mode (on, the default) or evaluation mode, as PyTorch's Module.train(mode), for
+  /// the whole tree: it decides what forward() adds to the graph being built (Dropout adds
+  /// nothing when off), so the Trainer sets it before it builds each training or evaluation
+  /// graph.
+  void train(bool on = true) final;
   void eval() { train(false); }
   bool training() const { return training_; }
 
  protected:
-  std::string name_;
+  /// Registers t as a parameter called `name` and returns it (a handle sharing its storage).
+  /// A name is one segment of the dotted path: letters, digits and '_', unique among this
+  /// module's parameters, buffers and children. Anything else is refused, naming the module
+  /// and the name.
+  Tensor register_parameter(std::string name, Tensor t);
+  /// Registers t as a buffer called `name` (the same rules) and returns it.
+  Tensor register_buffer(std::string name, Tensor t);
+  /// Makes m a child called `name` (the same rules) and returns it; its parameters are then
+  /// "<name>.<theirs>" below this module's name.
+  template <typename M>
+  M& register_module(std::string name, std::unique_ptr<M> m) {
+    M* raw = m.get();
+    adopt(std::move(name), std::move(m));
+    return *raw;
+  }
+
+  /// The node of the registered parameter `name` in g, named by its full name (created once
+  /// per graph, so every use of a weight reads the same node).
+  ir::Value* parameter_value(ir::Graph& g, std::string_view name);
+  /// The node of the registered buffer `name` in g: persistent, read-only for the graph, never
+  /// differentiated.
+  ir::Value* buffer_value(ir::Graph& g, std::string_view name);
+  /// Initialises the registered parameter `name` by init from seed, the random stream fixed by
+  /// its full name.
+  void initialize_parameter(std::string_view name, Init init, std::int64_t fan_in,
+                            std::int64_t fan_out, std::uint64_t seed);
+
+  /// What reset(seed) does for this module alone: initialise its own parameters (its
+  /// children's reset_parameters are called by reset). The default leaves them as registered.
+  virtual void reset_parameters(std::uint64_t seed) {}
+
+  struct Child {
+    std::string name;  // the local name
+    std::unique_ptr<Module> module;
+  };
+  const std::vector<Child>& children() const { return children_; }
+
+ private:
+  void adopt(std::string name, std::unique_ptr<Module> m);
+  /// Throws unless name may be registered as a new `kind` of this module.
+  void check_new_name(std::string_view kind, const std::string& name) const;
+  void set_path(const std::string& path);
+  std::string full_name(std::string_view local) const;
+  void collect(bool buffers, NamedTensors& out) const;
+  ir::Value* source_value(ir::Graph& g, bool buffer, std::string_view name);
+  /// The module for error messages: its type and, once placed, its full name.
+  std::string who() const;
+
+  std::string local_name_, path_;
   bool training_ = true;
+  NamedTensors parameters_, buffers_;
+  std::vector<Child> children_;
 };
 
 /// y = x W^T + b, W [out, in], b [out].
@@ -75,13 +131,13 @@ class Linear final : public Module {
  public:
   Linear(std::int64_t in, std::int64_t out, Init init = Init::He, bool bias = true);
   ir::Value* forward(ir::Value* x) override;
-  void collect_parameters(const std::string& prefix, NamedTensors& out) override;
-  void reset_parameters(std::uint64_t seed, const std::string& prefix) override;
   std::string describe() const override;
   const Tensor& weight() const { return weight_; }
   const Tensor& bias() const { return bias_; }
 
  private:
+  void reset_parameters(std::uint64_t seed) override;
+
   std::int64_t in_, out_;
   Init init_;
   Tensor weight_, bias_;
@@ -95,13 +151,13 @@ class Conv2d final : public Module {
   Conv2d(std::int64_t in_channels, std::int64_t out_channels, std::int64_t kernel,
          std::int64_t stride = 1, std::int64_t pad = 0, Init init = Init::He, bool bias = true);
   ir::Value* forward(ir::Value* x) override;
-  void collect_parameters(const std::string& prefix, NamedTensors& out) override;
-  void reset_parameters(std::uint64_t seed, const std::string& prefix) override;
   std::string describe() const override;
   const Tensor& weight() const { return weight_; }
   const Tensor& bias() const { return bias_; }
 
  private:
+  void reset_parameters(std::uint64_t seed) override;
+
   std::int64_t in_, out_, kernel_, stride_, pad_;
   Init init_;
   Tensor weight_, bias_;
@@ -159,22 +215,15 @@ class Flatten final : public Module {
 class Sequential final : public Module {
  public:
   Sequential() = default;
-  /// Adds a child named name (default: its index).
+  /// Adds a child called name (default: its index), under the rules of register_module.
   Sequential& add(std::unique_ptr<Module> m, std::string name = {});
   template <typename M, typename... Args>
   Sequential& emplace(std::string name, Args&&... args) {
     return add(std::make_unique<M>(std::forward<Args>(args)...), std::move(name));
   }
   ir::Value* forward(ir::Value* x) override;
-  void collect_parameters(const std::string& prefix, NamedTensors& out) override;
-  void reset_parameters(std::uint64_t seed, const std::string& prefix) override;
   std::string describe() const override;
-  void set_name(std::string name) override;
-  void train(bool on = true) override;
-  std::size_t size() const { return children_.size(); }
-
- private:
-  std::vector<std::pair<std::string, std::unique_ptr<Module>>> children_;
+  std::size_t size() const { return children().size(); }
 };
 
 /// Inverted dropout, as PyTorch's nn.Dropout(p): in training mode each element is zeroed with
@@ -188,11 +237,12 @@ class Dropout final : public Module {
  public:
   explicit Dropout(double p = 0.5);
   ir::Value* forward(ir::Value* x) override;
-  void reset_parameters(std::uint64_t seed, const std::string& prefix) override;
   std::string describe() const override;
   double p() const { return p_; }
 
  private:
+  void reset_parameters(std::uint64_t seed) override;
+
   double p_;
   std::uint64_t seed_ = 0;
 };
@@ -200,8 +250,13 @@ class Dropout final : public Module {
 /// The activation module called name: relu, sigmoid or tanh.
 std::unique_ptr<Module> make_activation(const std::string& name);
 
-/// Copies values into the model's parameters, matched by name; names, shapes and dtypes must
-/// all match, or the error lists what differs.
-void load_parameters(Module& m, const NamedTensors& values, const std::string& source);
+/// Copies values into the model's parameters and buffers (its state_dict), matched by name;
+/// names, shapes and dtypes must all match, or the error, naming `source`, lists what differs.
+void load_state_dict(Module& m, const NamedTensors& values, const std::string& source);
+/// load_state_dict from a .safetensors file: what --init does.
+void load_state_dict(Module& m, const std::string& path);
+/// Writes the model's state_dict to path as .safetensors (PyTorch's names and layouts, written
+/// to a temporary file and renamed): what --save does.
+void save_state_dict(Module& m, const std::string& path);
 
 }  // namespace minidl::nn

@@ -53,6 +53,7 @@ Trainer::Trainer(train::Model& model, optim::Optimizer& optimizer, TrainerOption
                options.eval_batch_size);
   if (options.loss == nullptr) own_loss_ = std::make_unique<train::CrossEntropy>();
   loss_ = options.loss ? options.loss : own_loss_.get();
+  train::check_names(model_);
   // The optimizer's state exists before any graph is built, so a checkpoint can fill it.
   optimizer_.init_state(model_.parameters());
 }

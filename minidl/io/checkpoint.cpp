@@ -155,8 +155,8 @@ Metadata settings_metadata(const std::vector<Setting>& settings) {
   return m;
 }
 
-std::string save(const std::string& dir, const Position& pos, const NamedTensors& params,
-                 const NamedTensors& optimizer_state, const Metadata& settings, int keep) {
+std::string save(const std::string& dir, const Position& pos, const Tensors& tensors,
+                 const Metadata& settings, int keep) {
   MINIDL_CHECK(keep >= 1, "checkpoints to keep must be at least 1, got ", keep);
   const int epochs = pos.epoch - 1;
   const std::string path = (fs::path(dir) / file_name(epochs, pos.epoch_step)).string();
@@ -171,8 +171,9 @@ std::string save(const std::string& dir, const Position& pos, const NamedTensors
   m["epoch_samples"] = std::to_string(pos.samples);
   m["epoch_loss_sum"] = exact(pos.loss_sum);
   m["epoch_correct"] = exact(pos.correct);
-  NamedTensors all = params;
-  for (const auto& [name, t] : optimizer_state)
+  NamedTensors all = tensors.parameters;
+  all.insert(all.end(), tensors.buffers.begin(), tensors.buffers.end());
+  for (const auto& [name, t] : tensors.optimizer_state)
     all.emplace_back(std::string(kOptimizerPrefix) + name, t);
   save_safetensors(path, all, m);
 
@@ -192,8 +193,7 @@ std::string save(const std::string& dir, const Position& pos, const NamedTensors
   return path;
 }
 
-Loaded load(const std::string& path, const NamedTensors& params,
-            const NamedTensors& optimizer_state) {
+Loaded load(const std::string& path, const Tensors& into) {
   SafetensorsFile file = load_safetensors(path);
   MINIDL_CHECK(file.metadata.count(std::string(kVersionKey)) != 0, "'", path,
                "' is not a minidl checkpoint: its metadata has no '", kVersionKey,
@@ -210,8 +210,10 @@ Loaded load(const std::string& path, const NamedTensors& params,
     const char* what;
   };
   std::vector<Expected> expected;
-  for (const auto& [name, t] : params) expected.push_back({name, t, "a parameter of the model"});
-  for (const auto& [name, t] : optimizer_state) {
+  for (const auto& [name, t] : into.parameters)
+    expected.push_back({name, t, "a parameter of the model"});
+  for (const auto& [name, t] : into.buffers) expected.push_back({name, t, "a buffer of the model"});
+  for (const auto& [name, t] : into.optimizer_state) {
     expected.push_back({std::string(kOptimizerPrefix) + name, t, "optimizer state"});
   }
   auto find = [&](const std::string& name) {
@@ -236,9 +238,9 @@ Loaded load(const std::string& path, const NamedTensors& params,
                                    [&](const Expected& e) { return e.name == tensor_name; });
     if (known) continue;
     const bool state = name.starts_with(kOptimizerPrefix);
-    problems.push_back(fmt::format(
-        "unexpected tensor '{}' {} ({})", name, describe(t),
-        state ? "this optimizer keeps no such state" : "the model has no such parameter"));
+    problems.push_back(fmt::format("unexpected tensor '{}' {} ({})", name, describe(t),
+                                   state ? "this optimizer keeps no such state"
+                                         : "the model has no such parameter or buffer"));
   }
   if (!problems.empty()) {
     std::string list;

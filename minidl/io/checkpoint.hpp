@@ -1,9 +1,10 @@
-// Training checkpoints: the parameters, the optimizer's state and the trainer's position in one
-// .safetensors file, whose "__metadata__" holds the position and the run's settings. A run
-// resumed from a checkpoint ends with the very same parameters as one that never stopped, when
-// both have the same layout (ranks, threads, backend).
+// Training checkpoints: the model's parameters and buffers, the optimizer's state and the
+// trainer's position in one .safetensors file, whose "__metadata__" holds the position and the
+// run's settings. A run resumed from a checkpoint ends with the very same parameters as one that
+// never stopped, when both have the same layout (ranks, threads, backend).
 //
-// File contents: every parameter under its model name ("fc1.weight"), every optimizer state
+// File contents: every parameter and buffer under its model name ("fc1.weight"), every optimizer
+// state
 // tensor as "optimizer.<name>" ("optimizer.fc1.weight.momentum_buffer"), and the metadata
 // "minidl.checkpoint" (kVersion), "epoch" (whole epochs done), "epoch_step" and "position"
 // (steps and samples done of the next epoch's order), "step" (training steps since the start:
@@ -55,11 +56,18 @@ std::vector<std::string> list_after(const std::string& dir, int epochs, std::int
 /// path itself when it is a file; the newest checkpoint in it when it is a directory.
 std::string resolve(const std::string& path);
 
+/// The tensors of a checkpoint, each group by name.
+struct Tensors {
+  NamedTensors parameters;       // the model's trained tensors
+  NamedTensors buffers;          // the model's state that is not trained (running statistics)
+  NamedTensors optimizer_state;  // stored as "optimizer.<name>"
+};
+
 /// Writes dir/file_name(...) for position pos: a temporary file in dir, fsync, rename. Then
 /// removes all but the newest `keep` checkpoints of dir (and stale temporary files of killed
 /// writers). settings are stored in the metadata for check_settings. Returns the path.
-std::string save(const std::string& dir, const Position& pos, const NamedTensors& params,
-                 const NamedTensors& optimizer_state, const Metadata& settings, int keep);
+std::string save(const std::string& dir, const Position& pos, const Tensors& tensors,
+                 const Metadata& settings, int keep);
 
 struct Loaded {
   std::string path;
@@ -67,11 +75,10 @@ struct Loaded {
   Metadata metadata;  // all of it: position, settings, format
 };
 
-/// Reads path and checks its tensors against params and optimizer_state by name, shape and
-/// dtype; any difference throws one error naming the file and, for each tensor, what was
-/// expected and what was found. Then copies the tensors in.
-Loaded load(const std::string& path, const NamedTensors& params,
-            const NamedTensors& optimizer_state);
+/// Reads path and checks its tensors against `into` by name, shape and dtype; any difference
+/// throws one error naming the file and, for each tensor, what was expected and what was found.
+/// Then copies the tensors in.
+Loaded load(const std::string& path, const Tensors& into);
 
 /// The position recorded in a checkpoint's metadata m (read from path, named in errors);
 /// throws if the format version is another or the position is missing or inconsistent.

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include "minidl/ir/graph.hpp"
 
@@ -23,5 +24,15 @@ class Model {
   virtual void train(bool on) = 0;
   virtual std::string describe() const = 0;
 };
+
+/// Why `segment` cannot be one segment of a tensor's dotted name, or "" when it can: a segment
+/// is made of letters, digits and '_' (so it holds no '.', and is not empty).
+std::string name_segment_problem(std::string_view segment);
+
+/// Throws unless every parameter and buffer name of model is a dotted path of such segments
+/// ("block1.fc1.weight": no empty segment, no ".." or trailing dot), no two are equal and no two
+/// share a tensor's storage, naming the model and the bad name. Checkpoints, saved files and the
+/// optimizer's state all go by these names.
+void check_names(Model& model);
 
 }  // namespace minidl::train

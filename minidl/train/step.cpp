@@ -118,6 +118,8 @@ CompiledStep compile_step(Model& model, const Loss& loss, optim::Optimizer* opti
   MINIDL_CHECK(spec.batch >= 1, "compile_step: the batch must hold at least one sample, got ",
                spec.batch);
   MINIDL_CHECK(!spec.train || optimizer != nullptr, "compile_step: training needs an optimizer");
+  // Programs find parameters by name, and the optimizer names its state after them.
+  check_names(model);
   parallel::Communicator& comm = o.comm ? *o.comm : parallel::world();
   MINIDL_CHECK(comm.size() == o.layout.ranks(), "compile_step: the layout has ", o.layout.ranks(),
                " rank(s), the communicator ", comm.size());

@@ -92,7 +92,7 @@ std::pair<NamedTensors, EpochStats> interrupted(const Dataset& d, int epochs,
     bool stopped = false;
     auto on_step = [&](const StepInfo& info) {
       if (info.step != stop_step) return;
-      checkpoint::save(dir, t.position(), model->parameters(), sgd.state(), {}, 2);
+      checkpoint::save(dir, t.position(), {model->parameters(), {}, sgd.state()}, {}, 2);
       stopped = true;
       throw Error("stop");  // the process dies here
     };
@@ -109,7 +109,7 @@ std::pair<NamedTensors, EpochStats> interrupted(const Dataset& d, int epochs,
   optim::Sgd sgd({.lr = 0.05, .momentum = 0.9});
   Trainer t(*model, sgd, options());
   const checkpoint::Loaded ckpt =
-      checkpoint::load(checkpoint::resolve(dir), model->parameters(), sgd.state());
+      checkpoint::load(checkpoint::resolve(dir), {model->parameters(), {}, sgd.state()});
   t.resume(ckpt.position);
   EpochStats last;
   for (int e = ckpt.position.epoch; e <= epochs; ++e) last = t.train_epoch(d, e);
@@ -152,7 +152,7 @@ TEST(Checkpoint, LosingStateChangesTheResult) {
     model->reset(3);
     optim::Sgd sgd({.lr = 0.05, .momentum = 0.9});
     Trainer t(*model, sgd, options());
-    checkpoint::Loaded ckpt = checkpoint::load(file, model->parameters(), sgd.state());
+    checkpoint::Loaded ckpt = checkpoint::load(file, {model->parameters(), {}, sgd.state()});
     if (lose == "momentum") {
       for (auto& [n, v] : sgd.state()) std::memset(v.raw(), 0, v.nbytes());
     } else if (lose == "step") {
@@ -171,8 +171,8 @@ TEST(Checkpoint, FileHoldsParametersStateAndPosition) {
   optim::Sgd sgd({.lr = 0.1, .momentum = 0.5});
   Trainer t(*model, sgd, options());
   t.train_epoch(testing::blobs(64, 1), 1);
-  const std::string path = checkpoint::save(dir.str(), t.position(), model->parameters(),
-                                            sgd.state(), {{"seed", "11"}}, 3);
+  const std::string path = checkpoint::save(
+      dir.str(), t.position(), {model->parameters(), {}, sgd.state()}, {{"seed", "11"}}, 3);
   EXPECT_EQ(path, (dir.path / "ckpt-e0001-s000000.safetensors").string());
   const SafetensorsFile f = load_safetensors(path);
   std::vector<std::string> names;

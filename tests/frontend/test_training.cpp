@@ -93,14 +93,14 @@ TEST(Modules, InitialisationDependsOnSeedOnly) {
   EXPECT_NEAR(var / wa.numel(), 2.0 / 64.0, 0.01);  // He: variance 2 / fan_in
 }
 
-TEST(Modules, LoadParametersSaysWhatDiffers) {
+TEST(Modules, LoadStateDictSaysWhatDiffers) {
   auto model = mlp();
   NamedTensors values = model->parameters();
   values[1].second = Tensor::zeros({31});
   values.emplace_back("fc9.weight", Tensor::zeros({1}));
   values.erase(values.begin() + 2);
   try {
-    nn::load_parameters(*model, values, "ckpt.safetensors");
+    nn::load_state_dict(*model, values, "ckpt.safetensors");
     FAIL();
   } catch (const Error& e) {
     EXPECT_THAT(e.what(), ::testing::HasSubstr("'ckpt.safetensors' does not match the model"));

@@ -70,7 +70,7 @@ TEST(Checkpoint, KeepsTheNewestKAndResolvesTheNewest) {
     checkpoint::Position p{.epoch = epochs + 1, .epoch_step = steps, .next_sample = steps * 32};
     p.samples = p.next_sample;
     p.step = 100 * epochs + steps;
-    checkpoint::save(dir.str(), p, model->parameters(), sgd.state(), {}, 3);
+    checkpoint::save(dir.str(), p, {model->parameters(), {}, sgd.state()}, {}, 3);
   }
   std::vector<std::string> left;
   for (const std::string& p : checkpoint::list(dir.str()))
@@ -96,13 +96,15 @@ struct LoadCase {
   void save(nn::Module& model, double momentum) {
     optim::Sgd sgd({.lr = 0.1, .momentum = momentum});
     sgd.init_state(model.parameters());
-    path =
-        checkpoint::save(dir.str(), checkpoint::Position{}, model.parameters(), sgd.state(), {}, 1);
+    path = checkpoint::save(dir.str(), checkpoint::Position{},
+                            {model.parameters(), model.buffers(), sgd.state()}, {}, 1);
   }
   std::string load_error(nn::Module& model, double momentum) {
     optim::Sgd sgd({.lr = 0.1, .momentum = momentum});
     sgd.init_state(model.parameters());
-    return error_of([&] { checkpoint::load(path, model.parameters(), sgd.state()); });
+    return error_of([&] {
+      checkpoint::load(path, {model.parameters(), model.buffers(), sgd.state()});
+    });
   }
 };
 
@@ -123,7 +125,7 @@ TEST(CheckpointLoad, WrongNameSaysWhichIsMissingAndWhichIsUnexpected) {
   EXPECT_THAT(e, HasSubstr("tensor 'fc2.weight' is missing (expected F32 [10,32], a parameter of "
                            "the model)"));
   EXPECT_THAT(e, HasSubstr("unexpected tensor 'out.weight' F32 [10,32] (the model has no such "
-                           "parameter)"));
+                           "parameter or buffer)"));
   EXPECT_THAT(e, Not(HasSubstr("fc1")));  // only what differs
 }
 
@@ -171,7 +173,9 @@ TEST(CheckpointLoad, PlainParameterFileIsNotACheckpoint) {
   const std::string path = (dir.path / "model.safetensors").string();
   save_safetensors(path, model->parameters(), {{"format", "pt"}});
   optim::Sgd sgd({.lr = 0.1});
-  EXPECT_THAT(error_of([&] { checkpoint::load(path, model->parameters(), sgd.state()); }),
+  EXPECT_THAT(error_of([&] {
+                checkpoint::load(path, {model->parameters(), {}, sgd.state()});
+              }),
               HasSubstr("'" + path + "' is not a minidl checkpoint"));
 }
 

@@ -29,7 +29,7 @@ std::size_t count_op(const ir::Graph& g, std::string_view op) {
 TEST(Fusion, FoldsBiasAndReluIntoMatmulAndKeepsResults) {
   const Dataset batch = minidl::testing::blobs(16, 3);
   auto model = minidl::testing::small_mlp();
-  model->reset_parameters(7, "");
+  model->reset(7);
   TrainingGraph plain(*model, batch);
   TrainingGraph fused(*model, batch);
   ASSERT_TRUE(ops::FuseBiasActivation().run(fused.g));
@@ -114,8 +114,8 @@ TEST(Fusion, FoldsPlainSgdIntoTheWeightGradientProduct) {
   const Dataset batch = minidl::testing::blobs(16, 3);
   auto plain_model = minidl::testing::small_mlp();
   auto fused_model = minidl::testing::small_mlp();
-  plain_model->reset_parameters(7, "");
-  fused_model->reset_parameters(7, "");
+  plain_model->reset(7);
+  fused_model->reset(7);
   SgdStep plain(*plain_model, batch), fused(*fused_model, batch);
   ASSERT_TRUE(ops::FuseUpdateIntoProduct().run(fused.g));
 
@@ -150,7 +150,7 @@ TEST(Fusion, FoldsPlainSgdIntoTheWeightGradientProduct) {
 TEST(Fusion, LeavesUpdatesWithWeightDecayAlone) {
   const Dataset batch = minidl::testing::blobs(16, 3);
   auto model = minidl::testing::small_mlp();
-  model->reset_parameters(7, "");
+  model->reset(7);
   SgdStep step(*model, batch, /*weight_decay=*/0.01);
   EXPECT_FALSE(ops::FuseUpdateIntoProduct().run(step.g));
   EXPECT_EQ(count_op(step.g, "matmul_accumulate"), 0u);

@@ -47,7 +47,7 @@ std::string layout_of(const ir::Graph& g, std::string_view node, int output = 0)
 TEST(Layouts, NativeGraphsStayPlain) {
   const Dataset batch = minidl::testing::blobs(8, 3);
   auto model = small_cnn();
-  model->reset_parameters(5, "");
+  model->reset(5);
   TrainingGraph t(*model, batch);
   ops::FuseBiasActivation().run(t.g);
   EXPECT_FALSE(ops::PropagateLayouts(ir::Backend::Native).run(t.g));
@@ -61,7 +61,7 @@ TEST(Layouts, OneDnnRunsKeepTheBlockedLayoutAndTheResults) {
   if (blocked.empty()) GTEST_SKIP() << "oneDNN uses no channel-blocked layout on this CPU";
   const Dataset batch = minidl::testing::blobs(8, 3);
   auto model = small_cnn();
-  model->reset_parameters(5, "");
+  model->reset(5);
   TrainingGraph plain(*model, batch);
   TrainingGraph propagated(*model, batch);
   ops::FuseBiasActivation().run(plain.g);  // the trainer's order: fusion, then layouts

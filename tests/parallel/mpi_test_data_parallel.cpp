@@ -8,6 +8,7 @@
 
 #include "minidl/frontend/trainer.hpp"
 #include "minidl/parallel/communicator.hpp"
+#include "support/modules.hpp"
 #include "support/synthetic.hpp"
 
 using namespace minidl;
@@ -68,6 +69,34 @@ TEST(DataParallel, MatchesSerialAtTheSameGlobalBatch) {
   EXPECT_NEAR(par.last.loss, ser.last.loss, 1e-5);
   EXPECT_EQ(par.last.samples, ser.last.samples);
   EXPECT_EQ(ranks_that_differ(world, *par.model), 0);
+}
+
+// A buffer is read by every rank's graph and left out of the gradient reduction: the model
+// trains as the serial one does, and the buffer stays what every rank set it to.
+TEST(DataParallel, BuffersAreReadButNotReduced) {
+  parallel::Communicator& world = parallel::world();
+  auto local = parallel::make_local_communicator();
+  const Dataset d = minidl::testing::blobs(512, 15);
+  auto run = [&](parallel::Communicator& comm) {
+    auto model = minidl::testing::shifted_mlp();
+    const Tensor initial = model->buffers()[0].second.clone();
+    optim::Sgd sgd({.lr = 0.05, .momentum = 0.9});
+    Trainer t(*model, sgd, {.batch_size = 32, .seed = 3, .comm = &comm});
+    const ir::Node* b = t.training_graph(Shape{1, 8, 8}).find("shift.offset");
+    EXPECT_NE(b, nullptr);
+    if (b != nullptr) {
+      for (const ir::Node* user : b->output()->users())
+        EXPECT_EQ(user->phase(), ir::Phase::Forward) << user->describe();
+    }
+    t.train_epoch(d, 1);
+    const Tensor offset = model->buffers()[0].second;
+    EXPECT_EQ(std::memcmp(offset.raw(), initial.raw(), offset.nbytes()), 0);
+    return model;
+  };
+  auto par = run(world);
+  auto ser = run(*local);
+  expect_close(*par, *ser, 1e-4);
+  EXPECT_EQ(ranks_that_differ(world, *par), 0);
 }
 
 // 1000 = 31 * 32 + 8: the last global batch of 8 is split unevenly for 3 ranks (3/3/2).

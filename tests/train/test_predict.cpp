@@ -67,7 +67,7 @@ TEST(Predict, DropoutIsTheIdentity) {
   with.emplace<nn::Linear>("fc2", 32, 10, nn::Init::Xavier);
   with.reset(5);
   auto without = small_mlp();
-  nn::load_parameters(*without, with.parameters(), "the model with dropout");
+  nn::load_state_dict(*without, with.state_dict(), "the model with dropout");
   const Tensor a = train::predict(with, d.images), b = train::predict(*without, d.images);
   for (std::int64_t i = 0; i < a.numel(); ++i) ASSERT_EQ(a.at(i), b.at(i)) << i;
 }

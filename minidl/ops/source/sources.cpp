@@ -1,5 +1,7 @@
 // Source ops: values supplied from outside the graph. `input` is fed every step (a batch),
-// `parameter` is trainable persistent storage, `state` is persistent but not trained (momentum).
+// `parameter` is trainable persistent storage, `state` is persistent but not trained: the
+// optimizer's momentum, a module's buffers. Autograd differentiates with respect to parameters
+// only, the optimizer updates and the data-parallel pass reduces only their gradients.
 #include "minidl/ops/common.hpp"
 #include "minidl/ops/registry.hpp"
 
@@ -42,6 +44,6 @@ MINIDL_OP(state)
     .attr<std::string>("dtype", "f32")
     .infer(infer)
     .source()
-    .no_grad("optimizer state is not differentiated");
+    .no_grad("state (optimizer state, module buffers) is not differentiated");
 
 }  // namespace minidl::ops

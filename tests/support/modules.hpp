@@ -1,0 +1,66 @@
+// Modules with children and buffers, as docs/adding-a-layer.md writes them: a residual block and
+// a shift by a buffer, and a small model with the shift.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <memory>
+#include <string>
+
+#include "minidl/frontend/nn.hpp"
+#include "minidl/ops/ops.hpp"
+
+namespace minidl::testing {
+
+/// y = relu(x + fc2(relu(fc1(x)))) over x [N, features].
+class ResidualBlock final : public nn::Module {
+ public:
+  ResidualBlock(std::int64_t features, std::int64_t hidden)
+      : fc1_(register_module("fc1", std::make_unique<nn::Linear>(features, hidden))),
+        fc2_(register_module("fc2",
+                             std::make_unique<nn::Linear>(hidden, features, nn::Init::Xavier))) {}
+
+  ir::Value* forward(ir::Value* x) override {
+    ir::Value* h = ops::relu(fc1_(x));
+    return ops::relu(ops::add(x, fc2_(h)));
+  }
+  std::string describe() const override {
+    return fmt::format("ResidualBlock({}, {})", fc1_.describe(), fc2_.describe());
+  }
+
+ private:
+  nn::Linear& fc1_;
+  nn::Linear& fc2_;
+};
+
+/// y = x + offset over x [N, features], offset a buffer: the graph reads it, nothing trains it.
+class Shift final : public nn::Module {
+ public:
+  explicit Shift(std::int64_t features)
+      : offset_(register_buffer("offset", Tensor::zeros({features}))) {}
+  ir::Value* forward(ir::Value* x) override {
+    return ops::bias_add(x, buffer_value(x->graph(), "offset"));
+  }
+  std::string describe() const override { return "Shift"; }
+  const Tensor& offset() const { return offset_; }
+
+ private:
+  Tensor offset_;
+};
+
+/// 64 -> 32 -> shift -> relu -> 10 over [N,1,8,8]; the shift's offset set to a fixed pattern.
+inline std::unique_ptr<nn::Sequential> shifted_mlp(std::uint64_t seed = 3) {
+  auto m = std::make_unique<nn::Sequential>();
+  m->emplace<nn::Flatten>("flatten");
+  m->emplace<nn::Linear>("fc1", 64, 32, nn::Init::He);
+  m->emplace<Shift>("shift", 32);
+  m->emplace<nn::ReLU>("act1");
+  m->emplace<nn::Linear>("fc2", 32, 10, nn::Init::Xavier);
+  m->reset(seed);
+  Tensor offset = m->buffers()[0].second;
+  for (std::int64_t i = 0; i < offset.numel(); ++i)
+    offset.data<float>()[i] = 0.05f * static_cast<float>(i % 5) - 0.1f;
+  return m;
+}
+
+}  // namespace minidl::testing
