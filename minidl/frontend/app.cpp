@@ -434,7 +434,7 @@ int run_training_app(int argc, char** argv, const std::string& description, AppC
   MINIDL_ASSERT(std::find(c.datasets.begin(), c.datasets.end(), c.dataset) != c.datasets.end(),
                 "AppConfig.dataset '", c.dataset, "' is not one of AppConfig.datasets");
   // Not in --help (CLI11 would end it with an empty line for a hidden option): the flag
-  // reference in Markdown with this program's defaults.
+  // reference in Markdown with this program's defaults, for scripts/flags-doc.
   if (argc == 2 && std::string_view(argv[1]) == "--help-markdown") {
     if (parallel::world().rank() == 0) fmt::print("{}", flags_markdown(c, hooks.flags));
     return 0;

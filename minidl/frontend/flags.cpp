@@ -155,7 +155,8 @@ auto fact_json(T RunFacts::*m) {
 }
 
 /// The table. A new flag is one row: its AppConfig field, help, check, checkpoint key and rule,
-/// metrics key.
+/// metrics key. Then scripts/flags-doc regenerates docs/flags.md (ctest's docs.flags fails until
+/// it does).
 std::vector<Flag> make_table() {
   using C = const AppConfig&;
   using F = const RunFacts&;

@@ -2,7 +2,7 @@
 // name, the AppConfig field it sets, its help, the values it accepts, whether a resumed run must
 // repeat it (its checkpoint setting) and its key in the metrics' "config" record. Parsing,
 // --help, the checkpoint's settings, the metrics record and the Markdown reference
-// (--help-markdown) are all read from it: adding a flag is adding a row.
+// (docs/flags.md, --help-markdown) are all read from it: adding a flag is adding a row.
 #pragma once
 
 #include <cstdint>
@@ -47,7 +47,8 @@ std::string metrics_config(const AppConfig& config, const RunFacts& run);
 
 /// The flag reference in Markdown with config's defaults: a table of every flag (name, default,
 /// allowed values, what a resume needs of it, metrics key, help) and of the example's own
-/// (AppHooks::flags), then the settings recorded without a flag.
+/// (AppHooks::flags), then the settings recorded without a flag. scripts/flags-doc assembles
+/// docs/flags.md from it.
 std::string flags_markdown(const AppConfig& config, const std::vector<AppFlag>& own = {});
 
 }  // namespace minidl
