@@ -45,16 +45,17 @@ std::string parse(AppConfig& config, const std::string& command_line) {
 TEST(Flags, ParsesOverTheExampleDefaults) {
   AppConfig c;
   c.epochs = 5;  // an example's own default
-  EXPECT_EQ(parse(c, "--batch-size 16 --no-shuffle --lr 0.5"), "");
+  EXPECT_EQ(parse(c, "--batch-size 16 --accumulate 4 --no-shuffle --lr 0.5"), "");
   EXPECT_EQ(c.epochs, 5);
   EXPECT_EQ(c.batch_size, 16);
+  EXPECT_EQ(c.accumulate, 4);
   EXPECT_TRUE(c.no_shuffle);
   EXPECT_EQ(c.lr, 0.5);
 }
 
 TEST(Flags, RefusesValuesOutsideTheRowsCheck) {
   AppConfig c;
-  EXPECT_THAT(parse(c, "--batch-size 0"), HasSubstr("--batch-size"));
+  EXPECT_THAT(parse(c, "--accumulate 0"), HasSubstr("--accumulate"));
   EXPECT_THAT(parse(c, "--activation gelu"), HasSubstr("--activation"));
   EXPECT_THAT(parse(c, "--dataset cifar10"), HasSubstr("--dataset"));  // not one of c.datasets
   EXPECT_EQ(parse(c, "--micro-batch 4"), "--micro-batch requires --deterministic");
@@ -89,6 +90,7 @@ TEST(Flags, CheckpointSettingsKeepTheirKeys) {
       {"train_samples", {"100", Rule::SameMidEpoch, "the training set size (--train-limit)"}},
       {"upscale", {"1", Rule::SameMidEpoch, "--upscale"}},
       {"batch_size", {"64", Rule::SameMidEpoch, "--batch-size"}},
+      {"accumulate", {"1", Rule::SameMidEpoch, "--accumulate"}},
       {"seed", {"42", Rule::SameMidEpoch, "--seed"}},
       {"shuffle", {"true", Rule::SameMidEpoch, "shuffling (--no-shuffle)"}},
       {"lr", {"0.01", Rule::Note, "--lr"}},
@@ -164,6 +166,7 @@ TEST(Flags, MetricsConfigRecord) {
                                {"overlap", false},
                                {"fuse", true},
                                {"batch_size", 64},
+                               {"accumulate", 1},
                                {"lr", 0.01},
                                {"optimizer", "SGD()"},
                                {"momentum", 0.0},
@@ -194,8 +197,8 @@ TEST(Flags, MarkdownShowsTheExampleDefaults) {
   const std::string md = flags_markdown(c);
   EXPECT_THAT(md, HasSubstr("| `--epochs` | `5` | integer 1 to 100000 | noted (in `lr_schedule`) "
                             "| `epochs` | epochs |\n"));
-  EXPECT_THAT(md, HasSubstr("| `--batch-size` | `64` | integer 1 to 1048576 | must match "
-                            "mid-epoch (`batch_size`) | `batch_size` | batch size |\n"));
+  EXPECT_THAT(md, HasSubstr("| `--accumulate` | `1` | integer 1 to 1048576 | must match "
+                            "mid-epoch (`accumulate`) | `accumulate` | gradient accumulation"));
   EXPECT_THAT(md, HasSubstr("| `--loss` | not offered |"));
   EXPECT_THAT(md, HasSubstr("data/&lt;dataset&gt;"));  // no stray HTML tag
   EXPECT_THAT(md, Not(HasSubstr("--help-markdown")));
