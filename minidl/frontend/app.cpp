@@ -205,8 +205,9 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
                                                                .weight_decay = c.weight_decay});
   }
   const std::unique_ptr<train::Loss> loss = train::make_loss(c.loss, c.label_smoothing);
+  // The schedule counts optimizer steps, each of --accumulate micro-batches.
   const std::int64_t steps_per_epoch = std::max<std::int64_t>(
-      1, Trainer::steps_per_epoch(train_set.size(), c.batch_size, comm.size()));
+      1, Trainer::steps_per_epoch(train_set.size(), c.batch_size * c.accumulate, comm.size()));
   const optim::LrSchedule schedule(c.lr,
                                    {.kind = optim::parse_schedule(c.lr_schedule),
                                     .step_epochs = c.lr_step_epochs,
@@ -215,6 +216,7 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
                                    steps_per_epoch, steps_per_epoch * c.epochs);
   TrainerOptions topt;
   topt.batch_size = c.batch_size;
+  topt.accumulate = c.accumulate;
   topt.seed = c.seed;
   topt.shuffle = !c.no_shuffle;
   topt.compile.backend = c.backend == "onednn" ? ir::Backend::OneDnn : ir::Backend::Native;
