@@ -16,6 +16,7 @@
 
 #include "minidl/core/threading.hpp"
 #include "minidl/frontend/checkpoint_shared.hpp"
+#include "minidl/frontend/flags.hpp"
 #include "minidl/frontend/progress.hpp"
 #include "minidl/frontend/trace.hpp"
 #include "minidl/frontend/trainer.hpp"
@@ -75,13 +76,6 @@ class MetricsWriter {
 void write_graph(const ir::Graph& g, const std::string& path) {
   const std::string text = path.ends_with(".dot") ? ir::to_dot(g) : ir::to_text(g);
   write_file_atomically(path, text, "graph dump");
-}
-
-/// The values --backend accepts: onednn only in builds with oneDNN.
-std::vector<std::string> backends() {
-  std::vector<std::string> b{"native"};
-  if (MINIDL_WITH_ONEDNN) b.emplace_back("onednn");
-  return b;
 }
 
 /// The --profile table: kernel time per node over all training steps, largest first. With
@@ -156,45 +150,6 @@ void warn_if_spinning_oversubscribed(const std::string& program) {
   }
 }
 
-/// The settings a checkpoint records and a resuming run is checked against.
-std::vector<checkpoint::Setting> run_settings(const AppConfig& c, const nn::Module& model,
-                                              const Dataset& train_set, int ranks) {
-  using R = checkpoint::Rule;
-  const auto str = [](const auto& v) { return fmt::format("{}", v); };
-  return {{"model", model.describe(), R::Same, "the model"},
-          {"dataset", c.dataset, R::SameMidEpoch, "--dataset"},
-          {"train_samples", str(train_set.size()), R::SameMidEpoch,
-           "the training set size (--train-limit)"},
-          {"upscale", str(c.upscale), R::SameMidEpoch, "--upscale"},
-          {"batch_size", str(c.batch_size), R::SameMidEpoch, "--batch-size"},
-          {"seed", str(c.seed), R::SameMidEpoch, "--seed"},
-          {"shuffle", str(!c.no_shuffle), R::SameMidEpoch, "shuffling (--no-shuffle)"},
-          {"lr", str(c.lr), R::Note, "--lr"},
-          {"optimizer", c.optimizer, R::Same, "--optimizer"},
-          {"momentum", str(c.momentum), R::Note, "--momentum"},
-          {"nesterov", str(c.nesterov), R::Note, "--nesterov"},
-          {"weight_decay", str(c.weight_decay), R::Note, "--weight-decay"},
-          {"betas", fmt::format("{},{}", c.beta1, c.beta2), R::Note, "--beta1/--beta2"},
-          {"eps", str(c.eps), R::Note, "--eps"},
-          {"lr_schedule",
-           fmt::format("{} step_epochs={} gamma={} warmup={} epochs={}", c.lr_schedule,
-                       c.lr_step_epochs, c.lr_gamma, c.warmup_steps, c.epochs),
-           R::Note, "--lr-schedule, --lr-step-epochs, --lr-gamma, --warmup-steps, --epochs"},
-          {"clip_grad_norm", str(c.clip_grad_norm), R::Note, "--clip-grad-norm"},
-          {"loss", fmt::format("{} label_smoothing={}", c.loss, c.label_smoothing), R::Note,
-           "--loss, --label-smoothing"},
-          {"ranks", str(ranks), R::Note, "the number of ranks"},
-          {"threads", str(max_threads()), R::Note, "the number of threads (--threads)"},
-          {"thread_mode", c.thread_mode, R::Note, "--thread-mode"},
-          {"backend", c.backend, R::Note, "--backend"},
-          {"reduce", c.reduce, R::Note, "--reduce"},
-          {"bucket_mb", str(c.bucket_mb), R::Note, "--bucket-mb"},
-          {"overlap", str(c.overlap), R::Note, "--overlap"},
-          {"fuse", str(!c.no_fuse), R::Note, "fusion (--no-fuse)"},
-          {"deterministic", str(c.deterministic), R::Note, "--deterministic"},
-          {"micro_batch", str(c.deterministic ? c.micro_batch : 0), R::Note, "--micro-batch"}};
-}
-
 /// What a checkpoint of this model and optimizer holds.
 checkpoint::Tensors checkpoint_tensors(nn::Module& model, const optim::Optimizer& optimizer) {
   return {model.parameters(), model.buffers(), optimizer.state()};
@@ -254,8 +209,9 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
                                                                .weight_decay = c.weight_decay});
   }
   const std::unique_ptr<train::Loss> loss = train::make_loss(c.loss, c.label_smoothing);
+  // The schedule counts optimizer steps, each of --accumulate micro-batches.
   const std::int64_t steps_per_epoch = std::max<std::int64_t>(
-      1, Trainer::steps_per_epoch(train_set.size(), c.batch_size, comm.size()));
+      1, Trainer::steps_per_epoch(train_set.size(), c.batch_size * c.accumulate, comm.size()));
   const optim::LrSchedule schedule(c.lr,
                                    {.kind = optim::parse_schedule(c.lr_schedule),
                                     .step_epochs = c.lr_step_epochs,
@@ -264,6 +220,7 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
                                    steps_per_epoch, steps_per_epoch * c.epochs);
   TrainerOptions topt;
   topt.batch_size = c.batch_size;
+  topt.accumulate = c.accumulate;
   topt.seed = c.seed;
   topt.shuffle = !c.no_shuffle;
   topt.compile.backend = c.backend == "onednn" ? ir::Backend::OneDnn : ir::Backend::Native;
@@ -293,7 +250,18 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
   const std::int64_t nan_after = test_hook("MINIDL_TEST_NAN_AFTER_STEP", 0, 1);
   if (!c.checkpoint_dir.empty() && c.checkpoint_every == 0 && c.checkpoint_every_steps == 0)
     c.checkpoint_every = 1;
-  const std::vector<checkpoint::Setting> settings = run_settings(c, *model, train_set, comm.size());
+  std::int64_t n_params = 0;
+  for (const auto& [name, t] : model->parameters()) n_params += t.numel();
+  RunFacts facts{.program = program,
+                 .model = model->describe(),
+                 .parameters = n_params,
+                 .train_samples = train_set.size(),
+                 .test_samples = test_set.size(),
+                 .ranks = comm.size(),
+                 .threads = max_threads(),
+                 .optimizer = optimizer->describe(),
+                 .schedule = schedule.describe()};
+  const std::vector<checkpoint::Setting> settings = checkpoint_settings(c, facts);
 
   int first_epoch = 1;
   std::int64_t first_sample = 0, first_epoch_step = 0;
@@ -335,42 +303,9 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
   }
 
   MetricsWriter metrics(root ? c.metrics : std::string());
-  std::int64_t n_params = 0;
-  for (const auto& [name, t] : model->parameters()) n_params += t.numel();
-  metrics.add({{"config",
-                {{"program", program},
-                 {"model", model->describe()},
-                 {"parameters", n_params},
-                 {"dataset", c.dataset},
-                 {"train_samples", train_set.size()},
-                 {"test_samples", test_set.size()},
-                 {"normalize", c.normalize},
-                 {"upscale", c.upscale},
-                 {"ranks", comm.size()},
-                 {"threads", max_threads()},
-                 {"thread_mode", c.deterministic ? "deterministic" : c.thread_mode},
-                 {"deterministic", c.deterministic},
-                 {"micro_batch", c.deterministic ? c.micro_batch : 0},
-                 {"backend", c.backend},
-                 {"reduce", c.reduce},
-                 {"bucket_mb", c.bucket_mb},
-                 {"overlap", c.overlap},
-                 {"fuse", !c.no_fuse},
-                 {"batch_size", c.batch_size},
-                 {"lr", c.lr},
-                 {"optimizer", optimizer->describe()},
-                 {"momentum", c.momentum},
-                 {"nesterov", c.nesterov},
-                 {"weight_decay", c.weight_decay},
-                 {"lr_schedule", schedule.describe()},
-                 {"clip_grad_norm", c.clip_grad_norm},
-                 {"loss", c.loss},
-                 {"label_smoothing", c.label_smoothing},
-                 {"seed", c.seed},
-                 {"shuffle", !c.no_shuffle},
-                 {"epochs", c.epochs},
-                 {"resume", resumed_from.empty() ? nlohmann::json() : nlohmann::json(resumed_from)},
-                 {"first_epoch", first_epoch}}}});
+  facts.resumed_from = resumed_from;
+  facts.first_epoch = first_epoch;
+  metrics.add({{"config", nlohmann::json::parse(metrics_config(c, facts))}});
 
   if (talk) {
     fmt::print(
@@ -504,164 +439,14 @@ int run_training_app(int argc, char** argv, const std::string& description, AppC
   }
   MINIDL_ASSERT(std::find(c.datasets.begin(), c.datasets.end(), c.dataset) != c.datasets.end(),
                 "AppConfig.dataset '", c.dataset, "' is not one of AppConfig.datasets");
+  // Not in --help (CLI11 would end it with an empty line for a hidden option): the flag
+  // reference in Markdown with this program's defaults, for scripts/flags-doc.
+  if (argc == 2 && std::string_view(argv[1]) == "--help-markdown") {
+    if (parallel::world().rank() == 0) fmt::print("{}", flags_markdown(c, hooks.flags));
+    return 0;
+  }
   CLI::App app(description, program);
-  app.add_option("--data", c.data, "dataset directory (default: data/<dataset>)");
-  app.add_option("--dataset", c.dataset, "dataset")
-      ->check(CLI::IsMember(c.datasets))
-      ->capture_default_str();
-  app.add_option("--hidden", c.hidden, "hidden layer sizes, comma-separated; \"\" for none")
-      ->capture_default_str();
-  app.add_option("--activation", c.activation, "hidden activation")
-      ->check(CLI::IsMember({"relu", "sigmoid", "tanh"}))
-      ->capture_default_str();
-  app.add_option("--epochs", c.epochs, "epochs")
-      ->check(CLI::Range(1, 100000))
-      ->capture_default_str();
-  app.add_option("--batch-size", c.batch_size, "batch size")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20))
-      ->capture_default_str();
-  app.add_option("--lr", c.lr, "learning rate")
-      ->check(CLI::Range(1e-12, 1e6))
-      ->capture_default_str();
-  app.add_option("--momentum", c.momentum, "SGD momentum in [0, 1)")
-      ->check(CLI::Range(0.0, 0.999999))
-      ->capture_default_str();
-  app.add_option("--optimizer", c.optimizer, "optimizer")
-      ->check(CLI::IsMember({"sgd", "adamw"}))
-      ->capture_default_str();
-  app.add_flag("--nesterov", c.nesterov, "Nesterov momentum (SGD, needs --momentum)");
-  app.add_option("--weight-decay", c.weight_decay,
-                 "weight decay: added to the gradient (SGD) or decoupled (AdamW)")
-      ->check(CLI::Range(0.0, 1e6))
-      ->capture_default_str();
-  app.add_option("--beta1", c.beta1, "AdamW's first-moment decay in [0, 1)")
-      ->check(CLI::Range(0.0, 0.999999999))
-      ->capture_default_str();
-  app.add_option("--beta2", c.beta2, "AdamW's second-moment decay in [0, 1)")
-      ->check(CLI::Range(0.0, 0.999999999))
-      ->capture_default_str();
-  app.add_option("--eps", c.eps, "AdamW's denominator term")
-      ->check(CLI::Range(1e-30, 1.0))
-      ->capture_default_str();
-  app.add_option("--lr-schedule", c.lr_schedule,
-                 "learning rate per step: constant, step (x gamma every --lr-step-epochs) or "
-                 "cosine (to 0 at the last step)")
-      ->check(CLI::IsMember({"constant", "step", "cosine"}))
-      ->capture_default_str();
-  app.add_option("--lr-step-epochs", c.lr_step_epochs, "the step schedule's period in epochs")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30))
-      ->capture_default_str();
-  app.add_option("--lr-gamma", c.lr_gamma, "the step schedule's factor")
-      ->check(CLI::Range(1e-12, 1e6))
-      ->capture_default_str();
-  app.add_option("--warmup-steps", c.warmup_steps,
-                 "linear warm-up over the first N steps (any schedule)")
-      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40))
-      ->capture_default_str();
-  app.add_option("--clip-grad-norm", c.clip_grad_norm,
-                 "clip the global gradient norm to X after the reduction (0: off)")
-      ->check(CLI::Range(0.0, 1e12))
-      ->capture_default_str();
-  if (c.losses.size() > 1) {
-    app.add_option("--loss", c.loss, "loss")->check(CLI::IsMember(c.losses))->capture_default_str();
-  }
-  if (std::find(c.losses.begin(), c.losses.end(), "cross-entropy") != c.losses.end()) {
-    app.add_option("--label-smoothing", c.label_smoothing,
-                   "cross-entropy's label smoothing in [0, 1]")
-        ->check(CLI::Range(0.0, 1.0))
-        ->capture_default_str();
-  }
-  app.add_option("--max-steps", c.max_steps,
-                 "stop after N training steps, then evaluate and save (0: train every epoch)")
-      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40))
-      ->capture_default_str();
-  app.add_option("--seed", c.seed, "random seed (initialisation and shuffling)")
-      ->capture_default_str();
-  app.add_option("--threads", c.threads, "OpenMP threads (0: OMP_NUM_THREADS or all cores)")
-      ->check(CLI::Range(0, 1024))
-      ->capture_default_str();
-  app.add_option("--backend", c.backend,
-                 "preferred kernels; ops that the backend lacks fall back to native")
-      ->check(CLI::IsMember(backends()))
-      ->capture_default_str();
-  app.add_option("--train-limit", c.train_limit, "use the first N training samples (0: all)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--test-limit", c.test_limit, "use the first N test samples (0: all)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--metrics", c.metrics,
-                 "write JSON lines to FILE: {\"config\": {...}} with the run's settings, then "
-                 "one record per epoch");
-  app.add_option("--save", c.save, "save the trained parameters to FILE.safetensors");
-  CLI::Option* init =
-      app.add_option("--init", c.init, "start from the parameters in FILE.safetensors");
-  app.add_option("--dump-graph", c.dump_graph, "write the training graph to FILE (.dot or .txt)");
-  app.add_flag("--no-shuffle", c.no_shuffle, "keep the data in file order every epoch");
-  app.add_flag("--quiet", c.quiet,
-               "print nothing but errors and one final line (test loss and accuracy)");
-  CLI::Option* ckpt_dir = app.add_option(
-      "--checkpoint-dir", c.checkpoint_dir,
-      "write checkpoints (parameters, optimizer state, position) to DIR, every epoch unless "
-      "--checkpoint-every or --checkpoint-every-steps says otherwise");
-  app.add_option("--checkpoint-every", c.checkpoint_every, "checkpoint every N epochs")
-      ->check(CLI::Range(1, 100000))
-      ->needs(ckpt_dir);
-  app.add_option("--checkpoint-every-steps", c.checkpoint_every_steps,
-                 "checkpoint every N training steps")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40))
-      ->needs(ckpt_dir);
-  app.add_option("--checkpoint-keep", c.checkpoint_keep, "keep the newest K checkpoints")
-      ->check(CLI::Range(1, 1000000))
-      ->needs(ckpt_dir)
-      ->capture_default_str();
-  app.add_option("--resume", c.resume,
-                 "continue from a checkpoint FILE, or from the newest checkpoint in a directory")
-      ->excludes(init);
-  CLI::Option* deterministic = app.add_flag(
-      "--deterministic", c.deterministic,
-      "bitwise the same parameters for any ranks x threads: micro-shards summed in one fixed "
-      "tree order");
-  app.add_option("--micro-batch", c.micro_batch,
-                 "samples per micro-shard in deterministic mode; must divide --batch-size")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20))
-      ->needs(deterministic)
-      ->capture_default_str();
-  app.add_option("--thread-mode", c.thread_mode,
-                 "use of each rank's threads: data-parallel replicas or parallel kernels")
-      ->check(CLI::IsMember({"replicas", "intra-op"}))
-      ->excludes(deterministic)
-      ->capture_default_str();
-  app.add_option("--reduce", c.reduce, "gradient reduction across ranks")
-      ->check(CLI::IsMember({"allreduce", "root", "hierarchical"}))
-      ->excludes(deterministic)
-      ->capture_default_str();
-  app.add_option("--bucket-mb", c.bucket_mb,
-                 "gradient bucket size in MiB (0: one reduction per gradient)")
-      ->check(CLI::Range(0.0, 1024.0))
-      ->capture_default_str();
-  app.add_flag("--overlap", c.overlap,
-               "start each gradient bucket's reduction during the backward (non-blocking)")
-      ->excludes(deterministic);
-  app.add_flag("--no-fuse", c.no_fuse,
-               "do not fold bias_add and relu into matmul/conv2d, nor SGD updates into their "
-               "gradient products");
-  app.add_option("--upscale", c.upscale,
-                 "enlarge every image K times per side (more work per sample)")
-      ->check(CLI::Range(1, 16))
-      ->capture_default_str();
-  app.add_flag("--profile", c.profile,
-               "time every kernel: per-epoch compute/communication/waiting split and a per-node "
-               "table at the end");
-  app.add_flag("--check-numerics", c.check_numerics,
-               "check every node's output for NaN and Inf and name the first node that produced "
-               "one (the loss is checked every step regardless)");
-  app.add_option("--collective-timeout", c.collective_timeout,
-                 "seconds a collective may wait for the other ranks before the job ends with an "
-                 "error naming it and the ranks that did not arrive (0: no limit)")
-      ->check(CLI::Range(0.0, 1e6))
-      ->capture_default_str();
-  app.add_option("--trace", c.trace,
-                 "write every kernel call of the training steps to FILE.json (Chrome trace: "
-                 "Perfetto, chrome://tracing), one track per rank and thread");
+  add_flags(app, c);
   for (const AppFlag& f : hooks.flags) {  // the example's own
     CLI::Option* o = app.add_option(f.name, *f.value, f.help)->capture_default_str();
     if (f.check) o->check(CLI::Validator([&f](std::string& v) { return f.check(v); }, ""));

@@ -174,7 +174,7 @@ CompiledStep compile_step(Model& model, const Loss& loss, optim::Optimizer* opti
       MINIDL_CHECK(out->shape().rank() >= 1 && out->shape()[0] == n, "the model's output ",
                    out->shape(), " does not have the batch's ", n, " samples first");
       TargetSpec t = loss.target(out->shape());
-      if (r == 0) s.target_ = t;
+      if (r == 0 && s.programs_.size() == 1) s.target_ = t;  // parts(0)[0]'s
       ir::Value* target = ops::input(g, "target" + suffix, t.shape, t.dtype);
       if (sections) target->producer()->set_replica(static_cast<int>(r));
       LossNodes l = loss.build(out, target);

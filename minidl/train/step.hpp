@@ -85,7 +85,8 @@ class CompiledStep {
   /// Micro-step j's inputs (shared by the micro-steps of the same size: fill them right before
   /// the micro-step runs).
   std::span<Part> parts(std::size_t j = 0);
-  /// The loss's target for this program's parts (shape of one part's target differs by size).
+  /// The loss's target for parts(0)[0], the first part of the first micro-step (other parts'
+  /// targets differ only in their number of samples).
   const TargetSpec& target() const { return target_; }
   bool classification() const { return classification_; }
 
