@@ -405,11 +405,14 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
   if (c.quiet) {
     if (!evaluated) last = trainer.evaluate(test_set);
     if (root) {
+      // What was trained: the epochs, or the steps --max-steps stopped at.
+      const std::string done =
+          stopped ? fmt::format("{} step(s)", c.max_steps) : fmt::format("{} epoch(s)", c.epochs);
       if (loss->classification()) {
-        fmt::print("{}: {} epoch(s)  test loss {:.4f}  test acc {:.2f}%\n", program, c.epochs,
-                   last.loss, 100.0 * last.accuracy);
+        fmt::print("{}: {}  test loss {:.4f}  test acc {:.2f}%\n", program, done, last.loss,
+                   100.0 * last.accuracy);
       } else {
-        fmt::print("{}: {} epoch(s)  test loss {:.6f}\n", program, c.epochs, last.loss);
+        fmt::print("{}: {}  test loss {:.6f}\n", program, done, last.loss);
       }
       std::fflush(stdout);
     }
