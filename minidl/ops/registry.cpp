@@ -2,13 +2,10 @@
 
 #include <algorithm>
 #include <mutex>
-#include <span>
+
+#include "minidl/ops/op_table.hpp"
 
 namespace minidl::ops {
-
-// Defined in the op table that CMake generates from the MINIDL_OP lines under ops/.
-std::span<const ir::OpDef* const> generated_ops();
-
 namespace {
 std::mutex& extra_mutex() {
   static std::mutex m;
@@ -21,14 +18,14 @@ std::vector<const ir::OpDef*>& extra_ops() {
 }  // namespace
 
 std::vector<const ir::OpDef*> all_ops() {
-  std::vector<const ir::OpDef*> all(generated_ops().begin(), generated_ops().end());
+  std::vector<const ir::OpDef*> all(op_table().begin(), op_table().end());
   std::lock_guard lock(extra_mutex());
   all.insert(all.end(), extra_ops().begin(), extra_ops().end());
   return all;
 }
 
 const ir::OpDef* find_op(std::string_view name) {
-  for (const ir::OpDef* d : generated_ops())
+  for (const ir::OpDef* d : op_table())
     if (d->name() == name) return d;
   std::lock_guard lock(extra_mutex());
   for (const ir::OpDef* d : extra_ops())

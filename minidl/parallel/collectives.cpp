@@ -8,6 +8,7 @@
 
 #include "minidl/ops/common.hpp"
 #include "minidl/ops/registry.hpp"
+#include "minidl/parallel/op_table.hpp"
 #include "minidl/parallel/reduction_tree.hpp"
 
 namespace minidl::parallel {
@@ -167,9 +168,9 @@ ir::Kernel make_start(const ir::Node& node) {
   const ir::Node* wait = nullptr;
   for (const ir::Value* v : node.outputs()) {
     for (const ir::Node* u : v->users()) {
-      MINIDL_CHECK(u->op() == "allreduce_wait" && (wait == nullptr || wait == u), node.describe(),
-                   ": only its allreduce_wait may read the in-flight value ", v->ref(), ", but ",
-                   u->describe(), " reads it");
+      MINIDL_CHECK(&u->def() == &op_allreduce_wait && (wait == nullptr || wait == u),
+                   node.describe(), ": only its allreduce_wait may read the in-flight value ",
+                   v->ref(), ", but ", u->describe(), " reads it");
       wait = u;
     }
   }
@@ -188,7 +189,7 @@ void infer_wait(ir::InferCtx& c) {
   const ir::Node& n = c.node();
   const ir::Node* start = n.input(0)->producer();
   MINIDL_CHECK_NODE(c,
-                    start->op() == "allreduce_start" && n.input(0)->index() == 0 &&
+                    &start->def() == &op_allreduce_start && n.input(0)->index() == 0 &&
                         n.input(1) == start->output(1),
                     "expected the in-flight value and the request of one allreduce_start");
   c.set_output(0, c.input(0));
@@ -281,216 +282,174 @@ ir::Kernel make_progress(const ir::Node& node) {
   return [comm](const ir::KernelArgs&) { comm->progress(); };
 }
 
-// ---- the table --------------------------------------------------------------------------------
+}  // namespace
 
-const ir::OpDef& allreduce_def() {
-  static const ir::OpDef def =
-      ir::OpDef("allreduce")
-          .inputs({"x"})
-          .attr<float>("scale", 1.0f)
-          .attr<int>("group", 0)
-          .infer(ops::infer_unary_f32)
-          .kernel_factory(ir::Backend::Native, "mpi", naming(make_allreduce))
-          .inplace(0, 0)
-          .side_effect()
-          .communication(ir::CommRole::Collective)
-          .no_grad(kNoGrad);
-  return def;
+// ---- the ops ----------------------------------------------------------------------------------
+
+MINIDL_OP(allreduce)
+    .inputs({"x"})
+    .attr<float>("scale", 1.0f)
+    .attr<int>("group", 0)
+    .infer(ops::infer_unary_f32)
+    .kernel_factory(ir::Backend::Native, "mpi", naming(make_allreduce))
+    .inplace(0, 0)
+    .side_effect()
+    .communication(ir::CommRole::Collective)
+    .no_grad(kNoGrad);
+
+MINIDL_OP(reduce)
+    .inputs({"x"})
+    .attr<float>("scale", 1.0f)
+    .attr<int>("root", 0)
+    .attr<int>("group", 0)
+    .infer(infer_reduce)
+    .kernel_factory(ir::Backend::Native, "mpi", naming(make_reduce))
+    .inplace(0, 0)
+    .side_effect()
+    .communication(ir::CommRole::Collective)
+    .no_grad(kNoGrad);
+
+MINIDL_OP(broadcast)
+    .inputs({"x"})
+    .attr<int>("root", 0)
+    .attr<int>("group", 0)
+    .infer(infer_broadcast)
+    .kernel_factory(ir::Backend::Native, "mpi", naming(make_broadcast))
+    .inplace(0, 0)
+    .side_effect()
+    .communication(ir::CommRole::Collective)
+    .no_grad(kNoGrad);
+
+MINIDL_OP(allgather)
+    .inputs({"x"})
+    .attr<int>("ranks")
+    .attr<int>("group", 0)
+    .infer(infer_allgather)
+    .kernel_factory(ir::Backend::Native, "mpi", naming(make_allgather))
+    .side_effect()
+    .communication(ir::CommRole::Collective)
+    .no_grad(kNoGrad);
+
+MINIDL_OP(tree_allreduce)
+    .inputs({"x"})
+    .attr<int>("leaves")
+    .attr<int>("group", 0)
+    .infer(infer_tree_allreduce)
+    .kernel_factory(ir::Backend::Native, "mpi", naming(make_tree_allreduce))
+    .inplace(0, 0)
+    .side_effect()
+    .communication(ir::CommRole::Collective)
+    .no_grad(kNoGrad);
+
+MINIDL_OP(allreduce_start)
+    .inputs({"x"})
+    .outputs({"in_flight", "request"})
+    .attr<float>("scale", 1.0f)
+    .attr<int>("group", 0)
+    .infer(infer_start)
+    .kernel_factory(ir::Backend::Native, "mpi", naming(make_start))
+    .inplace(0, 0)
+    .side_effect()
+    .communication(ir::CommRole::Collective)
+    .no_grad(kNoGrad);
+
+MINIDL_OP(allreduce_wait)
+    .inputs({"in_flight", "request"})
+    .infer(infer_wait)
+    .kernel_factory(ir::Backend::Native, "mpi", naming(make_wait))
+    .inplace(0, 0)
+    .side_effect()
+    .communication(ir::CommRole::Wait)
+    .no_grad(kNoGrad);
+
+MINIDL_OP(send)
+    .inputs({"x"})
+    .outputs({})
+    .attr<int>("peer")
+    .attr<int>("tag", 0)
+    .attr<int>("group", 0)
+    .infer(infer_send)
+    .kernel_factory(ir::Backend::Native, "mpi", naming(make_send))
+    .side_effect()
+    .communication(ir::CommRole::Collective)
+    .no_grad(kNoGrad);
+
+MINIDL_OP(recv)
+    .inputs({})
+    .attr<ir::Ints>("shape")
+    .attr<std::string>("dtype", "f32")
+    .attr<int>("peer")
+    .attr<int>("tag", 0)
+    .attr<int>("group", 0)
+    .infer(infer_recv)
+    .kernel_factory(ir::Backend::Native, "mpi", naming(make_recv))
+    .side_effect()
+    .communication(ir::CommRole::Collective)
+    .no_grad(kNoGrad);
+
+MINIDL_OP(bucket_pack)
+    .inputs({"bucket", "x"})
+    .attr<int>("offset")
+    .infer(infer_pack)
+    .kernel(ir::Backend::Native, pack_native)
+    .inplace(0, 0)
+    .no_grad(kNoGrad);
+
+MINIDL_OP(bucket_unpack)
+    .inputs({"bucket"})
+    .attr<int>("offset")
+    .attr<ir::Ints>("shape")
+    .infer(infer_unpack)
+    .kernel(ir::Backend::Native, unpack_native)
+    .no_grad(kNoGrad);
+
+MINIDL_OP(comm_progress)
+    .inputs({})
+    .outputs({})
+    .attr<int>("group", 0)
+    .infer(infer_nothing)
+    .kernel_factory(ir::Backend::Native, "mpi", naming(make_progress))
+    .side_effect()
+    .communication(ir::CommRole::Collective)
+    .no_grad(kNoGrad);
+
+void register_ops() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    for (const ir::OpDef* d : op_table()) ops::register_op(*d);
+  });
 }
 
-const ir::OpDef& reduce_def() {
-  static const ir::OpDef def = ir::OpDef("reduce")
-                                   .inputs({"x"})
-                                   .attr<float>("scale", 1.0f)
-                                   .attr<int>("root", 0)
-                                   .attr<int>("group", 0)
-                                   .infer(infer_reduce)
-                                   .kernel_factory(ir::Backend::Native, "mpi", naming(make_reduce))
-                                   .inplace(0, 0)
-                                   .side_effect()
-                                   .communication(ir::CommRole::Collective)
-                                   .no_grad(kNoGrad);
-  return def;
-}
-
-const ir::OpDef& broadcast_def() {
-  static const ir::OpDef def =
-      ir::OpDef("broadcast")
-          .inputs({"x"})
-          .attr<int>("root", 0)
-          .attr<int>("group", 0)
-          .infer(infer_broadcast)
-          .kernel_factory(ir::Backend::Native, "mpi", naming(make_broadcast))
-          .inplace(0, 0)
-          .side_effect()
-          .communication(ir::CommRole::Collective)
-          .no_grad(kNoGrad);
-  return def;
-}
-
-const ir::OpDef& allgather_def() {
-  static const ir::OpDef def =
-      ir::OpDef("allgather")
-          .inputs({"x"})
-          .attr<int>("ranks")
-          .attr<int>("group", 0)
-          .infer(infer_allgather)
-          .kernel_factory(ir::Backend::Native, "mpi", naming(make_allgather))
-          .side_effect()
-          .communication(ir::CommRole::Collective)
-          .no_grad(kNoGrad);
-  return def;
-}
-
-const ir::OpDef& tree_allreduce_def() {
-  static const ir::OpDef def =
-      ir::OpDef("tree_allreduce")
-          .inputs({"x"})
-          .attr<int>("leaves")
-          .attr<int>("group", 0)
-          .infer(infer_tree_allreduce)
-          .kernel_factory(ir::Backend::Native, "mpi", naming(make_tree_allreduce))
-          .inplace(0, 0)
-          .side_effect()
-          .communication(ir::CommRole::Collective)
-          .no_grad(kNoGrad);
-  return def;
-}
-
-const ir::OpDef& start_def() {
-  static const ir::OpDef def = ir::OpDef("allreduce_start")
-                                   .inputs({"x"})
-                                   .outputs({"in_flight", "request"})
-                                   .attr<float>("scale", 1.0f)
-                                   .attr<int>("group", 0)
-                                   .infer(infer_start)
-                                   .kernel_factory(ir::Backend::Native, "mpi", naming(make_start))
-                                   .inplace(0, 0)
-                                   .side_effect()
-                                   .communication(ir::CommRole::Collective)
-                                   .no_grad(kNoGrad);
-  return def;
-}
-
-const ir::OpDef& wait_def() {
-  static const ir::OpDef def = ir::OpDef("allreduce_wait")
-                                   .inputs({"in_flight", "request"})
-                                   .infer(infer_wait)
-                                   .kernel_factory(ir::Backend::Native, "mpi", naming(make_wait))
-                                   .inplace(0, 0)
-                                   .side_effect()
-                                   .communication(ir::CommRole::Wait)
-                                   .no_grad(kNoGrad);
-  return def;
-}
-
-const ir::OpDef& send_def() {
-  static const ir::OpDef def = ir::OpDef("send")
-                                   .inputs({"x"})
-                                   .outputs({})
-                                   .attr<int>("peer")
-                                   .attr<int>("tag", 0)
-                                   .attr<int>("group", 0)
-                                   .infer(infer_send)
-                                   .kernel_factory(ir::Backend::Native, "mpi", naming(make_send))
-                                   .side_effect()
-                                   .communication(ir::CommRole::Collective)
-                                   .no_grad(kNoGrad);
-  return def;
-}
-
-const ir::OpDef& recv_def() {
-  static const ir::OpDef def = ir::OpDef("recv")
-                                   .inputs({})
-                                   .attr<ir::Ints>("shape")
-                                   .attr<std::string>("dtype", "f32")
-                                   .attr<int>("peer")
-                                   .attr<int>("tag", 0)
-                                   .attr<int>("group", 0)
-                                   .infer(infer_recv)
-                                   .kernel_factory(ir::Backend::Native, "mpi", naming(make_recv))
-                                   .side_effect()
-                                   .communication(ir::CommRole::Collective)
-                                   .no_grad(kNoGrad);
-  return def;
-}
-
-const ir::OpDef& pack_def() {
-  static const ir::OpDef def = ir::OpDef("bucket_pack")
-                                   .inputs({"bucket", "x"})
-                                   .attr<int>("offset")
-                                   .infer(infer_pack)
-                                   .kernel(ir::Backend::Native, pack_native)
-                                   .inplace(0, 0)
-                                   .no_grad(kNoGrad);
-  return def;
-}
-
-const ir::OpDef& unpack_def() {
-  static const ir::OpDef def = ir::OpDef("bucket_unpack")
-                                   .inputs({"bucket"})
-                                   .attr<int>("offset")
-                                   .attr<ir::Ints>("shape")
-                                   .infer(infer_unpack)
-                                   .kernel(ir::Backend::Native, unpack_native)
-                                   .no_grad(kNoGrad);
-  return def;
-}
-
-const ir::OpDef& progress_def() {
-  static const ir::OpDef def =
-      ir::OpDef("comm_progress")
-          .inputs({})
-          .outputs({})
-          .attr<int>("group", 0)
-          .infer(infer_nothing)
-          .kernel_factory(ir::Backend::Native, "mpi", naming(make_progress))
-          .side_effect()
-          .communication(ir::CommRole::Collective)
-          .no_grad(kNoGrad);
-  return def;
-}
+namespace {
 
 ir::Node* add(const ir::OpDef& def, std::vector<ir::Value*> inputs, ir::Attrs attrs,
               const std::string& name, ir::Graph* g = nullptr) {
-  register_collective_ops();
+  register_ops();
   ir::Graph& graph = g ? *g : inputs.at(0)->graph();
   return graph.add_node(def, std::move(inputs), std::move(attrs), name);
 }
 
 }  // namespace
 
-void register_collective_ops() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    for (const ir::OpDef* d : {&allreduce_def(), &reduce_def(), &broadcast_def(), &allgather_def(),
-                               &tree_allreduce_def(), &start_def(), &wait_def(), &send_def(),
-                               &recv_def(), &pack_def(), &unpack_def(), &progress_def()})
-      ops::register_op(*d);
-  });
-}
-
 ir::Value* allreduce(ir::Value* x, double scale, int group, const std::string& name) {
-  return add(allreduce_def(), {x}, {{"scale", scale}, {"group", std::int64_t{group}}}, name)
-      ->output();
+  return add(op_allreduce, {x}, {{"scale", scale}, {"group", std::int64_t{group}}}, name)->output();
 }
 
 ir::Value* reduce(ir::Value* x, double scale, int root, int group, const std::string& name) {
-  return add(reduce_def(), {x},
+  return add(op_reduce, {x},
              {{"scale", scale}, {"root", std::int64_t{root}}, {"group", std::int64_t{group}}}, name)
       ->output();
 }
 
 ir::Value* broadcast(ir::Value* x, int root, int group, const std::string& name) {
-  return add(broadcast_def(), {x}, {{"root", std::int64_t{root}}, {"group", std::int64_t{group}}},
+  return add(op_broadcast, {x}, {{"root", std::int64_t{root}}, {"group", std::int64_t{group}}},
              name)
       ->output();
 }
 
 ir::Value* allgather(ir::Value* x, int group, const std::string& name) {
   const std::int64_t ranks = parallel::group(group).size();
-  return add(allgather_def(), {x}, {{"ranks", ranks}, {"group", std::int64_t{group}}}, name)
-      ->output();
+  return add(op_allgather, {x}, {{"ranks", ranks}, {"group", std::int64_t{group}}}, name)->output();
 }
 
 TreeAllreduce::TreeAllreduce(Communicator& comm, std::int64_t leaves, std::int64_t n)
@@ -518,29 +477,30 @@ void TreeAllreduce::operator()(float* x) {
 }
 
 ir::Value* tree_allreduce(ir::Value* x, std::int64_t leaves, int group, const std::string& name) {
-  return add(tree_allreduce_def(), {x}, {{"leaves", leaves}, {"group", std::int64_t{group}}}, name)
+  return add(op_tree_allreduce, {x}, {{"leaves", leaves}, {"group", std::int64_t{group}}}, name)
       ->output();
 }
 
 InFlight allreduce_start(ir::Value* x, double scale, int group, const std::string& name) {
-  ir::Node* n = add(start_def(), {x}, {{"scale", scale}, {"group", std::int64_t{group}}}, name);
+  ir::Node* n =
+      add(op_allreduce_start, {x}, {{"scale", scale}, {"group", std::int64_t{group}}}, name);
   return {n->output(0), n->output(1)};
 }
 
 ir::Value* allreduce_wait(InFlight f, const std::string& name) {
-  return add(wait_def(), {f.data, f.request}, {}, name)->output();
+  return add(op_allreduce_wait, {f.data, f.request}, {}, name)->output();
 }
 
 ir::Node* send(ir::Value* x, int peer, int tag, int group, const std::string& name) {
   return add(
-      send_def(), {x},
+      op_send, {x},
       {{"peer", std::int64_t{peer}}, {"tag", std::int64_t{tag}}, {"group", std::int64_t{group}}},
       name);
 }
 
 ir::Value* recv(ir::Graph& g, const Shape& shape, DType dtype, int peer, int tag, int group,
                 const std::string& name) {
-  return add(recv_def(), {},
+  return add(op_recv, {},
              {{"shape", shape.dims()},
               {"dtype", std::string(dtype_name(dtype))},
               {"peer", std::int64_t{peer}},
@@ -552,16 +512,17 @@ ir::Value* recv(ir::Graph& g, const Shape& shape, DType dtype, int peer, int tag
 
 ir::Value* bucket_pack(ir::Value* bucket, ir::Value* x, std::int64_t offset,
                        const std::string& name) {
-  return add(pack_def(), {bucket, x}, {{"offset", offset}}, name)->output();
+  return add(op_bucket_pack, {bucket, x}, {{"offset", offset}}, name)->output();
 }
 
 ir::Value* bucket_unpack(ir::Value* bucket, std::int64_t offset, const Shape& shape,
                          const std::string& name) {
-  return add(unpack_def(), {bucket}, {{"offset", offset}, {"shape", shape.dims()}}, name)->output();
+  return add(op_bucket_unpack, {bucket}, {{"offset", offset}, {"shape", shape.dims()}}, name)
+      ->output();
 }
 
 ir::Node* comm_progress(ir::Graph& g, int group, const std::string& name) {
-  return add(progress_def(), {}, {{"group", std::int64_t{group}}}, name, &g);
+  return add(op_comm_progress, {}, {{"group", std::int64_t{group}}}, name, &g);
 }
 
 }  // namespace minidl::parallel

@@ -22,8 +22,11 @@
 
 namespace minidl::parallel {
 
-/// Adds the collective ops to the op table (once; later calls do nothing).
-void register_collective_ops();
+/// Adds the ops of parallel/ (op_table(), generated from their MINIDL_OP lines) to the op table,
+/// so that ops::op("allreduce") finds them; once, later calls do nothing. Building a node needs
+/// no lookup (the builders below name the ops by their objects, op_allreduce, ...) but calls it,
+/// so only code that looks a collective up by name before building one calls it itself.
+void register_ops();
 
 /// y = sum over the ranks of group `group` of (scale * x), written in place into x's buffer.
 ir::Value* allreduce(ir::Value* x, double scale, int group = 0, const std::string& name = {});

@@ -6,6 +6,7 @@
 #include "minidl/core/log.hpp"
 #include "minidl/ops/registry.hpp"
 #include "minidl/parallel/collectives.hpp"
+#include "minidl/parallel/op_table.hpp"
 
 namespace minidl::parallel {
 
@@ -330,7 +331,7 @@ bool DataParallel::run(ir::Graph& g) {
     const int progress_group = strategy == ReduceStrategy::Hierarchical ? leaders_group : group_;
     const auto& order = g.nodes();
     auto first = std::find_if(order.begin(), order.end(),
-                              [](const ir::Node* n) { return n->op() == "allreduce_start"; });
+                              [](const ir::Node* n) { return &n->def() == &op_allreduce_start; });
     auto last = std::find_if(order.rbegin(), order.rend(), [](const ir::Node* n) {
                   return is_wait(*n);
                 }).base();

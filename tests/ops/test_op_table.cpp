@@ -1,13 +1,18 @@
-// Every op in the table is complete: a shape rule, a native kernel (unless it is a source or an
-// alias), a gradient rule or a stated reason for none, and a test that covers it.
+// Every op in the table (ops/'s and parallel's) is complete: a shape rule, a native kernel (unless
+// it is a source or an alias), a gradient rule or a stated reason for none, and a test that
+// covers it.
 #include <gtest/gtest.h>
 
 #include "harness.hpp"
 #include "minidl/ops/registry.hpp"
+#include "minidl/parallel/collectives.hpp"
+#include "minidl/parallel/op_table.hpp"
 
 using namespace minidl;
 
 TEST(OpTable, EveryOpIsComplete) {
+  parallel::register_ops();  // the collectives' table, parallel's own
+  for (const ir::OpDef* d : parallel::op_table()) EXPECT_EQ(ops::find_op(d->name()), d);
   const std::set<std::string> covered = minidl::testing::ops_covered_by_tests();
   const auto all = ops::all_ops();
   ASSERT_GT(all.size(), 15u);

@@ -31,7 +31,8 @@ if grep -rl --include='*.cmake' "$source_root" "$prefix" >&2; then
   echo "package test: the installed CMake files above refer to the source tree $source_root" >&2
   exit 1
 fi
-for h in core/tensor.hpp ir/graph.hpp ops/registry.hpp frontend/trainer.hpp; do
+for h in core/tensor.hpp ir/graph.hpp ops/registry.hpp ops/op_table.hpp parallel/op_table.hpp \
+    frontend/trainer.hpp; do
   [ -f "$prefix/include/minidl/$h" ] || { echo "package test: header minidl/$h not installed" >&2; exit 1; }
 done
 
