@@ -72,9 +72,17 @@ void gelu_bwd_native(const ir::KernelArgs& k) {
   ops::map_binary(k, [](float dy, float x) { return dy * (normal_cdf(x) + x * normal_pdf(x)); });
 }
 
+// The backward op comes first: gelu's gradient rule names it by its object, op_gelu_bwd.
+MINIDL_OP(gelu_bwd)
+    .inputs({"dy", "x"})
+    .outputs({"dx"})
+    .infer(gelu_bwd_infer)
+    .kernel(ir::Backend::Native, gelu_bwd_native)
+    .no_grad("backward-only op; second derivatives are not supported");
+
 // The gradient rule adds graph nodes: dx = gelu_bwd(dy, x).
 void gelu_grad(ir::GradCtx& g) {
-  g.set_input_grad(0, g.op("gelu_bwd", {g.out_grad(0), g.input(0)}));
+  g.set_input_grad(0, g.op(op_gelu_bwd, {g.out_grad(0), g.input(0)}));
 }
 
 MINIDL_OP(gelu)
@@ -82,13 +90,6 @@ MINIDL_OP(gelu)
     .infer(gelu_infer)
     .kernel(ir::Backend::Native, gelu_native)
     .grad(gelu_grad);
-
-MINIDL_OP(gelu_bwd)
-    .inputs({"dy", "x"})
-    .outputs({"dx"})
-    .infer(gelu_bwd_infer)
-    .kernel(ir::Backend::Native, gelu_bwd_native)
-    .no_grad("backward-only op; second derivatives are not supported");
 
 // ---- 2. Registration ---------------------------------------------------------------------------
 

@@ -5,8 +5,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "minidl/ops/op_table.hpp"
 #include "minidl/ops/ops.hpp"
-#include "minidl/ops/registry.hpp"
 
 namespace minidl::autograd {
 namespace {
@@ -20,7 +20,7 @@ class Ctx final : public ir::GradCtx {
   ir::Value* out_grad(int i) const override;
   bool needs_input_grad(int i) const override;
   void set_input_grad(int i, ir::Value* grad) override;
-  ir::Value* op(std::string_view name, std::vector<ir::Value*> inputs, ir::Attrs attrs,
+  ir::Value* op(const ir::OpDef& def, std::vector<ir::Value*> inputs, ir::Attrs attrs,
                 int output) override;
 
  private:
@@ -75,7 +75,7 @@ class Differentiator {
     auto [it, inserted] = grads_.try_emplace(v, grad);
     if (!inserted) {
       it->second =
-          g_.add_node(ops::op("add"), {it->second, grad}, {}, v->producer()->name() + ".grad_sum")
+          g_.add_node(ops::op_add, {it->second, grad}, {}, v->producer()->name() + ".grad_sum")
               ->output();
     }
   }
@@ -123,10 +123,10 @@ bool Ctx::needs_input_grad(int i) const { return d_.needs_grad(n_.input(i)); }
 void Ctx::set_input_grad(int i, ir::Value* grad) {
   if (needs_input_grad(i)) d_.accumulate(n_.input(i), grad);
 }
-ir::Value* Ctx::op(std::string_view name, std::vector<ir::Value*> inputs, ir::Attrs attrs,
+ir::Value* Ctx::op(const ir::OpDef& def, std::vector<ir::Value*> inputs, ir::Attrs attrs,
                    int output) {
   return d_.graph()
-      .add_node(ops::op(name), std::move(inputs), std::move(attrs), n_.name() + ".bwd")
+      .add_node(def, std::move(inputs), std::move(attrs), n_.name() + ".bwd")
       ->output(output);
 }
 

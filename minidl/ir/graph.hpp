@@ -189,8 +189,10 @@ class GradCtx {
   /// Whether input i needs a gradient (lies between a parameter and the loss).
   virtual bool needs_input_grad(int i) const = 0;
   virtual void set_input_grad(int i, Value* grad) = 0;
-  /// Adds a backward node of op `name` and returns its output `output`.
-  virtual Value* op(std::string_view name, std::vector<Value*> inputs, Attrs attrs = {},
+  /// Adds a backward node of op `def` and returns its output `output`. def is the op's object
+  /// (op_relu_bwd, declared for ops/ in minidl/ops/op_table.hpp), not its name: a misspelt op
+  /// fails to compile.
+  virtual Value* op(const OpDef& def, std::vector<Value*> inputs, Attrs attrs = {},
                     int output = 0) = 0;
 };
 

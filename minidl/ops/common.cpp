@@ -1,5 +1,7 @@
 #include "minidl/ops/common.hpp"
 
+#include "minidl/ops/op_table.hpp"
+
 namespace minidl::ops {
 
 void infer_like_input0(ir::InferCtx& c) { c.set_output(0, c.input(0), c.dtype(0)); }
@@ -49,9 +51,9 @@ Activation activation_of(const ir::Attrs& attrs) {
 
 ir::Value* fused_bias_activation_grad(ir::GradCtx& g, int bias_input) {
   ir::Value* dz = g.out_grad(0);
-  if (activation_of(g.attrs()) == Activation::Relu) dz = g.op("relu_bwd", {dz, g.output(0)});
+  if (activation_of(g.attrs()) == Activation::Relu) dz = g.op(op_relu_bwd, {dz, g.output(0)});
   if (g.num_inputs() > bias_input && g.needs_input_grad(bias_input))
-    g.set_input_grad(bias_input, g.op("bias_add_bwd", {dz}));
+    g.set_input_grad(bias_input, g.op(op_bias_add_bwd, {dz}));
   return dz;
 }
 

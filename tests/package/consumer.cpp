@@ -47,21 +47,20 @@ void cube_native(const ir::KernelArgs& k) {
 void cube_bwd_native(const ir::KernelArgs& k) {
   ops::map_binary(k, [](float dy, float x) { return 3 * x * x * dy; });
 }
-void cube_grad(ir::GradCtx& g) {
-  g.set_input_grad(0, g.op("consumer_cube_bwd", {g.out_grad(0), g.input(0)}));
-}
-
-MINIDL_OP(consumer_cube)
-    .inputs({"x"})
-    .infer(ops::infer_unary_f32)
-    .kernel(ir::Backend::Native, cube_native)
-    .grad(cube_grad);
 MINIDL_OP(consumer_cube_bwd)
     .inputs({"dy", "x"})
     .outputs({"dx"})
     .infer(ops::infer_same_shapes)
     .kernel(ir::Backend::Native, cube_bwd_native)
     .no_grad("backward-only op");
+void cube_grad(ir::GradCtx& g) {
+  g.set_input_grad(0, g.op(op_consumer_cube_bwd, {g.out_grad(0), g.input(0)}));
+}
+MINIDL_OP(consumer_cube)
+    .inputs({"x"})
+    .infer(ops::infer_unary_f32)
+    .kernel(ir::Backend::Native, cube_native)
+    .grad(cube_grad);
 
 /// Registers the own op, runs it on [-2, 1, 3] and differentiates sum(y): 0 when right.
 int check_own_op() {

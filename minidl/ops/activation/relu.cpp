@@ -1,6 +1,7 @@
 // relu: y = max(x, 0); relu_bwd(dy, y) -> dx.
 #include "minidl/ops/common.hpp"
 #include "minidl/ops/onednn/kernels.hpp"
+#include "minidl/ops/op_table.hpp"
 #include "minidl/ops/registry.hpp"
 
 namespace minidl::ops {
@@ -15,7 +16,7 @@ void relu_bwd_native(const ir::KernelArgs& k) {
   map_binary(k, [](float dy, float y) { return y > 0.0f ? dy : 0.0f; });
 }
 
-void grad(ir::GradCtx& g) { g.set_input_grad(0, g.op("relu_bwd", {g.out_grad(0), g.output(0)})); }
+void grad(ir::GradCtx& g) { g.set_input_grad(0, g.op(op_relu_bwd, {g.out_grad(0), g.output(0)})); }
 
 }  // namespace
 

@@ -3,6 +3,7 @@
 
 #include "minidl/ops/common.hpp"
 #include "minidl/ops/onednn/kernels.hpp"
+#include "minidl/ops/op_table.hpp"
 #include "minidl/ops/registry.hpp"
 
 namespace minidl::ops {
@@ -23,7 +24,7 @@ void sigmoid_bwd_native(const ir::KernelArgs& k) {
 }
 
 void grad(ir::GradCtx& g) {
-  g.set_input_grad(0, g.op("sigmoid_bwd", {g.out_grad(0), g.output(0)}));
+  g.set_input_grad(0, g.op(op_sigmoid_bwd, {g.out_grad(0), g.output(0)}));
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 
 #include "minidl/ops/common.hpp"
 #include "minidl/ops/onednn/kernels.hpp"
+#include "minidl/ops/op_table.hpp"
 #include "minidl/ops/registry.hpp"
 
 namespace minidl::ops {
@@ -17,7 +18,7 @@ void tanh_bwd_native(const ir::KernelArgs& k) {
   map_binary(k, [](float dy, float y) { return dy * (1.0f - y * y); });
 }
 
-void grad(ir::GradCtx& g) { g.set_input_grad(0, g.op("tanh_bwd", {g.out_grad(0), g.output(0)})); }
+void grad(ir::GradCtx& g) { g.set_input_grad(0, g.op(op_tanh_bwd, {g.out_grad(0), g.output(0)})); }
 
 }  // namespace
 

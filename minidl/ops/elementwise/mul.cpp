@@ -1,5 +1,6 @@
 // mul: y = a * b elementwise, same shapes.
 #include "minidl/ops/common.hpp"
+#include "minidl/ops/op_table.hpp"
 #include "minidl/ops/registry.hpp"
 
 namespace minidl::ops {
@@ -10,8 +11,8 @@ void mul_native(const ir::KernelArgs& k) {
 }
 
 void grad(ir::GradCtx& g) {
-  if (g.needs_input_grad(0)) g.set_input_grad(0, g.op("mul", {g.out_grad(0), g.input(1)}));
-  if (g.needs_input_grad(1)) g.set_input_grad(1, g.op("mul", {g.out_grad(0), g.input(0)}));
+  if (g.needs_input_grad(0)) g.set_input_grad(0, g.op(op_mul, {g.out_grad(0), g.input(1)}));
+  if (g.needs_input_grad(1)) g.set_input_grad(1, g.op(op_mul, {g.out_grad(0), g.input(0)}));
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // scale: y = alpha * x.
 #include "minidl/ops/common.hpp"
+#include "minidl/ops/op_table.hpp"
 #include "minidl/ops/registry.hpp"
 
 namespace minidl::ops {
@@ -10,7 +11,7 @@ void scale_native(const ir::KernelArgs& k) {
   map_unary(k, [alpha](float x) { return alpha * x; });
 }
 
-void grad(ir::GradCtx& g) { g.set_input_grad(0, g.op("scale", {g.out_grad(0)}, g.attrs())); }
+void grad(ir::GradCtx& g) { g.set_input_grad(0, g.op(op_scale, {g.out_grad(0)}, g.attrs())); }
 
 }  // namespace
 

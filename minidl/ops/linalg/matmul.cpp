@@ -11,6 +11,7 @@
 #include "minidl/ops/common.hpp"
 #include "minidl/ops/native/gemm.hpp"
 #include "minidl/ops/onednn/kernels.hpp"
+#include "minidl/ops/op_table.hpp"
 #include "minidl/ops/registry.hpp"
 
 namespace minidl::ops {
@@ -87,7 +88,7 @@ void grad(ir::GradCtx& g) {
   const bool ta = g.attrs().get<bool>("trans_a");
   const bool tb = g.attrs().get<bool>("trans_b");
   auto mm = [&](ir::Value* x, ir::Value* y, bool tx, bool ty) {
-    return g.op("matmul", {x, y}, {{"trans_a", tx}, {"trans_b", ty}});
+    return g.op(op_matmul, {x, y}, {{"trans_a", tx}, {"trans_b", ty}});
   };
   if (g.needs_input_grad(0)) {
     g.set_input_grad(0, !ta ? mm(dy, b, false, !tb) : mm(b, dy, tb, true));

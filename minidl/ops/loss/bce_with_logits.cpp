@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "minidl/ops/common.hpp"
+#include "minidl/ops/op_table.hpp"
 #include "minidl/ops/registry.hpp"
 
 namespace minidl::ops {
@@ -52,13 +53,13 @@ void bce_with_logits_bwd_native(const ir::KernelArgs& k) {
 
 void grad(ir::GradCtx& g) {
   if (g.needs_input_grad(0))
-    g.set_input_grad(0, g.op("bce_with_logits_bwd", {g.out_grad(0), g.input(0), g.input(1)}));
+    g.set_input_grad(0, g.op(op_bce_with_logits_bwd, {g.out_grad(0), g.input(0), g.input(1)}));
   if (g.needs_input_grad(1)) {
     // d/dt of the mean of (-x t) is -x / n.
     const double n = static_cast<double>(g.input(0)->shape().numel());
-    ir::Value* dy = g.op("expand", {g.out_grad(0)},
+    ir::Value* dy = g.op(op_expand, {g.out_grad(0)},
                          {{"shape", g.input(0)->shape().dims()}, {"alpha", -1.0 / n}});
-    g.set_input_grad(1, g.op("mul", {dy, g.input(0)}));
+    g.set_input_grad(1, g.op(op_mul, {dy, g.input(0)}));
   }
 }
 

@@ -3,6 +3,7 @@
 // Summed in double over fixed chunks of rows in order, so the loss does not depend on the
 // thread count. The backward is 2 (x - target) dloss / n.
 #include "minidl/ops/common.hpp"
+#include "minidl/ops/op_table.hpp"
 #include "minidl/ops/registry.hpp"
 
 namespace minidl::ops {
@@ -47,9 +48,9 @@ void mse_loss_bwd_native(const ir::KernelArgs& k) {
 }
 
 void grad(ir::GradCtx& g) {
-  ir::Value* dx = g.op("mse_loss_bwd", {g.out_grad(0), g.input(0), g.input(1)});
+  ir::Value* dx = g.op(op_mse_loss_bwd, {g.out_grad(0), g.input(0), g.input(1)});
   if (g.needs_input_grad(0)) g.set_input_grad(0, dx);
-  if (g.needs_input_grad(1)) g.set_input_grad(1, g.op("scale", {dx}, {{"alpha", -1.0}}));
+  if (g.needs_input_grad(1)) g.set_input_grad(1, g.op(op_scale, {dx}, {{"alpha", -1.0}}));
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 
 #include "minidl/ops/common.hpp"
 #include "minidl/ops/onednn/kernels.hpp"
+#include "minidl/ops/op_table.hpp"
 #include "minidl/ops/registry.hpp"
 
 namespace minidl::ops {
@@ -114,7 +115,7 @@ void grad(ir::GradCtx& g) {
   if (g.out_grad(1) != nullptr) {
     MINIDL_FAIL(g.node().describe(), ": the probs output cannot be differentiated; use the loss");
   }
-  g.set_input_grad(0, g.op("softmax_cross_entropy_bwd", {g.out_grad(0), g.output(1), g.input(1)},
+  g.set_input_grad(0, g.op(op_softmax_cross_entropy_bwd, {g.out_grad(0), g.output(1), g.input(1)},
                            {{"label_smoothing", g.attrs().get<double>("label_smoothing")}}));
 }
 

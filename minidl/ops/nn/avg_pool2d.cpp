@@ -7,6 +7,7 @@
 #include "minidl/core/threading.hpp"
 #include "minidl/ops/nn/window.hpp"
 #include "minidl/ops/onednn/kernels.hpp"
+#include "minidl/ops/op_table.hpp"
 #include "minidl/ops/registry.hpp"
 
 namespace minidl::ops {
@@ -104,7 +105,7 @@ void avg_pool2d_bwd(const ir::KernelArgs& k) {
 void grad(ir::GradCtx& g) {
   ir::Attrs a = g.attrs();
   a.set("in_shape", g.input(0)->shape().dims());
-  g.set_input_grad(0, g.op("avg_pool2d_bwd", {g.out_grad(0)}, a));
+  g.set_input_grad(0, g.op(op_avg_pool2d_bwd, {g.out_grad(0)}, a));
 }
 
 }  // namespace

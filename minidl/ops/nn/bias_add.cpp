@@ -1,6 +1,7 @@
 // bias_add: y = x + b broadcast along dimension 1 (features of [N,F], channels of [N,C,H,W]).
 #include "minidl/ir/graph.hpp"
 #include "minidl/ops/common.hpp"
+#include "minidl/ops/op_table.hpp"
 #include "minidl/ops/registry.hpp"
 
 namespace minidl::ops {
@@ -47,7 +48,7 @@ void bias_add_native(const ir::KernelArgs& k) {
 
 void grad(ir::GradCtx& g) {
   if (g.needs_input_grad(0)) g.set_input_grad(0, g.out_grad(0));
-  if (g.needs_input_grad(1)) g.set_input_grad(1, g.op("bias_add_bwd", {g.out_grad(0)}));
+  if (g.needs_input_grad(1)) g.set_input_grad(1, g.op(op_bias_add_bwd, {g.out_grad(0)}));
 }
 
 void infer_bwd(ir::InferCtx& c) {

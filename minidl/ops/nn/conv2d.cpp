@@ -19,6 +19,7 @@
 #include "minidl/ops/native/im2col.hpp"
 #include "minidl/ops/nn/window.hpp"
 #include "minidl/ops/onednn/kernels.hpp"
+#include "minidl/ops/op_table.hpp"
 #include "minidl/ops/registry.hpp"
 
 namespace minidl::ops {
@@ -279,11 +280,11 @@ void grad(ir::GradCtx& g) {
   const auto stride = g.attrs().get<ir::Ints>("stride");
   const auto pad = g.attrs().get<ir::Ints>("pad");
   if (g.needs_input_grad(0)) {
-    g.set_input_grad(0, g.op("conv2d_bwd_data", {dy, g.input(1)},
+    g.set_input_grad(0, g.op(op_conv2d_bwd_data, {dy, g.input(1)},
                              {{"stride", stride}, {"pad", pad}, {"in_shape", x.dims()}}));
   }
   if (g.needs_input_grad(1)) {
-    g.set_input_grad(1, g.op("conv2d_bwd_weights", {dy, g.input(0)},
+    g.set_input_grad(1, g.op(op_conv2d_bwd_weights, {dy, g.input(0)},
                              {{"stride", stride}, {"pad", pad}, {"kernel", ir::Ints{w[2], w[3]}}}));
   }
 }

@@ -16,6 +16,7 @@
 
 #include "minidl/core/rng.hpp"
 #include "minidl/ops/common.hpp"
+#include "minidl/ops/op_table.hpp"
 #include "minidl/ops/registry.hpp"
 
 namespace minidl::ops {
@@ -126,7 +127,7 @@ void dropout_native(const ir::KernelArgs& k) {
 void grad(ir::GradCtx& g) {
   // The mask does not depend on x, so only y's gradient flows back.
   if (g.needs_input_grad(0) && g.out_grad(0) != nullptr) {
-    g.set_input_grad(0, g.op("mul", {g.out_grad(0), g.output(1)}));
+    g.set_input_grad(0, g.op(op_mul, {g.out_grad(0), g.output(1)}));
   }
 }
 

@@ -9,6 +9,7 @@
 #include "minidl/ops/native/im2col.hpp"
 #include "minidl/ops/nn/window.hpp"
 #include "minidl/ops/onednn/kernels.hpp"
+#include "minidl/ops/op_table.hpp"
 #include "minidl/ops/registry.hpp"
 
 namespace minidl::ops {
@@ -127,7 +128,7 @@ void grad(ir::GradCtx& g) {
   if (g.out_grad(0) == nullptr) return;  // only argmax is used: nothing flows back
   ir::Attrs a = g.attrs();
   a.set("in_shape", g.input(0)->shape().dims());
-  g.set_input_grad(0, g.op("max_pool2d_bwd", {g.out_grad(0), g.output(1)}, a));
+  g.set_input_grad(0, g.op(op_max_pool2d_bwd, {g.out_grad(0), g.output(1)}, a));
 }
 
 }  // namespace

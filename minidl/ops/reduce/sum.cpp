@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "minidl/ops/common.hpp"
+#include "minidl/ops/op_table.hpp"
 #include "minidl/ops/registry.hpp"
 
 namespace minidl::ops {
@@ -30,12 +31,12 @@ void mean_native(const ir::KernelArgs& k) {
 }
 
 void grad_sum(ir::GradCtx& g) {
-  g.set_input_grad(0, g.op("expand", {g.out_grad(0)}, {{"shape", g.input(0)->shape().dims()}}));
+  g.set_input_grad(0, g.op(op_expand, {g.out_grad(0)}, {{"shape", g.input(0)->shape().dims()}}));
 }
 
 void grad_mean(ir::GradCtx& g) {
   const Shape& s = g.input(0)->shape();
-  g.set_input_grad(0, g.op("expand", {g.out_grad(0)},
+  g.set_input_grad(0, g.op(op_expand, {g.out_grad(0)},
                            {{"shape", s.dims()}, {"alpha", 1.0 / static_cast<double>(s.numel())}}));
 }
 
@@ -52,11 +53,11 @@ void expand_native(const ir::KernelArgs& k) {
 }
 
 void grad_expand(ir::GradCtx& g) {
-  ir::Value* s = g.op("sum", {g.out_grad(0)});
+  ir::Value* s = g.op(op_sum, {g.out_grad(0)});
   const double alpha = g.attrs().get<double>("alpha");
-  if (alpha != 1.0) s = g.op("scale", {s}, {{"alpha", alpha}});
+  if (alpha != 1.0) s = g.op(op_scale, {s}, {{"alpha", alpha}});
   if (g.input(0)->shape() != s->shape())
-    s = g.op("reshape", {s}, {{"shape", g.input(0)->shape().dims()}});
+    s = g.op(op_reshape, {s}, {{"shape", g.input(0)->shape().dims()}});
   g.set_input_grad(0, s);
 }
 

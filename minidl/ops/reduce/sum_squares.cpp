@@ -2,6 +2,7 @@
 // global-norm clipping). Fixed chunks summed in double and combined in order, as `sum` does, so
 // the result does not depend on the thread count.
 #include "minidl/ops/common.hpp"
+#include "minidl/ops/op_table.hpp"
 #include "minidl/ops/registry.hpp"
 
 namespace minidl::ops {
@@ -22,8 +23,8 @@ void sum_squares_native(const ir::KernelArgs& k) {
 // d/dx sum(x^2) = 2 x dy
 void grad(ir::GradCtx& g) {
   ir::Value* dy =
-      g.op("expand", {g.out_grad(0)}, {{"shape", g.input(0)->shape().dims()}, {"alpha", 2.0}});
-  g.set_input_grad(0, g.op("mul", {dy, g.input(0)}));
+      g.op(op_expand, {g.out_grad(0)}, {{"shape", g.input(0)->shape().dims()}, {"alpha", 2.0}});
+  g.set_input_grad(0, g.op(op_mul, {dy, g.input(0)}));
 }
 
 }  // namespace

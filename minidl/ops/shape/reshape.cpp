@@ -1,6 +1,7 @@
 // reshape and flatten: the same data under another shape. Outputs alias their input's buffer,
 // so no kernel runs and no copy is made.
 #include "minidl/ops/common.hpp"
+#include "minidl/ops/op_table.hpp"
 #include "minidl/ops/registry.hpp"
 
 namespace minidl::ops {
@@ -42,7 +43,7 @@ void infer_flatten(ir::InferCtx& c) {
 }
 
 void grad(ir::GradCtx& g) {
-  g.set_input_grad(0, g.op("reshape", {g.out_grad(0)}, {{"shape", g.input(0)->shape().dims()}}));
+  g.set_input_grad(0, g.op(op_reshape, {g.out_grad(0)}, {{"shape", g.input(0)->shape().dims()}}));
 }
 
 }  // namespace
