@@ -21,7 +21,11 @@ void Value::set_layout(std::string layout) {
       "value ", ref(), " of ", producer_->describe(), " cannot take layout ", layout,
       ": it needs a 4-D f32 or i32 value whose channels are a multiple of ", block, ", got ",
       shape_, " ", dtype_);
+  if (layout == layout_) return;
   layout_ = std::move(layout);
+  // Whether a kernel takes a value depends on its layout: the choices around it no longer hold.
+  producer_->kernel_.reset();
+  for (Node* u : users_) u->kernel_.reset();
 }
 
 std::string Node::describe() const {
@@ -46,6 +50,23 @@ void Node::set_replica(int replica) {
   MINIDL_CHECK(replica >= -1 && replica < kMaxReplicas, describe(), ": replica ", replica,
                " is outside [0, ", kMaxReplicas, ")");
   replica_ = replica;
+}
+
+const KernelChoice* Node::kernel(Backend preferred) const {
+  if (!kernel_ || kernel_->backend != node_backend(*this, preferred)) return nullptr;
+  return &*kernel_;
+}
+
+void choose_kernels(Graph& g, Backend preferred) {
+  for (Node* n : g.nodes()) {
+    if (n->def().is_source() || n->def().is_alias() || n->kernel(preferred) != nullptr) continue;
+    n->kernel_ = choose_kernel(*n, preferred);
+  }
+}
+
+KernelChoice kernel_for(const Node& n, Backend preferred) {
+  if (const KernelChoice* c = n.kernel(preferred)) return *c;
+  return choose_kernel(n, preferred);
 }
 
 void Node::take_marks(const Node& other) {
@@ -167,6 +188,7 @@ void Graph::replace_uses(Value* from, Value* to, const Node* except) {
     for (Value*& in : user->inputs_)
       if (in == from) in = to;
     to->users_.push_back(user);
+    user->kernel_.reset();  // chosen for the old input's layout
   }
   from->users_ = std::move(kept);
   std::replace(outputs_.begin(), outputs_.end(), from, to);

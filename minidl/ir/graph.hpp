@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -97,8 +98,16 @@ class Node {
   /// (fusion, a rebuilt sum) keeps what is known of the old.
   void take_marks(const Node& other);
 
+  /// The kernel recorded for the node by ir::choose_kernels, if it holds for a graph compiled
+  /// for `preferred`; else null. The graph drops a node's record when its inputs are replaced or
+  /// the layout of one of its values changes, and a record made for another first backend (the
+  /// node's "backend" annotation, else preferred) does not hold. Sources and aliases have none.
+  const KernelChoice* kernel(Backend preferred) const;
+
  private:
   friend class Graph;
+  friend class Value;
+  friend void choose_kernels(Graph& g, Backend preferred);
   const OpDef* def_ = nullptr;
   std::string name_;
   int id_ = 0;
@@ -110,7 +119,17 @@ class Node {
   Phase phase_ = Phase::Forward;
   int replica_ = -1;
   Role role_ = Role::None;
+  std::optional<KernelChoice> kernel_;
 };
+
+/// Records on every node that runs a kernel the choice of ir::choose_kernel, unless the node
+/// already has a record that holds for `preferred`. Layout propagation calls it and reads the
+/// records, and the runtime then takes them instead of choosing again; a node changed since (see
+/// Node::kernel) is chosen anew by the next call.
+void choose_kernels(Graph& g, Backend preferred);
+/// n's recorded kernel if it holds for `preferred`, else a choice made now (not recorded: the
+/// graph is read-only here).
+KernelChoice kernel_for(const Node& n, Backend preferred);
 
 class Graph {
  public:

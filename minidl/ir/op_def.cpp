@@ -93,18 +93,17 @@ OpDef& OpDef::communication(CommRole role) {
   return *this;
 }
 
+Backend node_backend(const Node& n, Backend preferred) {
+  const AttrValue* a = n.annotations().find("backend");
+  if (a == nullptr) return preferred;
+  const auto& s = std::get<std::string>(*a);
+  if (s == "native") return Backend::Native;
+  if (s == "onednn") return Backend::OneDnn;
+  MINIDL_FAIL(n.describe(), ": unknown backend '", s, "' (expected native or onednn)");
+}
+
 std::vector<const KernelDef*> kernel_order(const Node& n, Backend preferred) {
-  Backend want = preferred;
-  if (const AttrValue* a = n.annotations().find("backend")) {
-    const auto& s = std::get<std::string>(*a);
-    if (s == "native") {
-      want = Backend::Native;
-    } else if (s == "onednn") {
-      want = Backend::OneDnn;
-    } else {
-      MINIDL_FAIL(n.describe(), ": unknown backend '", s, "' (expected native or onednn)");
-    }
-  }
+  const Backend want = node_backend(n, preferred);
   std::vector<const KernelDef*> order;
   for (const auto& k : n.def().kernels())
     if (k.backend == want) order.push_back(&k);
@@ -133,6 +132,20 @@ std::string layout_refusal(const Node& n, const KernelDef& k) {
   for (const Value* v : n.outputs())
     if (std::string why = check(v); !why.empty()) return why;
   return {};
+}
+
+KernelChoice choose_kernel(const Node& n, Backend preferred) {
+  KernelChoice c;
+  c.backend = node_backend(n, preferred);
+  for (const KernelDef* k : kernel_order(n, preferred)) {
+    std::string why = layout_refusal(n, *k);
+    if (why.empty() && (k->supports == nullptr || k->supports(n, &why))) {
+      c.kernel = k;
+      break;
+    }
+    c.declined += fmt::format("; {} declined: {}", k->name, why);
+  }
+  return c;
 }
 
 OpDef& OpDef::grad(GradFn fn) {

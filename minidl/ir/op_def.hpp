@@ -190,10 +190,27 @@ class OpDef {
   CommRole comm_ = CommRole::None;
 };
 
-/// The kernels of n's op in the order the runtime tries them: those of the node's "backend"
-/// annotation (else of `preferred`) first, then the others, each in declaration order.
+/// The backend whose kernels n tries first: its "backend" annotation (native|onednn), else
+/// `preferred`.
+Backend node_backend(const Node& n, Backend preferred);
+/// The kernels of n's op in the order the runtime tries them: those of node_backend(n,
+/// preferred) first, then the others, each in declaration order.
 std::vector<const KernelDef*> kernel_order(const Node& n, Backend preferred);
 /// Why kernel k cannot take the layouts of n's values, or "" when it can.
 std::string layout_refusal(const Node& n, const KernelDef& k);
+
+/// The kernel that runs a node: the first of kernel_order(n, preferred) that takes the layouts of
+/// n's values and whose supports accepts n.
+struct KernelChoice {
+  const KernelDef* kernel = nullptr;  // null: no kernel accepts the node
+  /// "; <kernel> declined: <why>" for each kernel tried before it (or all, when none accepts).
+  std::string declined;
+  /// node_backend(n, preferred) when it was made: the choice holds while that is unchanged.
+  Backend backend = Backend::Native;
+};
+/// Makes the choice for n now (asking each kernel's supports, which may create a library
+/// primitive). The one place kernels are chosen; ir::choose_kernels records the result on the
+/// nodes, where layout propagation and the runtime read it.
+KernelChoice choose_kernel(const Node& n, Backend preferred);
 
 }  // namespace minidl::ir

@@ -23,14 +23,13 @@ struct Choice {
   bool onednn = false;  // the kernel is oneDNN's: a blocked layout saves it reorders
 };
 
-/// The kernel the runtime would pick with every value plain, as it tries them.
+/// What the kernel recorded for n (ir::choose_kernels) takes. Sources are bound plain and an
+/// alias reinterprets the plain shape: they, and a node no kernel accepts, take plain values.
 Choice choice(const ir::Node& n, ir::Backend preferred) {
-  for (const ir::KernelDef* k : ir::kernel_order(n, preferred)) {
-    if (k->supports != nullptr && !k->supports(n, nullptr)) continue;
-    if (k->layouts) return {Takes::Any, k->backend == ir::Backend::OneDnn};
-    return {n.def().is_elementwise() ? Takes::Same : Takes::Plain, false};
-  }
-  return {};
+  const ir::KernelChoice* c = n.kernel(preferred);
+  if (c == nullptr || c->kernel == nullptr) return {};
+  if (c->kernel->layouts) return {Takes::Any, c->kernel->backend == ir::Backend::OneDnn};
+  return {n.def().is_elementwise() ? Takes::Same : Takes::Plain, false};
 }
 
 std::vector<ir::Value*> values_of(const ir::Node& n) {
@@ -51,19 +50,16 @@ const std::string& blocked_layout() {
 }
 
 bool PropagateLayouts::run(ir::Graph& g) {
+  // Every node's kernel, chosen once and recorded: this pass decides by them, and the runtime
+  // runs them.
+  ir::choose_kernels(g, preferred_);
   const std::string& layout = blocked_layout();
   if (layout.empty()) return false;
   const int block = ir::channel_block(layout);
 
   // Match: what each node's kernel takes, and the values that could be blocked at all.
   std::unordered_map<const ir::Node*, Choice> choices;
-  for (const ir::Node* n : g.nodes()) {
-    if (n->def().is_source() || n->def().is_alias()) {
-      choices[n] = {};  // sources are bound plain; an alias reinterprets the plain shape
-    } else {
-      choices[n] = choice(*n, preferred_);
-    }
-  }
+  for (const ir::Node* n : g.nodes()) choices[n] = choice(*n, preferred_);
   std::unordered_set<const ir::Value*> blocked;
   const std::unordered_set<const ir::Value*> outputs(g.outputs().begin(), g.outputs().end());
   for (const ir::Node* n : g.nodes()) {
@@ -118,6 +114,9 @@ bool PropagateLayouts::run(ir::Graph& g) {
       log_verbose("layouts", "{} of {} -> {}", v->ref(), n->describe(), layout);
     }
   }
+  // A new layout drops the records of the nodes around the value (Value::set_layout): choose
+  // their kernels again, for the layouts they now see. Each still takes it, as decided above.
+  if (count > 0) ir::choose_kernels(g, preferred_);
   return count > 0;
 }
 

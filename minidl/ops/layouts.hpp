@@ -16,11 +16,12 @@ namespace minidl::ops {
 class PropagateLayouts final : public ir::Pass {
  public:
   /// preferred: the backend the graph will be compiled for (a node's "backend" annotation
-  /// wins), so that the pass sees the kernels the runtime will pick. Nothing changes unless
-  /// oneDNN is built in and has a blocked convolution layout on this machine.
+  /// wins), so that the kernels it records are those the runtime takes. No layout changes
+  /// unless oneDNN is built in and has a blocked convolution layout on this machine.
   explicit PropagateLayouts(ir::Backend preferred) : preferred_(preferred) {}
   std::string_view name() const override { return "propagate-layouts"; }
-  /// It reads the kernels the runtime will pick: after every pass that changes nodes' ops.
+  /// It chooses and records every node's kernel (ir::choose_kernels), which the runtime then
+  /// runs: after every pass that changes nodes' ops.
   std::vector<std::string> needs() const override {
     return {"bias-activation-fused", "updates-fused"};
   }

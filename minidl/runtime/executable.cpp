@@ -74,7 +74,7 @@ double trace_clock_us() {
 
 Executable::Executable(const ir::Graph& g, CompileOptions options) : options_(options) {
   plan_memory(g);
-  choose_kernels(g);
+  make_steps(g);
 }
 
 void Executable::plan_memory(const ir::Graph& g) {
@@ -221,25 +221,20 @@ void Executable::plan_memory(const ir::Graph& g) {
               plan_.planned_bytes, plan_.buffers, plan_.naive_bytes, plan_.persistent_bytes);
 }
 
-void Executable::choose_kernels(const ir::Graph& g) {
+void Executable::make_steps(const ir::Graph& g) {
   std::unordered_map<const ir::Value*, Tensor> view(tensors_.begin(), tensors_.end());
   for (const ir::Node* n : g.nodes()) {
     if (n->def().is_source() || n->def().is_alias()) continue;
-    const ir::KernelDef* chosen = nullptr;
-    std::string declined;
-    for (const ir::KernelDef* k : ir::kernel_order(*n, options_.backend)) {
-      std::string why = ir::layout_refusal(*n, *k);
-      if (why.empty() && (k->supports == nullptr || k->supports(*n, &why))) {
-        chosen = k;
-        break;
-      }
-      declined += fmt::format("; {} declined: {}", k->name, why);
-    }
-    MINIDL_CHECK(chosen != nullptr, n->describe(), ": no kernel accepts this node", declined);
+    // The kernel recorded when the passes ran (ir::choose_kernels), or chosen now for a graph
+    // compiled without them: the same choice either way.
+    const ir::KernelChoice choice = ir::kernel_for(*n, options_.backend);
+    const ir::KernelDef* chosen = choice.kernel;
+    MINIDL_CHECK(chosen != nullptr, n->describe(), ": no kernel accepts this node",
+                 choice.declined);
     log_verbose(
         "dispatch", "{} -> {}{}{}", n->describe(), chosen->name,
         n->replica() >= 0 ? fmt::format(" (replica {}: one thread)", n->replica()) : std::string(),
-        declined);
+        choice.declined);
     // A node of a parallel section runs on one thread: its kernel is made for one thread too
     // (oneDNN plans a primitive's thread partition when it is created and would otherwise wait
     // for threads that the section does not have).
@@ -353,7 +348,7 @@ void Executable::run_section(const Section& sec) {
   std::exception_ptr error;
 #pragma omp parallel num_threads(threads)
   {
-    // Kernels asking how many threads they may use get one (see choose_kernels).
+    // Kernels asking how many threads they may use get one (see make_steps).
     omp_set_num_threads(1);
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();
     try {

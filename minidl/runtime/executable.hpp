@@ -1,5 +1,6 @@
-// The runtime: compile a graph once (choose kernels, plan buffers with liveness-based reuse,
-// allocate), then run it every step as a flat list of kernel calls with no allocation.
+// The runtime: compile a graph once (take each node's kernel, as recorded by the passes or chosen
+// now; plan buffers with liveness-based reuse; allocate), then run it every step as a flat list
+// of kernel calls with no allocation.
 //
 // Parallel sections: a run of consecutive nodes that carry a replica (ir::Node::replica) is one
 // section. Within it the nodes of replica r run in graph order on one OpenMP thread, the
@@ -101,7 +102,8 @@ class Executable {
     std::size_t begin, end;
     int replicas;
   };
-  void choose_kernels(const ir::Graph& g);
+  /// One step per node that runs a kernel: its kernel (see ir::kernel_for), made for the node.
+  void make_steps(const ir::Graph& g);
   void plan_memory(const ir::Graph& g);
   void find_sections();
   void run_steps(std::size_t begin, std::size_t end, int replica);

@@ -1,6 +1,7 @@
 // Kernel dispatch across backends: the preferred backend's kernel when it accepts the node,
 // native where oneDNN has no kernel, a node's "backend" annotation over the global choice, and
-// the same training on both backends.
+// the same training on both backends; the choice recorded once per node and dropped when the
+// node changes.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -10,6 +11,7 @@
 #include "minidl/autograd/autograd.hpp"
 #include "minidl/core/rng.hpp"
 #include "minidl/frontend/trainer.hpp"
+#include "minidl/ops/common.hpp"
 #include "minidl/ops/ops.hpp"
 #include "minidl/runtime/executable.hpp"
 #include "support/synthetic.hpp"
@@ -234,4 +236,72 @@ TEST(Dispatch, BothBackendsComputeTheSameConvNet) {
     for (std::int64_t i = 0; i < a.numel(); ++i)
       ASSERT_NEAR(a.at(i), b.at(i), 1e-4 * (1.0 + std::fabs(a.at(i)))) << v->ref() << " " << i;
   }
+}
+
+namespace {
+
+// An op whose one kernel counts how often it is asked whether it takes a node: how often its
+// node's kernel is chosen.
+int supports_calls = 0;
+bool counting_supports(const ir::Node&, std::string*) {
+  ++supports_calls;
+  return true;
+}
+void copy_kernel(const ir::KernelArgs& k) {
+  ops::map_unary(k, [](float x) { return x; });
+}
+const ir::OpDef kCountedCopy = ir::OpDef("counted_copy")
+                                   .inputs({"x"})
+                                   .infer(ops::infer_unary_f32)
+                                   .elementwise()
+                                   .kernel(ir::Backend::Native, copy_kernel, counting_supports)
+                                   .no_grad("test op");
+
+}  // namespace
+
+// The passes record each node's kernel once (ir::choose_kernels) and the runtime takes the
+// record; replacing the node's input or changing a layout it sees drops the record, and the next
+// call chooses again.
+TEST(Dispatch, KernelIsChosenOnceAndChosenAgainWhenTheNodeChanges) {
+  ir::Graph g;
+  ir::Value* x = ops::input(g, "x", {2, 16, 4, 4});
+  ir::Node* n = g.add_node(kCountedCopy, {x});
+  g.add_output(n->output());
+  supports_calls = 0;
+  EXPECT_EQ(n->kernel(ir::Backend::Native), nullptr);
+  ir::choose_kernels(g, ir::Backend::Native);
+  ASSERT_NE(n->kernel(ir::Backend::Native), nullptr);
+  EXPECT_EQ(n->kernel(ir::Backend::Native)->kernel, &kCountedCopy.kernels()[0]);
+  ir::choose_kernels(g, ir::Backend::Native);  // the record holds
+  { runtime::Executable exe(g, {.backend = ir::Backend::Native}); }
+  EXPECT_EQ(supports_calls, 1);
+
+  // Made for native first, it does not hold for a graph compiled for oneDNN first, unless the
+  // node's annotation puts native first anyway.
+  EXPECT_EQ(n->kernel(ir::Backend::OneDnn), nullptr);
+  n->annotations().set("backend", std::string("native"));
+  EXPECT_NE(n->kernel(ir::Backend::OneDnn), nullptr);
+
+  // A layout change around the node: chosen again, for the layouts it now sees.
+  x->set_layout("nChw16c");
+  EXPECT_EQ(n->kernel(ir::Backend::Native), nullptr);
+  ir::choose_kernels(g, ir::Backend::Native);
+  EXPECT_EQ(supports_calls, 1);  // refused for its layouts before supports was asked
+  ASSERT_NE(n->kernel(ir::Backend::Native), nullptr);
+  EXPECT_EQ(n->kernel(ir::Backend::Native)->kernel, nullptr);
+  EXPECT_THAT(n->kernel(ir::Backend::Native)->declined,
+              ::testing::HasSubstr("an elementwise kernel needs one layout"));
+  n->output()->set_layout("nChw16c");
+  ir::choose_kernels(g, ir::Backend::Native);
+  EXPECT_EQ(supports_calls, 2);
+  EXPECT_EQ(n->kernel(ir::Backend::Native)->kernel, &kCountedCopy.kernels()[0]);
+
+  // A new input: chosen again.
+  ir::Value* y = ops::input(g, "y", {2, 16, 4, 4});
+  y->set_layout("nChw16c");
+  g.replace_uses(x, y);
+  EXPECT_EQ(n->kernel(ir::Backend::Native), nullptr);
+  { runtime::Executable exe(g, {.backend = ir::Backend::Native}); }  // chooses, records nothing
+  EXPECT_EQ(supports_calls, 3);
+  EXPECT_EQ(n->kernel(ir::Backend::Native), nullptr);
 }

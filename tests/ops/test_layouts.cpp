@@ -53,6 +53,12 @@ TEST(Layouts, NativeGraphsStayPlain) {
   EXPECT_FALSE(ops::PropagateLayouts(ir::Backend::Native).run(t.g));
   for (const ir::Node* n : t.g.nodes())
     for (const ir::Value* v : n->outputs()) EXPECT_EQ(v->layout(), "") << n->describe();
+  // The pass leaves every node that runs a kernel with its kernel recorded, for the runtime.
+  for (const ir::Node* n : t.g.nodes()) {
+    if (n->def().is_source() || n->def().is_alias()) continue;
+    ASSERT_NE(n->kernel(ir::Backend::Native), nullptr) << n->describe();
+    EXPECT_EQ(n->kernel(ir::Backend::Native)->kernel->backend, ir::Backend::Native);
+  }
 }
 
 #if MINIDL_WITH_ONEDNN
@@ -68,6 +74,13 @@ TEST(Layouts, OneDnnRunsKeepTheBlockedLayoutAndTheResults) {
   ops::FuseBiasActivation().run(propagated.g);
   ASSERT_TRUE(ops::PropagateLayouts(ir::Backend::OneDnn).run(propagated.g));
   const ir::Graph& g = propagated.g;
+  // Every kernel is recorded, and as chosen for the layouts the pass gave: what the runtime takes.
+  for (const ir::Node* n : g.nodes()) {
+    if (n->def().is_source() || n->def().is_alias()) continue;
+    const ir::KernelChoice* c = n->kernel(ir::Backend::OneDnn);
+    ASSERT_NE(c, nullptr) << n->describe();
+    EXPECT_EQ(c->kernel, ir::choose_kernel(*n, ir::Backend::OneDnn).kernel) << n->describe();
+  }
 
   // Between oneDNN's convolutions and pooling, and through the ReLU backward that sits between
   // them: blocked. Max pooling's argmax too (both pooling kernels are oneDNN's).
