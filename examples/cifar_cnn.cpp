@@ -4,7 +4,7 @@
 // 10 epochs, inputs standardised per channel with the training set's mean and standard
 // deviation. He initialisation for the layers followed by ReLU, Xavier for the output layer.
 // The model is fixed: the shared app's --hidden and --activation flags are accepted but unused.
-#include "minidl/frontend/app.hpp"
+#include "minidl/app/app.hpp"
 
 using namespace minidl;
 

@@ -22,7 +22,7 @@
 
 #include "minidl/autograd/autograd.hpp"
 #include "minidl/core/rng.hpp"
-#include "minidl/frontend/app.hpp"
+#include "minidl/app/app.hpp"
 #include "minidl/frontend/trainer.hpp"
 #include "minidl/ops/common.hpp"
 #include "minidl/ops/ops.hpp"

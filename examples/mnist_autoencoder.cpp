@@ -6,7 +6,7 @@
 // first 10 test images above their reconstructions after training.
 #include <filesystem>
 
-#include "minidl/frontend/app.hpp"
+#include "minidl/app/app.hpp"
 #include "minidl/io/png.hpp"
 #include "minidl/train/predict.hpp"
 

@@ -3,7 +3,7 @@
 // learning rate 0.01, 5 epochs. He initialisation for the convolution (followed by ReLU),
 // Xavier for the output layer. The model is fixed: the shared app's --hidden and --activation
 // flags are accepted but unused.
-#include "minidl/frontend/app.hpp"
+#include "minidl/app/app.hpp"
 
 using namespace minidl;
 

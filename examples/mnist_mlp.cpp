@@ -2,7 +2,7 @@
 // learning rate 0.01, He initialisation for hidden layers and Xavier for the output, 20 epochs.
 // --hidden "" gives softmax regression (report 003); --activation sigmoid with
 // --dataset fashion-mnist gives report 001's network.
-#include "minidl/frontend/app.hpp"
+#include "minidl/app/app.hpp"
 
 using namespace minidl;
 

@@ -17,6 +17,7 @@ declare -A allowed=(
   [parallel]="core ir ops runtime parallel"
   [train]="core ir ops autograd runtime parallel train"
   [frontend]="core io ir ops autograd runtime parallel train frontend"
+  [app]="core io ir ops autograd runtime parallel train frontend app"
 )
 bad=0
 for layer in "${!allowed[@]}"; do

@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <tuple>
 
-#include "minidl/frontend/flags.hpp"
+#include "minidl/app/flags.hpp"
 
 namespace minidl {
 namespace {

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "minidl/frontend/app.hpp"
+#include "minidl/app/app.hpp"
 #include "minidl/io/checkpoint.hpp"
 
 namespace CLI {

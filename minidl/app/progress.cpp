@@ -1,4 +1,4 @@
-#include "minidl/frontend/progress.hpp"
+#include "minidl/app/progress.hpp"
 
 #include <fmt/format.h>
 #include <sys/ioctl.h>

@@ -2,7 +2,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "minidl/frontend/progress.hpp"
+#include "minidl/app/progress.hpp"
 
 namespace minidl {
 namespace {

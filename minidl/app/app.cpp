@@ -1,4 +1,4 @@
-#include "minidl/frontend/app.hpp"
+#include "minidl/app/app.hpp"
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -16,8 +16,8 @@
 
 #include "minidl/core/threading.hpp"
 #include "minidl/frontend/checkpoint_shared.hpp"
-#include "minidl/frontend/flags.hpp"
-#include "minidl/frontend/progress.hpp"
+#include "minidl/app/flags.hpp"
+#include "minidl/app/progress.hpp"
 #include "minidl/frontend/trace.hpp"
 #include "minidl/frontend/trainer.hpp"
 #include "minidl/io/file.hpp"

@@ -1,4 +1,4 @@
-#include "minidl/frontend/flags.hpp"
+#include "minidl/app/flags.hpp"
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
