@@ -192,7 +192,7 @@ std::vector<Flag> make_table() {
       {.name = "--activation",
        .field = &AppConfig::activation,
        .help = "hidden activation",
-       .check = one_of({"relu", "sigmoid", "tanh"})},
+       .check = one_of(nn::activation_names())},
       {.name = "--epochs",
        .field = &AppConfig::epochs,
        .help = "epochs",

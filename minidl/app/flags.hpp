@@ -1,4 +1,4 @@
-// The flag table of run_training_app: one row per flag (minidl/frontend/flags.cpp) stating its
+// The flag table of run_training_app: one row per flag (minidl/app/flags.cpp) stating its
 // name, the AppConfig field it sets, its help, the values it accepts, whether a resumed run must
 // repeat it (its checkpoint setting) and its key in the metrics' "config" record. Parsing,
 // --help, the checkpoint's settings, the metrics record and the Markdown reference

@@ -320,11 +320,29 @@ std::string Sequential::describe() const {
   return "Sequential(" + s + ")";
 }
 
+namespace {
+// The activations by name: make_activation and the app's --activation values both read it.
+const std::vector<std::pair<std::string, std::unique_ptr<Module> (*)()>>& activations() {
+  static const std::vector<std::pair<std::string, std::unique_ptr<Module> (*)()>> table{
+      {"relu", [] -> std::unique_ptr<Module> { return std::make_unique<ReLU>(); }},
+      {"sigmoid", [] -> std::unique_ptr<Module> { return std::make_unique<Sigmoid>(); }},
+      {"tanh", [] -> std::unique_ptr<Module> { return std::make_unique<Tanh>(); }},
+  };
+  return table;
+}
+}  // namespace
+
+std::vector<std::string> activation_names() {
+  std::vector<std::string> names;
+  for (const auto& [name, make] : activations()) names.push_back(name);
+  return names;
+}
+
 std::unique_ptr<Module> make_activation(const std::string& name) {
-  if (name == "relu") return std::make_unique<ReLU>();
-  if (name == "sigmoid") return std::make_unique<Sigmoid>();
-  if (name == "tanh") return std::make_unique<Tanh>();
-  MINIDL_FAIL("unknown activation '", name, "' (expected relu, sigmoid or tanh)");
+  for (const auto& [known, make] : activations())
+    if (known == name) return make();
+  MINIDL_FAIL("unknown activation '", name, "' (expected ",
+              fmt::format("{}", fmt::join(activation_names(), ", ")), ")");
 }
 
 Dropout::Dropout(double p) : p_(p) {

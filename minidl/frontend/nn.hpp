@@ -247,8 +247,10 @@ class Dropout final : public Module {
   std::uint64_t seed_ = 0;
 };
 
-/// The activation module called name: relu, sigmoid or tanh.
+/// The activation module called name, one of activation_names().
 std::unique_ptr<Module> make_activation(const std::string& name);
+/// The names make_activation knows: relu, sigmoid, tanh.
+std::vector<std::string> activation_names();
 
 /// Copies values into the model's parameters and buffers (its state_dict), matched by name;
 /// names, shapes and dtypes must all match, or the error, naming `source`, lists what differs.

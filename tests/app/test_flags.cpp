@@ -1,4 +1,4 @@
-// The flag table (frontend/flags.hpp): parsing with the example's defaults and per-example flags,
+// The flag table (app/flags.hpp): parsing with the example's defaults and per-example flags,
 // the checkpoint settings (whose keys old checkpoints carry), the metrics' config record and
 // the Markdown reference all come from its rows.
 #include <gmock/gmock.h>
