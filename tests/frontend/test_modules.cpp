@@ -16,10 +16,13 @@
 #include "minidl/ops/ops.hpp"
 #include "support/error_of.hpp"
 #include "support/modules.hpp"
+#include "support/same_bits.hpp"
 #include "support/synthetic.hpp"
 #include "support/temp_dir.hpp"
 
 namespace minidl {
+using minidl::testing::same_bits;
+
 namespace {
 
 using ::testing::ElementsAre;
@@ -50,15 +53,6 @@ NamedTensors clone(const NamedTensors& v) {
   NamedTensors out;
   for (const auto& [n, t] : v) out.emplace_back(n, t.clone());
   return out;
-}
-
-bool same_bits(const NamedTensors& a, const NamedTensors& b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    if (a[i].first != b[i].first || a[i].second.nbytes() != b[i].second.nbytes()) return false;
-    if (std::memcmp(a[i].second.raw(), b[i].second.raw(), a[i].second.nbytes()) != 0) return false;
-  }
-  return true;
 }
 
 class ResidualBlockTest : public testing::TempDirTest {};

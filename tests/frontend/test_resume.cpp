@@ -13,9 +13,12 @@
 #include "minidl/frontend/trainer.hpp"
 #include "minidl/io/checkpoint.hpp"
 #include "minidl/io/safetensors.hpp"
+#include "support/same_bits.hpp"
 #include "support/synthetic.hpp"
 
 namespace minidl {
+using minidl::testing::same_bits;
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -52,15 +55,6 @@ std::unique_ptr<nn::Sequential> mlp_with_dropout() {
 TrainerOptions options() {
   // 200 samples in batches of 32: 7 steps per epoch, the last one ragged (8 samples).
   return {.batch_size = 32, .eval_batch_size = 100, .seed = 11};
-}
-
-bool same_bits(const NamedTensors& a, const NamedTensors& b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    if (a[i].first != b[i].first || a[i].second.nbytes() != b[i].second.nbytes()) return false;
-    if (std::memcmp(a[i].second.raw(), b[i].second.raw(), a[i].second.nbytes()) != 0) return false;
-  }
-  return true;
 }
 
 NamedTensors clone(const NamedTensors& v) {

@@ -10,11 +10,14 @@
 #include "minidl/core/rng.hpp"
 #include "minidl/core/threading.hpp"
 #include "minidl/frontend/trainer.hpp"
+#include "support/same_bits.hpp"
 #include "support/synthetic.hpp"
 
 using namespace minidl;
 
 using minidl::testing::blobs;
+
+using minidl::testing::same_bits;
 
 namespace {
 std::unique_ptr<nn::Sequential> mlp() { return minidl::testing::small_mlp(); }
@@ -220,14 +223,6 @@ NamedTensors train_accumulating(std::int64_t batch, std::int64_t accumulate,
   return out;
 }
 
-bool same_bits(const NamedTensors& a, const NamedTensors& b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    if (a[i].first != b[i].first || a[i].second.numel() != b[i].second.numel()) return false;
-    if (std::memcmp(a[i].second.raw(), b[i].second.raw(), a[i].second.nbytes()) != 0) return false;
-  }
-  return true;
-}
 }  // namespace
 
 // Deterministic mode: micro-steps are subtrees of the batch's reduction tree and their sums

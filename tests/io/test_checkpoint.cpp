@@ -14,9 +14,12 @@
 #include "minidl/io/safetensors.hpp"
 #include "minidl/train/optimizer.hpp"
 #include "support/error_of.hpp"
+#include "support/same_bits.hpp"
 #include "support/synthetic.hpp"
 
 namespace minidl {
+using minidl::testing::same_bits;
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -42,15 +45,6 @@ struct TempDir {
   }
   std::string str() const { return path.string(); }
 };
-
-bool same_bits(const NamedTensors& a, const NamedTensors& b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    if (a[i].first != b[i].first || a[i].second.nbytes() != b[i].second.nbytes()) return false;
-    if (std::memcmp(a[i].second.raw(), b[i].second.raw(), a[i].second.nbytes()) != 0) return false;
-  }
-  return true;
-}
 
 NamedTensors clone(const NamedTensors& v) {
   NamedTensors out;
