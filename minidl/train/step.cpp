@@ -214,7 +214,9 @@ CompiledStep compile_step(Model& model, const Loss& loss, optim::Optimizer* opti
     if (job == Job::Step && comm.size() > 1)
       reduce = static_cast<double>(local) / static_cast<double>(spec.batch);
     const std::int64_t leaves = layout.deterministic() ? layout.micro_shards(size) : 0;
-    pipeline(job, o, comm, reduce, leaves, &clip).run(g);
+    // The pass manager owns the passes: clip lives as long as it.
+    ir::PassManager pm = pipeline(job, o, comm, reduce, leaves, &clip);
+    pm.run(g);
     if (det) {
       log_verbose("dispatch",
                   "deterministic mode: {} micro-shard(s) of this rank's {} samples; their "
@@ -251,40 +253,49 @@ CompiledStep compile_step(Model& model, const Loss& loss, optim::Optimizer* opti
   }
   if (!accumulate) return s;
 
-  // The apply program: the summed gradients as inputs, reduced across ranks (but in
-  // deterministic mode, where the tree has joined them already), clipped and applied.
   s.joins_ = layout.micro_step_joins(spec.batch);
-  auto& a = *(s.apply_ = std::make_unique<CompiledStep::Program>());
+  s.add_apply_program(model, *optimizer, param_names, o, comm);
+  return s;
+}
+
+// The apply program: the summed gradients as inputs, reduced across ranks (but in
+// deterministic mode, where the tree has joined them already), clipped and applied.
+void CompiledStep::add_apply_program(Model& model, optim::Optimizer& optimizer,
+                                     const std::vector<std::string>& param_names,
+                                     const StepOptions& o, parallel::Communicator& comm) {
+  auto& a = *(apply_ = std::make_unique<Program>());
   a.graph = std::make_unique<ir::Graph>();
   ir::Graph& g = *a.graph;
   std::map<std::string, Tensor> storage;
   for (auto& [name, t] : model.parameters()) storage.emplace(name, t);
   std::vector<ir::Value*> params, grads;
-  s.offsets_ = {0};
+  offsets_ = {0};
   for (const std::string& name : param_names) {
     const auto it = storage.find(name);
     MINIDL_CHECK(it != storage.end(), "compile_step: the graph's parameter '", name,
                  "' is not among the model's parameters");
     params.push_back(ops::parameter(g, name, it->second));
     grads.push_back(ops::input(g, "grad." + name, it->second.shape()));
-    s.offsets_.push_back(s.offsets_.back() + it->second.numel());
+    offsets_.push_back(offsets_.back() + it->second.numel());
   }
   const optim::StepInputs in{
       ops::role_input(g, ir::Role::LearningRate, "lr", Shape{}, DType::F32),
       ops::role_input(g, ir::Role::OptimizerStep, "optimizer_step", Shape{}, DType::I64)};
-  optimizer->apply(g, params, grads, in);
+  optimizer.apply(g, params, grads, in);
   ClipGradNorm* clip = nullptr;
   std::optional<double> reduce;
-  if (comm.size() > 1 && !det) reduce = 1.0;  // each rank's sum is weighted already
-  pipeline(Job::Apply, o, comm, reduce, 0, &clip).run(g);
-  if (clip->norm() != nullptr) s.norm_ = clip->norm();
+  // Each rank's sum is weighted by the global batch already.
+  if (comm.size() > 1 && !o.layout.deterministic()) reduce = 1.0;
+  ir::PassManager pm = pipeline(Job::Apply, o, comm, reduce, 0, &clip);  // owns clip
+  pm.run(g);
   a.exe = compile(g, o, program_name(Job::Apply, 0, 0));
-  if (s.norm_ != nullptr) s.norm_exe_ = a.exe.get();
-  for (const std::string& name : param_names)
-    s.apply_grads_.push_back(a.exe->input("grad." + name));
+  if (clip->norm() != nullptr) {
+    norm_ = clip->norm();
+    norm_exe_ = a.exe.get();
+  }
+  for (const std::string& name : param_names) apply_grads_.push_back(a.exe->input("grad." + name));
   a.lr = role_tensor(g, *a.exe, ir::Role::LearningRate);
   a.step = role_tensor(g, *a.exe, ir::Role::OptimizerStep);
-  return s;
 }
 
 parallel::Slice CompiledStep::share(std::size_t j) const {

@@ -129,6 +129,9 @@ class CompiledStep {
     parallel::Slice samples;  // relative to the batch's start
     std::size_t program = 0;
   };
+  void add_apply_program(Model& model, optim::Optimizer& optimizer,
+                         const std::vector<std::string>& param_names, const StepOptions& o,
+                         parallel::Communicator& comm);
   void run_micro(std::size_t j, const StepFeed& feed);
   void push_gradients(std::size_t j);
 
