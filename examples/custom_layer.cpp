@@ -20,9 +20,9 @@
 #include <string>
 #include <vector>
 
+#include "minidl/app/app.hpp"
 #include "minidl/autograd/autograd.hpp"
 #include "minidl/core/rng.hpp"
-#include "minidl/app/app.hpp"
 #include "minidl/frontend/trainer.hpp"
 #include "minidl/ops/common.hpp"
 #include "minidl/ops/ops.hpp"

@@ -14,10 +14,10 @@
 #include <string_view>
 #include <thread>
 
-#include "minidl/core/threading.hpp"
-#include "minidl/frontend/checkpoint_shared.hpp"
 #include "minidl/app/flags.hpp"
 #include "minidl/app/progress.hpp"
+#include "minidl/core/threading.hpp"
+#include "minidl/frontend/checkpoint_shared.hpp"
 #include "minidl/frontend/trace.hpp"
 #include "minidl/frontend/trainer.hpp"
 #include "minidl/io/file.hpp"
