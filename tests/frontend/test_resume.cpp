@@ -15,31 +15,16 @@
 #include "minidl/io/safetensors.hpp"
 #include "support/same_bits.hpp"
 #include "support/synthetic.hpp"
+#include "support/temp_dir.hpp"
 
 namespace minidl {
 using minidl::testing::same_bits;
 
+using minidl::testing::TempDir;
+
 namespace {
 
 namespace fs = std::filesystem;
-
-/// A fresh directory, removed at the end of the test.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int count = 0;
-    path = fs::temp_directory_path() /
-           fmt::format("minidl-ckpt-{}-{}-{}", ::getpid(),
-                       ::testing::UnitTest::GetInstance()->current_test_info()->name(), ++count);
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string str() const { return path.string(); }
-};
 
 /// 64 -> 32 -> dropout -> 10 over [N,1,8,8]: dropout makes the step counter part of the state.
 std::unique_ptr<nn::Sequential> mlp_with_dropout() {

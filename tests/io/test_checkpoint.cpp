@@ -16,9 +16,12 @@
 #include "support/error_of.hpp"
 #include "support/same_bits.hpp"
 #include "support/synthetic.hpp"
+#include "support/temp_dir.hpp"
 
 namespace minidl {
 using minidl::testing::same_bits;
+
+using minidl::testing::TempDir;
 
 namespace {
 
@@ -27,24 +30,6 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 
 using minidl::testing::error_of;
-
-/// A fresh directory, removed at the end of the test.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int count = 0;
-    path = fs::temp_directory_path() /
-           fmt::format("minidl-ckpt-{}-{}-{}", ::getpid(),
-                       ::testing::UnitTest::GetInstance()->current_test_info()->name(), ++count);
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string str() const { return path.string(); }
-};
 
 NamedTensors clone(const NamedTensors& v) {
   NamedTensors out;

@@ -19,6 +19,7 @@
 #include "minidl/core/threading.hpp"
 #include "minidl/io/datasets.hpp"
 #include "support/error_of.hpp"
+#include "support/gzip.hpp"
 #include "support/temp_dir.hpp"
 
 namespace minidl {
@@ -48,19 +49,7 @@ Bytes batch(std::int64_t first, std::int64_t n, const std::vector<std::uint8_t>&
   return b;
 }
 
-Bytes gzip(const Bytes& raw) {
-  z_stream zs{};
-  EXPECT_EQ(deflateInit2(&zs, 6, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY), Z_OK);
-  Bytes out(deflateBound(&zs, raw.size()) + 32);
-  zs.next_in = const_cast<Bytef*>(raw.data());
-  zs.avail_in = static_cast<uInt>(raw.size());
-  zs.next_out = out.data();
-  zs.avail_out = static_cast<uInt>(out.size());
-  EXPECT_EQ(deflate(&zs, Z_FINISH), Z_STREAM_END);
-  out.resize(zs.total_out);
-  deflateEnd(&zs);
-  return out;
-}
+Bytes gzip(const Bytes& raw) { return minidl::testing::gzip(raw, 6); }
 
 using minidl::testing::error_of;
 

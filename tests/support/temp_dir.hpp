@@ -1,5 +1,5 @@
-// A test fixture with a fresh directory per test (named after the process and the test, removed
-// afterwards) and a helper that writes a file into it.
+// A fresh directory per test (named after the process and the test, removed afterwards): as a
+// fixture with a helper that writes a file into it, or as a plain object (TempDir).
 #pragma once
 
 #include <fmt/format.h>
@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <system_error>
 #include <vector>
 
 namespace minidl::testing {
@@ -38,6 +39,26 @@ class TempDirTest : public ::testing::Test {
   }
 
   std::filesystem::path dir_;
+};
+
+/// A fresh directory, removed when the object goes.
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    static int count = 0;
+    path = std::filesystem::temp_directory_path() /
+           fmt::format("minidl-ckpt-{}-{}-{}", ::getpid(),
+                       ::testing::UnitTest::GetInstance()->current_test_info()->name(), ++count);
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string str() const { return path.string(); }
 };
 
 }  // namespace minidl::testing
