@@ -259,16 +259,22 @@ std::string category(const ir::Node& n) {
 }
 }  // namespace
 
-std::pair<double, double> Trainer::comm_wait_seconds() const {
-  double comm = 0.0, wait = 0.0;
+std::vector<const runtime::Executable*> Trainer::training_executables() const {
+  std::vector<const runtime::Executable*> out;
   for (const auto& [key, p] : programs_) {
     if (!std::get<0>(key) || std::get<3>(key) >= 0) continue;  // training programs this rank runs
-    for (const runtime::Executable* exe : p->executables()) {
-      for (const runtime::KernelProfile& k : exe->profile()) {
-        const std::string c = category(*k.node);
-        if (c == "wait") wait += k.seconds;
-        if (c == "communication") comm += k.seconds;
-      }
+    for (const runtime::Executable* exe : p->executables()) out.push_back(exe);
+  }
+  return out;
+}
+
+std::pair<double, double> Trainer::comm_wait_seconds() const {
+  double comm = 0.0, wait = 0.0;
+  for (const runtime::Executable* exe : training_executables()) {
+    for (const runtime::KernelProfile& k : exe->profile()) {
+      const std::string c = category(*k.node);
+      if (c == "wait") wait += k.seconds;
+      if (c == "communication") comm += k.seconds;
     }
   }
   return {comm, wait};
@@ -276,18 +282,15 @@ std::pair<double, double> Trainer::comm_wait_seconds() const {
 
 std::vector<Trainer::KernelTime> Trainer::kernel_times() const {
   std::map<std::string, KernelTime> by_name;
-  for (const auto& [key, p] : programs_) {
-    if (!std::get<0>(key) || std::get<3>(key) >= 0) continue;  // training programs this rank runs
-    for (const runtime::Executable* exe : p->executables()) {
-      for (const runtime::KernelProfile& k : exe->profile()) {
-        KernelTime& t = by_name[k.node->name()];
-        t.node = k.node->name();
-        t.op = k.node->op();
-        t.kernel = k.kernel;
-        t.calls += k.calls;
-        t.seconds += k.seconds;
-        t.flops += static_cast<double>(k.flops) * static_cast<double>(k.calls);
-      }
+  for (const runtime::Executable* exe : training_executables()) {
+    for (const runtime::KernelProfile& k : exe->profile()) {
+      KernelTime& t = by_name[k.node->name()];
+      t.node = k.node->name();
+      t.op = k.node->op();
+      t.kernel = k.kernel;
+      t.calls += k.calls;
+      t.seconds += k.seconds;
+      t.flops += static_cast<double>(k.flops) * static_cast<double>(k.calls);
     }
   }
   std::vector<KernelTime> rows;
@@ -297,16 +300,13 @@ std::vector<Trainer::KernelTime> Trainer::kernel_times() const {
 
 std::vector<TraceSpan> Trainer::trace_spans() const {
   std::vector<TraceSpan> spans;
-  for (const auto& [key, p] : programs_) {
-    if (!std::get<0>(key) || std::get<3>(key) >= 0) continue;  // training programs this rank runs
-    for (const runtime::Executable* exe : p->executables()) {
-      std::unordered_map<const ir::Node*, const runtime::KernelProfile*> profile;
-      for (const runtime::KernelProfile& k : exe->profile()) profile[k.node] = &k;
-      for (const runtime::TraceEvent& e : exe->trace()) {
-        const runtime::KernelProfile* k = profile.at(e.node);
-        spans.push_back({e.node->name(), category(*e.node), e.node->op(), k->kernel, e.thread,
-                         e.begin_us, e.duration_us, static_cast<double>(k->flops)});
-      }
+  for (const runtime::Executable* exe : training_executables()) {
+    std::unordered_map<const ir::Node*, const runtime::KernelProfile*> profile;
+    for (const runtime::KernelProfile& k : exe->profile()) profile[k.node] = &k;
+    for (const runtime::TraceEvent& e : exe->trace()) {
+      const runtime::KernelProfile* k = profile.at(e.node);
+      spans.push_back({e.node->name(), category(*e.node), e.node->op(), k->kernel, e.thread,
+                       e.begin_us, e.duration_us, static_cast<double>(k->flops)});
     }
   }
   return spans;

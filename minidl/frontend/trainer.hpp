@@ -171,6 +171,9 @@ class Trainer {
   train::StepOptions step_options_;
   std::unique_ptr<train::Loss> own_loss_;  // the default loss, when options.loss is null
   const train::Loss* loss_ = nullptr;
+  /// The executables of every training program this rank runs (not those compiled as another
+  /// rank for the preflight).
+  std::vector<const runtime::Executable*> training_executables() const;
   /// Seconds in communication and waiting kernels of all training programs so far (profiling).
   std::pair<double, double> comm_wait_seconds() const;
 
