@@ -21,6 +21,11 @@ inline Value* mul(Value* a, Value* b) { return apply("mul", {a, b}); }
 inline Value* scale(Value* x, double alpha) { return apply("scale", {x}, {{"alpha", alpha}}); }
 inline Value* sum(Value* x) { return apply("sum", {x}); }
 inline Value* mean(Value* x) { return apply("mean", {x}); }
+/// The sum of x over every replica of the step (thread replicas and ranks), read by all; `key`
+/// names it, the same in every replica (ops/reduce/cross_replica_sum.cpp).
+inline Value* cross_replica_sum(Value* x, std::string key) {
+  return apply("cross_replica_sum", {x}, {{"key", std::move(key)}});
+}
 inline Value* reshape(Value* x, ir::Ints shape) {
   return apply("reshape", {x}, {{"shape", std::move(shape)}});
 }
