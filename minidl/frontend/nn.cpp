@@ -297,6 +297,29 @@ std::string AvgPool2d::describe() const {
                      count_include_pad_ ? "" : ", count_include_pad false");
 }
 
+AdaptiveAvgPool2d::AdaptiveAvgPool2d(std::int64_t output_h, std::int64_t output_w)
+    : oh_(output_h), ow_(output_w) {
+  MINIDL_CHECK(oh_ > 0 && ow_ > 0, "AdaptiveAvgPool2d(", oh_, "x", ow_,
+               "): the output size must be positive");
+}
+
+ir::Value* AdaptiveAvgPool2d::forward(ir::Value* x) {
+  const Shape& s = x->shape();
+  MINIDL_CHECK(s.rank() == 4, describe(), " '", name(), "': expected input [N,C,H,W], got ", s);
+  const std::int64_t h = s[2], w = s[3];
+  // PyTorch's window i covers [floor(i H / OH), ceil((i + 1) H / OH)): when OH divides H these
+  // are the equal, disjoint windows of one avg_pool2d; otherwise they differ in size or overlap.
+  MINIDL_CHECK(h % oh_ == 0 && w % ow_ == 0, describe(), " '", name(), "': input ", h, "x", w,
+               " is not a multiple of the output size ", oh_, "x", ow_,
+               " (windows of different sizes are not supported); x=", s);
+  const ir::Ints window{h / oh_, w / ow_};
+  return ops::apply("avg_pool2d", {x}, {{"kernel", window}, {"stride", window}});
+}
+
+std::string AdaptiveAvgPool2d::describe() const {
+  return fmt::format("AdaptiveAvgPool2d({}x{})", oh_, ow_);
+}
+
 ir::Value* ReLU::forward(ir::Value* x) { return ops::relu(x); }
 ir::Value* Sigmoid::forward(ir::Value* x) { return ops::sigmoid(x); }
 ir::Value* Tanh::forward(ir::Value* x) { return ops::tanh(x); }
@@ -318,6 +341,58 @@ std::string Sequential::describe() const {
   for (const Child& c : children())
     s += fmt::format("{}{}: {}", s.empty() ? "" : ", ", c.name, c.module->describe());
   return "Sequential(" + s + ")";
+}
+
+Module& Residual::adopt_child(std::unique_ptr<Module> m, std::string name) {
+  if (name.empty()) name = std::to_string(children().size());
+  return register_module(std::move(name), std::move(m));
+}
+
+Residual& Residual::add(std::unique_ptr<Module> m, std::string name) {
+  body_.push_back(&adopt_child(std::move(m), std::move(name)));
+  return *this;
+}
+
+Residual& Residual::set_shortcut(std::unique_ptr<Module> m, std::string name) {
+  MINIDL_CHECK(shortcut_ == nullptr, describe(), ": cannot set the shortcut '", name,
+               "': the block has one already");
+  shortcut_ = &adopt_child(std::move(m), std::move(name));
+  return *this;
+}
+
+Residual& Residual::add_post(std::unique_ptr<Module> m, std::string name) {
+  post_.push_back(&adopt_child(std::move(m), std::move(name)));
+  return *this;
+}
+
+ir::Value* Residual::forward(ir::Value* x) {
+  ir::Value* y = x;
+  for (Module* m : body_) y = (*m)(y);
+  ir::Value* s = shortcut_ != nullptr ? (*shortcut_)(x) : x;
+  MINIDL_CHECK(y->shape() == s->shape(), "Residual '", name(), "': the body gives ", y->shape(),
+               " but the ", shortcut_ != nullptr ? "shortcut" : "identity shortcut", " gives ",
+               s->shape(), " for x=", x->shape(),
+               shortcut_ != nullptr ? "" : " (a body that changes the shape needs a shortcut)");
+  y = ops::add(y, s);
+  for (Module* m : post_) y = (*m)(y);
+  return y;
+}
+
+std::string Residual::describe() const {
+  auto list = [&](const std::vector<Module*>& modules) {
+    std::string s;
+    for (const Module* m : modules)
+      for (const Child& c : children())
+        if (c.module.get() == m)
+          s += fmt::format("{}{}: {}", s.empty() ? "" : ", ", c.name, m->describe());
+    return s;
+  };
+  std::string shortcut = "identity";
+  for (const Child& c : children())
+    if (c.module.get() == shortcut_) shortcut = fmt::format("{}: {}", c.name, c.module->describe());
+  std::string s = fmt::format("Residual(body: [{}], shortcut: {}", list(body_), shortcut);
+  if (!post_.empty()) s += fmt::format(", post: [{}]", list(post_));
+  return s + ")";
 }
 
 namespace {

@@ -189,6 +189,23 @@ class AvgPool2d final : public Module {
   bool count_include_pad_;
 };
 
+/// Average pooling to a fixed output size, as PyTorch's AdaptiveAvgPool2d(output_size): x [N, C,
+/// H, W] -> y [N, C, OH, OW]. AdaptiveAvgPool2d(1) is global average pooling ([N, C, 1, 1]).
+/// Implemented as avg_pool2d with kernel = stride = (H / OH, W / OW), so oneDNN's pooling and
+/// blocked layout serve it; it therefore takes only inputs whose H and W are multiples of OH and
+/// OW (PyTorch's windows are then the same) and refuses others, naming the sizes.
+class AdaptiveAvgPool2d final : public Module {
+ public:
+  explicit AdaptiveAvgPool2d(std::int64_t output_size = 1)
+      : AdaptiveAvgPool2d(output_size, output_size) {}
+  AdaptiveAvgPool2d(std::int64_t output_h, std::int64_t output_w);
+  ir::Value* forward(ir::Value* x) override;
+  std::string describe() const override;
+
+ private:
+  std::int64_t oh_, ow_;
+};
+
 class ReLU final : public Module {
  public:
   ir::Value* forward(ir::Value* x) override;
@@ -224,6 +241,50 @@ class Sequential final : public Module {
   ir::Value* forward(ir::Value* x) override;
   std::string describe() const override;
   std::size_t size() const { return children().size(); }
+};
+
+/// A residual block: y = post(body(x) + shortcut(x)), as the blocks of ResNet (He et al. 2016).
+/// The body is the children added with add/emplace, applied in order; the shortcut is the child
+/// set_shortcut registers (called "shortcut" unless named otherwise), the identity when not
+/// set; post is the children added with add_post/emplace_post, applied to the sum in order
+/// (ResNet's last ReLU). Every child sits directly under the block, so a block written as
+///
+///   auto block = std::make_unique<nn::Residual>();
+///   block->emplace<nn::Conv2d>("conv1", 16, 32, 3, 2, 1, nn::Init::He, false);
+///   block->emplace<nn::ReLU>("relu1");
+///   block->emplace<nn::Conv2d>("conv2", 32, 32, 3, 1, 1, nn::Init::He, false);
+///   block->set_shortcut(std::make_unique<nn::Conv2d>(16, 32, 1, 2, 0, nn::Init::He, false));
+///   block->emplace_post<nn::ReLU>("relu");
+///
+/// has torchvision's names: "conv1.weight", "conv2.weight", "shortcut.weight" below the block's
+/// own name. The sum is the node "<block>.add"; forward refuses a body and a shortcut whose
+/// outputs differ in shape, naming both.
+class Residual final : public Module {
+ public:
+  Residual() = default;
+  /// Appends m to the body, called name (default: its index among all children).
+  Residual& add(std::unique_ptr<Module> m, std::string name = {});
+  template <typename M, typename... Args>
+  Residual& emplace(std::string name, Args&&... args) {
+    return add(std::make_unique<M>(std::forward<Args>(args)...), std::move(name));
+  }
+  /// Makes m the shortcut (once), called name.
+  Residual& set_shortcut(std::unique_ptr<Module> m, std::string name = "shortcut");
+  /// Appends m to what runs after the sum, called name (default: its index among all children).
+  Residual& add_post(std::unique_ptr<Module> m, std::string name = {});
+  template <typename M, typename... Args>
+  Residual& emplace_post(std::string name, Args&&... args) {
+    return add_post(std::make_unique<M>(std::forward<Args>(args)...), std::move(name));
+  }
+  ir::Value* forward(ir::Value* x) override;
+  std::string describe() const override;
+  bool has_shortcut() const { return shortcut_ != nullptr; }
+
+ private:
+  Module& adopt_child(std::unique_ptr<Module> m, std::string name);
+
+  std::vector<Module*> body_, post_;
+  Module* shortcut_ = nullptr;
 };
 
 /// Inverted dropout, as PyTorch's nn.Dropout(p): in training mode each element is zeroed with

@@ -1,7 +1,7 @@
 // Modules register what they hold under local names and the module tree derives the full
 // names; bad names are refused, naming the module and the name. A residual block as
-// docs/adding-a-layer.md writes it. Buffers are saved, loaded and checkpointed but never
-// trained. A loss refuses a model output it cannot serve.
+// docs/adding-a-layer.md writes it, and nn::Residual; nn::AdaptiveAvgPool2d. Buffers are saved,
+// loaded and checkpointed but never trained. A loss refuses a model output it cannot serve.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -10,10 +10,14 @@
 #include <filesystem>
 #include <functional>
 
+#include "minidl/autograd/autograd.hpp"
+#include "minidl/core/rng.hpp"
 #include "minidl/frontend/trainer.hpp"
 #include "minidl/io/checkpoint.hpp"
 #include "minidl/io/safetensors.hpp"
 #include "minidl/ops/ops.hpp"
+#include "minidl/runtime/executable.hpp"
+#include "minidl/train/predict.hpp"
 #include "support/error_of.hpp"
 #include "support/modules.hpp"
 #include "support/same_bits.hpp"
@@ -118,6 +122,213 @@ TEST(Modules, NestedContainersDeriveDottedPaths) {
               ElementsAre("blocks.0.fc1.weight", "blocks.0.fc1.bias", "blocks.0.fc2.weight",
                           "blocks.0.fc2.bias", "blocks.1.fc1.weight", "blocks.1.fc1.bias",
                           "blocks.1.fc2.weight", "blocks.1.fc2.bias"));
+}
+
+// ---- nn::Residual ------------------------------------------------------------------------------
+
+/// The block of docs/adding-a-layer.md made from nn::Residual: relu(fc2(relu(fc1(x))) + x).
+std::unique_ptr<nn::Residual> residual_container(std::int64_t features, std::int64_t hidden) {
+  auto block = std::make_unique<nn::Residual>();
+  block->emplace<nn::Linear>("fc1", features, hidden);
+  block->emplace<nn::ReLU>("relu1");
+  block->emplace<nn::Linear>("fc2", hidden, features, nn::Init::Xavier);
+  block->emplace_post<nn::ReLU>("relu");
+  return block;
+}
+
+// The container computes what the hand-written block computes, under the same names (so from
+// the same initial weights): the same bits after an epoch of training.
+TEST(Residual, TrainsAsTheHandWrittenBlock) {
+  auto hand = residual_mlp();
+  auto made = std::make_unique<nn::Sequential>();
+  made->emplace<nn::Flatten>("flatten");
+  made->add(residual_container(64, 32), "block1");
+  made->emplace<nn::Linear>("head", 64, 10, nn::Init::Xavier);
+  EXPECT_EQ(names(made->state_dict()), names(hand->state_dict()));
+  EXPECT_EQ(made->describe(),
+            "Sequential(flatten: Flatten, block1: Residual(body: [fc1: Linear(64 -> 32, he), "
+            "relu1: ReLU, fc2: Linear(32 -> 64, xavier)], shortcut: identity, post: [relu: "
+            "ReLU]), head: Linear(64 -> 10, xavier))");
+  const Dataset train = testing::blobs(96, 5);
+  for (nn::Module* m : {hand.get(), made.get()}) {
+    m->reset(42);
+    optim::Sgd sgd({.lr = 0.1, .momentum = 0.9});
+    Trainer t(*m, sgd, {.batch_size = 32, .seed = 3});
+    t.train_epoch(train, 1);
+  }
+  EXPECT_TRUE(same_bits(made->state_dict(), hand->state_dict()));
+}
+
+/// conv 3x3 (stride) -> relu -> conv 3x3, plus a 1x1 convolution with the stride as the
+/// shortcut when `project`, -> relu: ResNet's basic block without batch normalisation.
+std::unique_ptr<nn::Residual> conv_block(std::int64_t in, std::int64_t out, std::int64_t stride,
+                                         bool project) {
+  auto block = std::make_unique<nn::Residual>();
+  block->emplace<nn::Conv2d>("conv1", in, out, 3, stride, 1, nn::Init::He, false);
+  block->emplace<nn::ReLU>("relu1");
+  block->emplace<nn::Conv2d>("conv2", out, out, 3, 1, 1, nn::Init::He, false);
+  if (project) {
+    auto shortcut = std::make_unique<nn::Sequential>();
+    shortcut->emplace<nn::Conv2d>("0", in, out, 1, stride, 0, nn::Init::He, false);
+    block->set_shortcut(std::move(shortcut));
+  }
+  block->emplace_post<nn::ReLU>("relu");
+  return block;
+}
+
+/// [N,1,8,8] -> conv 8 -> block (8) -> block (16, stride 2, projected) -> global average pool
+/// -> flatten -> linear 10: a small ResNet.
+std::unique_ptr<nn::Sequential> small_resnet() {
+  auto m = std::make_unique<nn::Sequential>();
+  m->emplace<nn::Conv2d>("conv1", 1, 8, 3, 1, 1, nn::Init::He, false);
+  m->emplace<nn::ReLU>("relu");
+  auto layer = std::make_unique<nn::Sequential>();
+  layer->add(conv_block(8, 8, 1, false));
+  layer->add(conv_block(8, 16, 2, true));
+  m->add(std::move(layer), "layer1");
+  m->emplace<nn::AdaptiveAvgPool2d>("pool", 1);
+  m->emplace<nn::Flatten>("flatten");
+  m->emplace<nn::Linear>("fc", 16, 10, nn::Init::Xavier);
+  return m;
+}
+
+// torchvision's names: the body's children and the shortcut under the block, the shortcut's
+// layers under "shortcut"; nodes likewise.
+TEST(Residual, NamesChildrenLikeTorchvisionAndTrains) {
+  auto model = small_resnet();
+  model->reset(42);
+  EXPECT_THAT(names(model->parameters()),
+              ElementsAre("conv1.weight", "layer1.0.conv1.weight", "layer1.0.conv2.weight",
+                          "layer1.1.conv1.weight", "layer1.1.conv2.weight",
+                          "layer1.1.shortcut.0.weight", "fc.weight", "fc.bias"));
+  optim::Sgd sgd({.lr = 0.1, .momentum = 0.9});
+  Trainer t(*model, sgd, {.batch_size = 32, .seed = 3});
+  const ir::Graph& g = t.training_graph(Shape{1, 8, 8});
+  ASSERT_NE(g.find("layer1.1.add"), nullptr);
+  EXPECT_EQ(g.find("layer1.1.add")->output()->shape(), (Shape{32, 16, 4, 4}));
+  ASSERT_NE(g.find("pool.avg_pool2d"), nullptr);
+  EXPECT_EQ(g.find("pool.avg_pool2d")->output()->shape(), (Shape{32, 16, 1, 1}));
+  const NamedTensors before = clone(model->parameters());
+  const Dataset train = testing::blobs(256, 5), test = testing::blobs(200, 6);
+  const double initial = t.evaluate(test).loss;
+  for (int e = 1; e <= 3; ++e) t.train_epoch(train, e);
+  const NamedTensors after = model->parameters();
+  for (std::size_t i = 0; i < after.size(); ++i) {
+    EXPECT_NE(std::memcmp(after[i].second.raw(), before[i].second.raw(), after[i].second.nbytes()),
+              0)
+        << after[i].first << " did not change";
+  }
+  // Global pooling makes the 8x8 patterns slow to learn: 2.40 -> 2.06 in three epochs.
+  EXPECT_LT(t.evaluate(test).loss, 0.9 * initial);
+}
+
+// Gradients through the body, the shortcut and the sum, against central differences: a block
+// without ReLUs (no kinks for the differences to cross) and loss sum(y * y).
+TEST(Residual, GradientsMatchFiniteDifferences) {
+  nn::Residual block;
+  block.emplace<nn::Conv2d>("conv1", 2, 3, 3, 2, 1, nn::Init::He, false);
+  block.emplace<nn::Conv2d>("conv2", 3, 3, 3, 1, 1, nn::Init::He, false);
+  block.set_shortcut(std::make_unique<nn::Conv2d>(2, 3, 1, 2, 0, nn::Init::He, false));
+  block.reset(7);
+  Tensor xt = Tensor::empty({2, 2, 5, 5});
+  CounterRng(9).fill_normal(xt, 0, 0.0f, 1.0f);
+  ir::Graph g;
+  ir::Value* x = ops::parameter(g, "x", xt);
+  ir::Value* y = block.forward(x);
+  ir::Value* loss = ops::sum(ops::mul(y, y));
+  std::vector<Tensor> params{xt};
+  std::vector<ir::Value*> wrt{x};
+  for (const auto& [name, t] : block.parameters()) {
+    params.push_back(t);
+    wrt.push_back(g.find(name)->output());
+  }
+  EXPECT_EQ(params.size(), 4u);  // x, conv1, conv2, shortcut
+  const std::vector<ir::Value*> grads = autograd::differentiate(g, loss, wrt);
+  for (ir::Value* v : grads) g.add_output(v);
+  g.add_output(loss);
+  runtime::Executable exe(g);
+  exe.run();
+  std::vector<Tensor> analytic;
+  for (ir::Value* v : grads) analytic.push_back(exe.value(v).clone());
+  // The loss is quadratic, so central differences are exact for any step: a large one keeps
+  // the f32 rounding of the loss out of the numeric gradient.
+  const auto r = autograd::check_gradients(params, analytic,
+                                           [&] {
+                                             exe.run();
+                                             return double{exe.value(loss).at(0)};
+                                           },
+                                           {.eps = 0.05, .max_elements = 16});
+  EXPECT_TRUE(r.ok) << r.report;
+}
+
+TEST(Residual, RefusesAShortcutOfAnotherShapeAndASecondShortcut) {
+  nn::Sequential model;
+  model.add(conv_block(4, 8, 2, false), "block");
+  ir::Graph g;
+  ir::Value* x = ops::input(g, "x", Shape{2, 4, 8, 8});
+  EXPECT_EQ(error_of([&] { model.forward(x); }),
+            "Residual 'block': the body gives [2,8,4,4] but the identity shortcut gives "
+            "[2,4,8,8] for x=[2,4,8,8] (a body that changes the shape needs a shortcut)");
+  auto block = conv_block(4, 8, 2, true);
+  EXPECT_THAT(error_of([&] { block->set_shortcut(std::make_unique<nn::ReLU>(), "other"); }),
+              HasSubstr(": cannot set the shortcut 'other': the block has one already"));
+  // A shortcut is a child like any other: its name is checked.
+  auto named = conv_block(4, 4, 1, false);
+  EXPECT_THAT(error_of([&] { named->set_shortcut(std::make_unique<nn::ReLU>(), "conv1"); }),
+              HasSubstr("cannot register module 'conv1': this module has a child of that name "
+                        "already"));
+}
+
+// ---- nn::AdaptiveAvgPool2d ---------------------------------------------------------------------
+
+TEST(AdaptiveAvgPool2d, AveragesEachWindowOfTheOutputSize) {
+  Tensor x = Tensor::empty({2, 3, 4, 6});
+  CounterRng(3).fill_normal(x, 0, 0.0f, 1.0f);
+  auto at = [&](std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w) {
+    return static_cast<double>(x.at(((n * 3 + c) * 4 + h) * 6 + w));
+  };
+  for (const bool onednn : {false, true}) {
+    if (onednn && !MINIDL_WITH_ONEDNN) continue;
+    SCOPED_TRACE(onednn ? "onednn" : "native");
+    runtime::CompileOptions options;
+    options.backend = onednn ? ir::Backend::OneDnn : ir::Backend::Native;
+    nn::AdaptiveAvgPool2d global;  // 1: the global average
+    const Tensor y = train::predict(global, x, options);
+    ASSERT_EQ(y.shape(), (Shape{2, 3, 1, 1}));
+    for (std::int64_t p = 0; p < 6; ++p) {
+      double sum = 0.0;
+      for (std::int64_t i = 0; i < 24; ++i) sum += at(p / 3, p % 3, i / 6, i % 6);
+      EXPECT_NEAR(y.at(p), sum / 24, 1e-5);
+    }
+    nn::AdaptiveAvgPool2d two_by_three(2, 3);  // windows of 2x2
+    const Tensor z = train::predict(two_by_three, x, options);
+    ASSERT_EQ(z.shape(), (Shape{2, 3, 2, 3}));
+    for (std::int64_t i = 0; i < z.numel(); ++i) {
+      const std::int64_t n = i / 18, c = i / 6 % 3, oh = i / 3 % 2, ow = i % 3;
+      double sum = 0.0;
+      for (std::int64_t h = 2 * oh; h < 2 * oh + 2; ++h)
+        for (std::int64_t w = 2 * ow; w < 2 * ow + 2; ++w) sum += at(n, c, h, w);
+      EXPECT_NEAR(z.at(i), sum / 4, 1e-5) << i;
+    }
+  }
+  EXPECT_EQ(nn::AdaptiveAvgPool2d(1).describe(), "AdaptiveAvgPool2d(1x1)");
+}
+
+TEST(AdaptiveAvgPool2d, RefusesSizesItCannotPoolEvenly) {
+  nn::Sequential model;
+  model.emplace<nn::AdaptiveAvgPool2d>("pool", 2);
+  ir::Graph g;
+  EXPECT_EQ(error_of([&] {
+              model.forward(ops::input(g, "x", Shape{1, 3, 5, 4}));
+            }),
+            "AdaptiveAvgPool2d(2x2) 'pool': input 5x4 is not a multiple of the output size 2x2 "
+            "(windows of different sizes are not supported); x=[1,3,5,4]");
+  EXPECT_EQ(error_of([&] {
+              model.forward(ops::input(g, "y", Shape{3, 5, 4}));
+            }),
+            "AdaptiveAvgPool2d(2x2) 'pool': expected input [N,C,H,W], got [3,5,4]");
+  EXPECT_EQ(error_of([] { nn::AdaptiveAvgPool2d(0); }),
+            "AdaptiveAvgPool2d(0x0): the output size must be positive");
 }
 
 // ---- Names that are refused --------------------------------------------------------------------

@@ -116,6 +116,56 @@ TEST(Layouts, OneDnnRunsKeepTheBlockedLayoutAndTheResults) {
       EXPECT_NEAR(native[i].at(j), got[i].at(j), 1e-4f * (1.0f + std::abs(native[i].at(j))))
           << "output " << i << " element " << j;
 }
+
+// conv 16 -> relu -> residual block (conv 16 -> relu -> conv 16, identity shortcut, relu) ->
+// global average pooling -> flatten -> linear: the sum and the pooling between convolutions.
+std::unique_ptr<nn::Sequential> small_residual_cnn() {
+  auto m = std::make_unique<nn::Sequential>();
+  m->emplace<nn::Conv2d>("conv1", 1, 16, 3, 1, 1, nn::Init::He);
+  m->emplace<nn::ReLU>("relu1");
+  auto block = std::make_unique<nn::Residual>();
+  block->emplace<nn::Conv2d>("conv1", 16, 16, 3, 1, 1, nn::Init::He, false);
+  block->emplace<nn::ReLU>("relu1");
+  block->emplace<nn::Conv2d>("conv2", 16, 16, 3, 1, 1, nn::Init::He, false);
+  block->emplace_post<nn::ReLU>("relu");
+  m->add(std::move(block), "block");
+  m->emplace<nn::AdaptiveAvgPool2d>("pool", 1);
+  m->emplace<nn::Flatten>("flatten");
+  m->emplace<nn::Linear>("fc", 16, 10, nn::Init::Xavier);
+  return m;
+}
+
+// The residual sum (add, elementwise) and its gradient sum at the fan-out keep the blocked
+// layout of the convolutions around them; global average pooling reads it.
+TEST(Layouts, OneDnnKeepsResidualSumsBlocked) {
+  const std::string& blocked = ops::blocked_layout();
+  if (blocked.empty()) GTEST_SKIP() << "oneDNN uses no channel-blocked layout on this CPU";
+  const Dataset batch = minidl::testing::blobs(8, 3);
+  auto model = small_residual_cnn();
+  model->reset(5);
+  TrainingGraph plain(*model, batch);
+  TrainingGraph propagated(*model, batch);
+  ops::FuseBiasActivation().run(plain.g);
+  ops::FuseBiasActivation().run(propagated.g);
+  ASSERT_TRUE(ops::PropagateLayouts(ir::Backend::OneDnn).run(propagated.g));
+  const ir::Graph& g = propagated.g;
+  EXPECT_EQ(layout_of(g, "block.add"), blocked) << ir::to_text(g);
+  EXPECT_EQ(layout_of(g, "block.relu.relu"), blocked);
+  // The block's input feeds conv1 and the sum: its gradient is an add of two blocked values.
+  int blocked_grad_sums = 0;
+  for (const ir::Node* n : g.nodes())
+    if (n->op() == "add" && n->phase() == ir::Phase::Backward)
+      blocked_grad_sums += n->output()->layout() == blocked;
+  EXPECT_EQ(blocked_grad_sums, 1) << ir::to_text(g);
+  EXPECT_EQ(layout_of(g, "pool.avg_pool2d"), "");  // read by the flatten
+  const auto want = plain.run(ir::Backend::Native);
+  const auto got = propagated.run(ir::Backend::OneDnn);
+  ASSERT_EQ(want.size(), got.size());
+  for (std::size_t i = 0; i < want.size(); ++i)
+    for (std::int64_t j = 0; j < want[i].numel(); ++j)
+      EXPECT_NEAR(want[i].at(j), got[i].at(j), 1e-4f * (1.0f + std::abs(want[i].at(j))))
+          << "output " << i << " element " << j;
+}
 #endif
 
 TEST(Layouts, RuntimeRefusesKernelsThatCannotReadALayout) {

@@ -1,4 +1,6 @@
 // add: y = a + b, same shapes. Autograd also uses it to accumulate gradients at fan-out.
+// Elementwise: a residual block's sum (nn::Residual) and the gradient sum where its input fans
+// out stay in oneDNN's blocked layout between the convolutions around them.
 #include "minidl/ops/common.hpp"
 #include "minidl/ops/registry.hpp"
 
@@ -19,6 +21,7 @@ void grad(ir::GradCtx& g) {
 MINIDL_OP(add)
     .inputs({"a", "b"})
     .infer(infer_same_shapes)
+    .elementwise()
     .kernel(ir::Backend::Native, add_native)
     .grad(grad);
 
