@@ -232,6 +232,7 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
   topt.reduce_strategy = parallel::parse_reduce_strategy(c.reduce);
   topt.bucket_bytes = static_cast<std::int64_t>(c.bucket_mb * 1024 * 1024);
   topt.overlap = c.overlap;
+  topt.sync_batch_stats = c.sync_bn;
   topt.micro_batch = c.deterministic ? c.micro_batch : 0;
   topt.clip_grad_norm = c.clip_grad_norm;
   topt.loss = loss.get();

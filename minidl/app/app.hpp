@@ -55,6 +55,7 @@ struct AppConfig {
   std::string reduce =
       "allreduce";          // gradient reduction across ranks: allreduce, root, hierarchical
   double bucket_mb = 0.25;  // gradient bucket size; 0: one collective per gradient
+  bool sync_bn = false;     // BatchNorm statistics over the global batch (SyncBatchNorm)
   bool overlap = false;     // non-blocking reductions started during the backward (default off:
                             // measured no faster on a 2-core machine, see DataParallelOptions)
   // Deterministic training (TrainerOptions::micro_batch): the same parameter bits for any

@@ -436,6 +436,12 @@ std::vector<Flag> make_table() {
        .resume = {"overlap"},
        .metric = {"overlap"},
        .excludes = {"--deterministic"}},
+      {.name = "--sync-bn",
+       .field = &AppConfig::sync_bn,
+       .help = "normalise with the statistics of the whole global batch, summed over thread "
+               "replicas and ranks (as PyTorch's SyncBatchNorm), not each replica's own share",
+       .resume = {"sync_bn"},
+       .metric = {"sync_bn"}},
       {.name = "--no-fuse",
        .field = &AppConfig::no_fuse,
        .help = "do not fold bias_add and relu into matmul/conv2d, nor SGD updates into their "

@@ -27,7 +27,8 @@ train::StepOptions step_options(const TrainerOptions& o, parallel::Communicator&
           .reduce = o.reduce_strategy,
           .bucket_bytes = o.bucket_bytes,
           .overlap = o.overlap,
-          .clip_grad_norm = o.clip_grad_norm};
+          .clip_grad_norm = o.clip_grad_norm,
+          .sync_batch_stats = o.sync_batch_stats};
 }
 
 Shape sample_shape(const Dataset& d) {

@@ -52,6 +52,8 @@ struct TrainerOptions {
   bool overlap = parallel::DataParallelOptions{}.overlap;  // reduce during the backward
   /// Global-norm gradient clipping after the reduction (0: off).
   double clip_grad_norm = 0.0;
+  /// Batch statistics summed over the global batch (train::StepOptions::sync_batch_stats).
+  bool sync_batch_stats = false;
   /// The loss; null: softmax cross-entropy against the labels.
   const train::Loss* loss = nullptr;
   /// What the loss's targets are: the dataset's labels, or the samples themselves (an

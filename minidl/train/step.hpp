@@ -40,6 +40,10 @@ struct StepOptions {
   bool overlap = parallel::DataParallelOptions{}.overlap;
   /// Global-norm gradient clipping after the reduction (0: off).
   double clip_grad_norm = 0.0;
+  /// Statistics a model sums across replicas (cross_replica_sum: BatchNorm's) are used summed
+  /// over the global batch everywhere, not only for its running statistics (--sync-bn;
+  /// parallel::use_global_statistics).
+  bool sync_batch_stats = false;
 };
 
 /// What one compiled step computes: training steps on global batches of `batch` samples, or
