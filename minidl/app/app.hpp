@@ -61,8 +61,12 @@ struct AppConfig {
   // ranks x threads, with micro-shards of micro_batch samples.
   bool deterministic = false;
   std::int64_t micro_batch = 8;
-  bool no_fuse = false;         // keep bias_add and relu as separate nodes
-  std::int64_t upscale = 1;     // images enlarged k times per side (granularity studies)
+  bool no_fuse = false;      // keep bias_add and relu as separate nodes
+  std::int64_t upscale = 1;  // images enlarged k times per side (granularity studies)
+  // Random transforms of the training images (train::Augment::parse): none, crop, flip or
+  // crop,flip. Off in every example so far.
+  std::string augment = "none";
+  bool no_prefetch = false;     // prepare each training batch on the main thread, before its step
   bool profile = false;         // per-kernel timing: the epoch split and a kernel table
   bool check_numerics = false;  // scan every node's output for NaN and Inf
   double collective_timeout =
