@@ -58,19 +58,17 @@ class PrefetchThread {
     {
       std::lock_guard lock(mutex_);
       quit_ = true;
+      wake_.notify_all();
     }
-    wake_.notify_all();
     thread_.join();
   }
 
   /// Starts job; the previous one must have been waited for.
   void start(std::function<void()> job) {
-    {
-      std::lock_guard lock(mutex_);
-      MINIDL_ASSERT(done_ && !job_, "prefetch: a job started before the last one was waited for");
-      job_ = std::move(job);
-      done_ = false;
-    }
+    std::lock_guard lock(mutex_);
+    MINIDL_ASSERT(done_ && !job_, "prefetch: a job started before the last one was waited for");
+    job_ = std::move(job);
+    done_ = false;
     wake_.notify_all();
   }
 
