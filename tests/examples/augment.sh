@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # --augment and the prefetch thread through the app: in deterministic mode an augmented run gives
 # byte-identical parameters on 1 and 2 ranks, with and without the prefetch thread (mnist_cnn on
-# synthetic 8x8 images; cifar_cnn on a few hundred CIFAR-10 samples when CIFAR_DIR holds them);
+# synthetic 8x8 images, also killed mid-epoch on 2 ranks and resumed on 1; cifar_cnn on a few
+# hundred CIFAR-10 samples when CIFAR_DIR holds them);
 # --metrics and --profile show the data times and the setting; an error while preparing a batch
 # (the MINIDL_TEST_FAIL_PREPARE_AT_STEP hook) ends the run, or the job, with one line and a
 # non-zero exit, quickly.
@@ -52,6 +53,20 @@ same "mnist_cnn --augment crop,flip: --no-prefetch bitwise the prefetch thread" 
 launch 1 "$cnn" "${flags[@]/crop,flip/none}" --save "$tmp/cnn-plain.safetensors" >/dev/null 2>&1
 cmp -s "$tmp/cnn-1-prefetch.safetensors" "$tmp/cnn-plain.safetensors" &&
   fail "mnist_cnn: --augment crop,flip trained the same parameters as none"
+
+# Killed after step 9 (mid-epoch 2) on 2 ranks with a checkpoint there, resumed on 1 rank: the
+# augmentation draws the rest of the epoch again, bitwise the uninterrupted run.
+launch 2 env MINIDL_TEST_KILL_AFTER_STEP=9 "$cnn" "${flags[@]}" --checkpoint-dir "$tmp/ck" \
+  --checkpoint-every-steps 9 >"$tmp/killed.out" 2>&1 && fail "the run meant to die after step 9 exited 0"
+if launch 1 "$cnn" "${flags[@]}" --resume "$tmp/ck" --save "$tmp/cnn-resumed.safetensors" \
+  >"$tmp/resumed.out" 2>&1; then
+  grep -q "resumed from .*(training step 9)" "$tmp/resumed.out" ||
+    fail "did not resume from the checkpoint of step 9: $(cat "$tmp/resumed.out")"
+  same "mnist_cnn --augment crop,flip: killed at step 9 on 2 ranks, resumed on 1: bitwise" \
+    "$tmp/cnn-1-prefetch.safetensors" "$tmp/cnn-resumed.safetensors"
+else
+  fail "the resumed run failed: $(cat "$tmp/resumed.out")"
+fi
 
 # --metrics: the setting in the config record, the data times in every epoch's record.
 /usr/bin/python3 - "$tmp/cnn-1-prefetch.jsonl" "$tmp/cnn-1-main.jsonl" <<'PY' || fails=$((fails + 1))
