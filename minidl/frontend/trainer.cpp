@@ -261,31 +261,27 @@ EpochStats Trainer::train_epoch(const Dataset& d, int epoch, const StepCallback&
     MINIDL_CHECK(options_.fail_preparing_step != number, "preparing the batch of training step ",
                  number, " failed (TrainerOptions::fail_preparing_step, a testing hook)");
   };
-  // With prefetch: two staged batches, the one the running step copies from and the one the
-  // prefetch thread fills. Declared before the thread, so that they outlive its last job.
-  struct Staged {
-    train::StagedBatch batch;
-    double seconds = 0.0;  // preparing it
-  };
-  std::array<Staged, 2> staged;
+  // With prefetch: the two staged batches (staged_), the one the running step copies from and
+  // the one the prefetch thread fills, and the time each took to prepare (declared before the
+  // thread, which writes it).
+  std::array<double, 2> prepared_in = {0.0, 0.0};
   std::optional<PrefetchThread> prefetch;
   if (options_.prefetch) prefetch.emplace();
-  auto start_preparing = [&](Staged& into, train::CompiledStep& p, std::int64_t start,
+  auto start_preparing = [&](std::size_t slot, train::CompiledStep& p, std::int64_t start,
                              std::int64_t n, std::int64_t number) {
-    into.batch.shape_for(p);
+    staged_[slot].shape_for(p);
     const std::span<const std::int64_t> batch = std::span(order).subspan(start, n);
-    Staged* slot = &into;
     prefetch->start([&, slot, batch, number] {
       const auto t = std::chrono::steady_clock::now();
       check_not_failing(number);
-      slot->batch.prepare(d.images, targets, batch, options_.augment, key);
-      slot->seconds = seconds_since(t);
+      staged_[slot].prepare(d.images, targets, batch, options_.augment, key);
+      prepared_in[slot] = seconds_since(t);
     });
   };
   std::size_t current = 0;  // the staged batch of the step about to run
   if (prefetch && batch_size_at(pos.next_sample) > 0) {
     const std::int64_t n = batch_size_at(pos.next_sample);
-    start_preparing(staged[0], program(true, n, sample), pos.next_sample, n, steps_ + 1);
+    start_preparing(0, program(true, n, sample), pos.next_sample, n, steps_ + 1);
   }
   for (std::int64_t start = pos.next_sample; start < d.size(); start += step_batch()) {
     const std::int64_t n = batch_size_at(start);
@@ -304,9 +300,9 @@ EpochStats Trainer::train_epoch(const Dataset& d, int epoch, const StepCallback&
         const auto t = std::chrono::steady_clock::now();
         prefetch->wait();
         s.data_wait_seconds += seconds_since(t);
-        s.data_prepare_seconds += staged[current].seconds;
-        if (next_p) start_preparing(staged[1 - current], *next_p, next, next_n, steps_ + 1);
-        const train::StagedBatch& mine = staged[current].batch;
+        s.data_prepare_seconds += prepared_in[current];
+        if (next_p) start_preparing(1 - current, *next_p, next, next_n, steps_ + 1);
+        const train::StagedBatch& mine = staged_[current];
         step(
             p,
             [&](std::size_t j) {

@@ -5,6 +5,7 @@
 // each global batch (the Layout says which); the statistics are summed over ranks.
 #pragma once
 
+#include <array>
 #include <functional>
 #include <limits>
 #include <map>
@@ -196,6 +197,9 @@ class Trainer {
   /// Seconds in communication and waiting kernels of all training programs so far (profiling).
   std::pair<double, double> comm_wait_seconds() const;
 
+  // The batches the prefetch thread prepares, in turn: kept, so that their buffers serve every
+  // epoch.
+  std::array<train::StagedBatch, 2> staged_;
   bool preflight_done_ = false;
   bool stop_ = false;
   std::pair<double, double> comm_wait_ = {0.0, 0.0};  // at the end of the previous epoch
