@@ -2,7 +2,8 @@
 // batch gets its own; train::compile_step builds them, the Trainer builds no graph), evaluation
 // over a whole dataset, statistics, the learning-rate schedule and the position checkpoints
 // record. With several ranks, every rank walks the same permutation and feeds its own share of
-// each global batch (the Layout says which); the statistics are summed over ranks.
+// each global batch (the Layout says which); the statistics are summed over ranks. Each training
+// batch is prepared (gathered, augmented) on a prefetch thread while the step before it runs.
 #pragma once
 
 #include <array>
