@@ -133,7 +133,9 @@ struct AppHooks {
 /// MINIDL_TEST_STALL_RANK (default 0) sleep for ten minutes after step G, a stuck rank for the
 /// collective timeout to find. MINIDL_TEST_NAN_AFTER_STEP=G writes a NaN into
 /// the first element of the last parameter on every rank after step G (its checkpoint
-/// written), so tests can watch the numerics checks catch it.
+/// written), so tests can watch the numerics checks catch it. MINIDL_TEST_FAIL_PREPARE_AT_STEP=G
+/// makes preparing the batch of training step G fail on every rank (on the prefetch thread
+/// unless --no-prefetch; TrainerOptions::fail_preparing_step).
 int run_training_app(int argc, char** argv, const std::string& description, AppConfig config,
                      const ModelBuilder& build, const AppHooks& hooks = {});
 
