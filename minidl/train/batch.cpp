@@ -143,6 +143,8 @@ void apply_transform(const SampleTransform& t, const float* src, float* dst, con
 
 void check_augmentable(const Augment& augment, const Tensor& samples, std::string_view what) {
   if (!augment.any()) return;
+  MINIDL_CHECK(augment.pad >= 0, "augmentation: the crop's padding must be 0 or more, got ",
+               augment.pad);
   MINIDL_CHECK(samples.shape().rank() == 4 && samples.dtype() == DType::F32, "augmentation (",
                augment.describe(), ") needs f32 image samples [N, C, H, W], but ", what, " are ",
                samples.dtype(), " ", samples.shape());
