@@ -315,6 +315,11 @@ std::span<CompiledStep::Part> CompiledStep::parts(std::size_t j) {
   return programs_[micro_[j].program].parts;
 }
 
+std::span<const CompiledStep::Part> CompiledStep::parts(std::size_t j) const {
+  MINIDL_CHECK(j < micro_.size(), "micro-step ", j, " of ", micro_.size());
+  return programs_[micro_[j].program].parts;
+}
+
 std::vector<const ir::Graph*> CompiledStep::graphs() const {
   std::vector<const ir::Graph*> out;
   for (const Program& p : programs_) out.push_back(p.graph.get());

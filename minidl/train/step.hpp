@@ -89,6 +89,7 @@ class CompiledStep {
   /// Micro-step j's inputs (shared by the micro-steps of the same size: fill them right before
   /// the micro-step runs).
   std::span<Part> parts(std::size_t j = 0);
+  std::span<const Part> parts(std::size_t j = 0) const;
   /// The loss's target for parts(0)[0], the first part of the first micro-step (other parts'
   /// targets differ only in their number of samples).
   const TargetSpec& target() const { return target_; }
