@@ -28,7 +28,7 @@ std::unique_ptr<nn::Sequential> mlp() {
 }
 
 void train_and_save(const Dataset& train, const Dataset& test, int epochs,
-                    const std::string& path) {
+                    const train::Augment& augment, const std::string& path) {
   auto model = mlp();
   model->reset(42);
   const train::CrossEntropy loss;
@@ -42,7 +42,9 @@ void train_and_save(const Dataset& train, const Dataset& test, int epochs,
     const std::vector<std::int64_t> order = permutation(train.size(), mix64(epoch));
     double loss_sum = 0.0;
     for (std::int64_t b = 0; b < batches; ++b) {
-      train::gather(step, train.images, train.labels, std::span(order).subspan(b * batch, batch));
+      // Each sample's augmentation is drawn from (seed, epoch, its index): none by default.
+      train::gather(step, train.images, train.labels, std::span(order).subspan(b * batch, batch), 0,
+                    augment, {.seed = 42, .epoch = epoch});
       step.run({.lr = adamw.lr(), .step = steps++});
       loss_sum += step.loss_sum();
     }
@@ -78,15 +80,19 @@ int main(int argc, char** argv) {
   std::string data = "data/mnist", save = "mnist_loop.safetensors";
   int epochs = 3;
   std::int64_t train_limit = 0;
+  std::string augment = "none";
   CLI::App cli("Train an MLP on MNIST with a hand-written loop, save it, reload it, predict");
   cli.add_option("--data", data, "MNIST directory")->capture_default_str();
   cli.add_option("--epochs", epochs, "epochs")->check(CLI::Range(1, 1000))->capture_default_str();
   cli.add_option("--train-limit", train_limit, "use the first N training samples (0: all)");
   cli.add_option("--save", save, "where to save the parameters")->capture_default_str();
+  cli.add_option("--augment", augment, "none, crop, flip or crop,flip (of the training images)")
+      ->capture_default_str();
   CLI11_PARSE(cli, argc, argv);
   try {
     const Dataset test = load_mnist(data, "test");
-    train_and_save(take(load_mnist(data, "train"), train_limit), test, epochs, save);
+    train_and_save(take(load_mnist(data, "train"), train_limit), test, epochs,
+                   train::Augment::parse(augment), save);
     load_and_predict(save, test);
   } catch (const Error& e) {
     fmt::print(stderr, "mnist_loop: error: {}\n", e.what());

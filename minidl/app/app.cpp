@@ -232,11 +232,15 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
   topt.reduce_strategy = parallel::parse_reduce_strategy(c.reduce);
   topt.bucket_bytes = static_cast<std::int64_t>(c.bucket_mb * 1024 * 1024);
   topt.overlap = c.overlap;
+  topt.sync_batch_stats = c.sync_bn;
   topt.micro_batch = c.deterministic ? c.micro_batch : 0;
   topt.clip_grad_norm = c.clip_grad_norm;
   topt.loss = loss.get();
   topt.targets = c.reconstruct ? TrainerOptions::Targets::Inputs : TrainerOptions::Targets::Labels;
   topt.schedule = &schedule;
+  topt.augment = train::Augment::parse(c.augment);
+  topt.prefetch = !c.no_prefetch;
+  topt.fail_preparing_step = test_hook("MINIDL_TEST_FAIL_PREPARE_AT_STEP", 0, 1);
   Trainer trainer(*model, *optimizer, topt);
   if (!c.dump_graph.empty() && root) {
     write_graph(trainer.training_graph(sample), c.dump_graph);
@@ -310,12 +314,13 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
   if (talk) {
     fmt::print(
         "{}: {} on {}{} ({} train, {} test samples), {} parameters, {} rank(s) x {} "
-        "thread(s) ({}), {} kernels\n",
+        "thread(s) ({}), {} kernels{}\n",
         program, model->describe(), c.dataset, c.normalize ? " (normalised per channel)" : "",
         train_set.size(), test_set.size(), n_params, comm.size(), max_threads(),
         c.deterministic ? fmt::format("deterministic, micro-batch {}", c.micro_batch)
                         : c.thread_mode,
-        c.backend);
+        c.backend,
+        topt.augment.any() ? ", training images augmented: " + topt.augment.describe() : "");
     fmt::print("{}", resumed);
     std::fflush(stdout);
   }
@@ -360,9 +365,12 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
   };
   EvalStats last{};
   bool evaluated = false;
+  double data_wait = 0.0, data_prepare = 0.0;  // over the epochs, for the --profile summary
   for (int epoch = first_epoch; epoch <= c.epochs; ++epoch) {
     progress.start_epoch(epoch, train_set.size(), epoch == first_epoch ? first_sample : 0);
     const EpochStats s = trainer.train_epoch(train_set, epoch, on_step);
+    data_wait += s.data_wait_seconds;
+    data_prepare += s.data_prepare_seconds;
     const EvalStats e = trainer.evaluate(test_set);
     last = e;
     evaluated = true;
@@ -380,8 +388,14 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
       fmt::print("epoch {:>2}/{}  loss {:.4f}  {}  {:.2f} s  {:.0f} samples/s{}\n", epoch, c.epochs,
                  s.loss, quality, s.seconds, sps, extra);
       if (c.profile) {
-        fmt::print("           compute {:.3f} s  communication {:.3f} s  waiting {:.3f} s\n",
-                   s.seconds - s.comm_seconds - s.wait_seconds, s.comm_seconds, s.wait_seconds);
+        // "data": the main thread's wait for its batches; the preparation's own time beside it
+        // shows whether the prefetch thread hid it.
+        fmt::print(
+            "           compute {:.3f} s  communication {:.3f} s  waiting {:.3f} s  data {:.3f} s "
+            "(preparing {:.3f} s {})\n",
+            s.seconds - s.comm_seconds - s.wait_seconds - s.data_wait_seconds, s.comm_seconds,
+            s.wait_seconds, s.data_wait_seconds, s.data_prepare_seconds,
+            c.no_prefetch ? "on the main thread" : "on the prefetch thread");
       }
       std::fflush(stdout);
     }
@@ -392,6 +406,8 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
                              {"samples_per_second", sps},
                              {"comm_seconds", s.comm_seconds},
                              {"wait_seconds", s.wait_seconds},
+                             {"data_wait_seconds", s.data_wait_seconds},
+                             {"data_prepare_seconds", s.data_prepare_seconds},
                              {"lr", s.lr}};
     if (loss->classification()) {
       record["train_accuracy"] = s.accuracy;
@@ -417,7 +433,23 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
       std::fflush(stdout);
     }
   }
-  if (c.profile) print_kernel_times(comm, trainer.kernel_times(), talk);
+  if (c.profile) {
+    print_kernel_times(comm, trainer.kernel_times(), talk);
+    if (talk) {
+      // Whether preparing the batches was hidden behind the steps: the main thread's wait
+      // against the time the preparation took.
+      fmt::print(
+          "data (training batches, rank 0): the steps waited {:.3f} s for their batches; "
+          "preparing them (gather{}) took {:.3f} s {}\n",
+          data_wait, topt.augment.any() ? ", augment " + topt.augment.describe() : "", data_prepare,
+          c.no_prefetch
+              ? "on the main thread (--no-prefetch)"
+              : fmt::format("on the prefetch thread, {:.0f}% of it hidden",
+                            data_prepare > 0
+                                ? 100.0 * std::max(0.0, data_prepare - data_wait) / data_prepare
+                                : 100.0));
+    }
+  }
   if (!c.trace.empty()) {
     const std::size_t events = write_chrome_trace(c.trace, comm, trainer.trace_spans());
     if (talk) fmt::print("{}: wrote {} ({} kernel calls)\n", program, c.trace, events);

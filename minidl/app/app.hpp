@@ -55,14 +55,19 @@ struct AppConfig {
   std::string reduce =
       "allreduce";          // gradient reduction across ranks: allreduce, root, hierarchical
   double bucket_mb = 0.25;  // gradient bucket size; 0: one collective per gradient
+  bool sync_bn = false;     // BatchNorm statistics over the global batch (SyncBatchNorm)
   bool overlap = false;     // non-blocking reductions started during the backward (default off:
                             // measured no faster on a 2-core machine, see DataParallelOptions)
   // Deterministic training (TrainerOptions::micro_batch): the same parameter bits for any
   // ranks x threads, with micro-shards of micro_batch samples.
   bool deterministic = false;
   std::int64_t micro_batch = 8;
-  bool no_fuse = false;         // keep bias_add and relu as separate nodes
-  std::int64_t upscale = 1;     // images enlarged k times per side (granularity studies)
+  bool no_fuse = false;      // keep bias_add and relu as separate nodes
+  std::int64_t upscale = 1;  // images enlarged k times per side (granularity studies)
+  // Random transforms of the training images (train::Augment::parse): none, crop, flip or
+  // crop,flip. Off in every example so far.
+  std::string augment = "none";
+  bool no_prefetch = false;     // prepare each training batch on the main thread, before its step
   bool profile = false;         // per-kernel timing: the epoch split and a kernel table
   bool check_numerics = false;  // scan every node's output for NaN and Inf
   double collective_timeout =
@@ -129,7 +134,9 @@ struct AppHooks {
 /// MINIDL_TEST_STALL_RANK (default 0) sleep for ten minutes after step G, a stuck rank for the
 /// collective timeout to find. MINIDL_TEST_NAN_AFTER_STEP=G writes a NaN into
 /// the first element of the last parameter on every rank after step G (its checkpoint
-/// written), so tests can watch the numerics checks catch it.
+/// written), so tests can watch the numerics checks catch it. MINIDL_TEST_FAIL_PREPARE_AT_STEP=G
+/// makes preparing the batch of training step G fail on every rank (on the prefetch thread
+/// unless --no-prefetch; TrainerOptions::fail_preparing_step).
 int run_training_app(int argc, char** argv, const std::string& description, AppConfig config,
                      const ModelBuilder& build, const AppHooks& hooks = {});
 

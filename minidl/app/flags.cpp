@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "minidl/core/error.hpp"
+#include "minidl/train/batch.hpp"
 
 namespace minidl {
 namespace {
@@ -98,6 +99,25 @@ Check backends() {
             return CLI::IsMember(b);
           },
           [](const AppConfig&) { return std::string("`native`, `onednn` (builds with oneDNN)"); }};
+}
+
+/// The values --augment accepts (train::Augment::parse, whose message names them).
+Check augmentations() {
+  return {[](const AppConfig&) -> CLI::Validator {
+            return CLI::Validator(
+                [](std::string& v) -> std::string {
+                  try {
+                    (void)train::Augment::parse(v);
+                  } catch (const Error& e) {
+                    return e.what();
+                  }
+                  return "";
+                },
+                "");
+          },
+          [](const AppConfig&) {
+            return std::string("`none` (or empty), `crop`, `flip`, `crop,flip`");
+          }};
 }
 
 /// Whether and how a checkpoint records the flag, and so what a resumed run must repeat
@@ -436,6 +456,12 @@ std::vector<Flag> make_table() {
        .resume = {"overlap"},
        .metric = {"overlap"},
        .excludes = {"--deterministic"}},
+      {.name = "--sync-bn",
+       .field = &AppConfig::sync_bn,
+       .help = "normalise with the statistics of the whole global batch, summed over thread "
+               "replicas and ranks (as PyTorch's SyncBatchNorm), not each replica's own share",
+       .resume = {"sync_bn"},
+       .metric = {"sync_bn"}},
       {.name = "--no-fuse",
        .field = &AppConfig::no_fuse,
        .help = "do not fold bias_add and relu into matmul/conv2d, nor SGD updates into their "
@@ -449,10 +475,28 @@ std::vector<Flag> make_table() {
        .check = range(1, 16),
        .resume = {"upscale", Rule::SameMidEpoch},
        .metric = {"upscale"}},
+      {.name = "--augment",
+       .field = &AppConfig::augment,
+       .help = "random transforms of the training images, drawn per sample from (seed, epoch, "
+               "sample): crop (a shift by -4..4 pixels, zeros shifted in: a crop of the image "
+               "padded by 4) and/or flip (horizontal, with probability 1/2)",
+       .check = augmentations(),
+       .resume = {"augment",
+                  Rule::Note,
+                  {},
+                  [](C c, F) { return train::Augment::parse(c.augment).describe(); }},
+       .metric = {"augment",
+                  [](C c, F) { return Json(train::Augment::parse(c.augment).describe()); }}},
+      {.name = "--no-prefetch",
+       .field = &AppConfig::no_prefetch,
+       .help = "prepare each training batch (gather, augmentation) on the main thread right "
+               "before its step, not on a thread of its own during the step before (the same "
+               "results)",
+       .metric = {"prefetch", [](C c, F) { return Json(!c.no_prefetch); }}},
       {.name = "--profile",
        .field = &AppConfig::profile,
-       .help = "time every kernel: per-epoch compute/communication/waiting split and a per-node "
-               "table at the end"},
+       .help = "time every kernel: per-epoch compute/communication/waiting/data split and a "
+               "per-node table at the end"},
       {.name = "--check-numerics",
        .field = &AppConfig::check_numerics,
        .help = "check every node's output for NaN and Inf and name the first node that produced "

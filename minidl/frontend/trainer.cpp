@@ -1,10 +1,15 @@
 #include "minidl/frontend/trainer.hpp"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
+#include <exception>
+#include <mutex>
 #include <numeric>
+#include <thread>
 #include <tuple>
 #include <unordered_map>
 
@@ -27,13 +32,83 @@ train::StepOptions step_options(const TrainerOptions& o, parallel::Communicator&
           .reduce = o.reduce_strategy,
           .bucket_bytes = o.bucket_bytes,
           .overlap = o.overlap,
-          .clip_grad_norm = o.clip_grad_norm};
+          .clip_grad_norm = o.clip_grad_norm,
+          .sync_batch_stats = o.sync_batch_stats};
 }
 
 Shape sample_shape(const Dataset& d) {
   const auto& dims = d.images.shape().dims();
   return Shape(std::vector<std::int64_t>(dims.begin() + 1, dims.end()));
 }
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// A thread of its own running one job at a time: the next training batch, prepared while a step
+// runs. A std::thread, not OpenMP: the step's OpenMP threads are running the kernels, and the
+// job uses no OpenMP and no MPI (the communicator is the main thread's). A job's exception is
+// kept and rethrown by wait() on the main thread; the destructor lets a running job finish,
+// drops its result, and joins, so an error elsewhere never leaves the thread running.
+class PrefetchThread {
+ public:
+  PrefetchThread() : thread_([this] { loop(); }) {}
+  PrefetchThread(const PrefetchThread&) = delete;
+  PrefetchThread& operator=(const PrefetchThread&) = delete;
+  ~PrefetchThread() {
+    {
+      std::lock_guard lock(mutex_);
+      quit_ = true;
+      wake_.notify_all();
+    }
+    thread_.join();
+  }
+
+  /// Starts job; the previous one must have been waited for.
+  void start(std::function<void()> job) {
+    std::lock_guard lock(mutex_);
+    MINIDL_ASSERT(done_ && !job_, "prefetch: a job started before the last one was waited for");
+    job_ = std::move(job);
+    done_ = false;
+    wake_.notify_all();
+  }
+
+  /// Waits for the job started last (at once if none); rethrows what it threw.
+  void wait() {
+    std::unique_lock lock(mutex_);
+    finished_.wait(lock, [&] { return done_; });
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+  }
+
+ private:
+  void loop() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      wake_.wait(lock, [&] { return quit_ || job_; });
+      if (quit_) return;
+      const std::function<void()> job = std::exchange(job_, nullptr);
+      lock.unlock();
+      std::exception_ptr error;
+      try {
+        job();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      lock.lock();
+      error_ = error;
+      done_ = true;
+      finished_.notify_all();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable wake_, finished_;
+  std::function<void()> job_;
+  std::exception_ptr error_;
+  bool done_ = true;
+  bool quit_ = false;
+  std::thread thread_;  // last: started once the members it reads exist
+};
 
 }  // namespace
 
@@ -108,10 +183,9 @@ struct Trainer::Sums {
   }
 };
 
-void Trainer::step(train::CompiledStep& p, const Dataset& d, std::span<const std::int64_t> batch,
+void Trainer::step(train::CompiledStep& p, const std::function<void(std::size_t)>& fill,
                    const train::StepFeed& feed, Sums& sums) {
-  const Tensor& targets = options_.targets == TrainerOptions::Targets::Labels ? d.labels : d.images;
-  p.run(feed, [&](std::size_t j) { train::gather(p, d.images, targets, batch, j); });
+  p.run(feed, fill);
   sums.loss += p.loss_sum();
   if (p.classification()) sums.correct += static_cast<double>(p.correct());
   if (const std::optional<double> n = p.grad_norm()) {
@@ -171,18 +245,88 @@ EpochStats Trainer::train_epoch(const Dataset& d, int epoch, const StepCallback&
   const std::int64_t resumed_samples = pos.samples;
   double run_loss = 0.0;
   std::int64_t run_samples = 0;
-  for (std::int64_t start = pos.next_sample; start < d.size(); start += step_batch()) {
+  // The samples of the batch at `start`; 0 past the end, and for a last batch smaller than the
+  // number of ranks, which would leave a rank without samples: every rank skips it (each knows
+  // n and the rank count), so no rank waits for another.
+  auto batch_size_at = [&](std::int64_t start) -> std::int64_t {
+    if (start >= d.size()) return 0;
     const std::int64_t n = std::min(step_batch(), d.size() - start);
-    // A last batch smaller than the number of ranks would leave a rank without samples: every
-    // rank skips it (each knows n and the rank count), so no rank waits for another.
-    if (n < comm_.size()) break;
+    return n < comm_.size() ? 0 : n;
+  };
+  const Tensor& targets = options_.targets == TrainerOptions::Targets::Labels ? d.labels : d.images;
+  train::check_augmentable(options_.augment, d.images, "the samples of '" + d.name + "'");
+  const train::AugmentKey key{.seed = options_.seed, .epoch = epoch};
+  // Preparing the batch of training step `number` (from the start of training): gathering this
+  // rank's share and augmenting it, into the step's inputs (gather) or a staged batch.
+  auto check_not_failing = [&](std::int64_t number) {
+    MINIDL_CHECK(options_.fail_preparing_step != number, "preparing the batch of training step ",
+                 number, " failed (TrainerOptions::fail_preparing_step, a testing hook)");
+  };
+  // With prefetch: the two staged batches (staged_), the one the running step copies from and
+  // the one the prefetch thread fills, and the time each took to prepare (declared before the
+  // thread, which writes it).
+  std::array<double, 2> prepared_in = {0.0, 0.0};
+  std::optional<PrefetchThread> prefetch;
+  if (options_.prefetch) prefetch.emplace();
+  auto start_preparing = [&](std::size_t slot, train::CompiledStep& p, std::int64_t start,
+                             std::int64_t n, std::int64_t number) {
+    staged_[slot].shape_for(p);
+    const std::span<const std::int64_t> batch = std::span(order).subspan(start, n);
+    prefetch->start([&, slot, batch, number] {
+      const auto t = std::chrono::steady_clock::now();
+      check_not_failing(number);
+      staged_[slot].prepare(d.images, targets, batch, options_.augment, key);
+      prepared_in[slot] = seconds_since(t);
+    });
+  };
+  std::size_t current = 0;  // the staged batch of the step about to run
+  if (prefetch && batch_size_at(pos.next_sample) > 0) {
+    const std::int64_t n = batch_size_at(pos.next_sample);
+    start_preparing(0, program(true, n, sample), pos.next_sample, n, steps_ + 1);
+  }
+  for (std::int64_t start = pos.next_sample; start < d.size(); start += step_batch()) {
+    const std::int64_t n = batch_size_at(start);
+    if (n == 0) break;
     train::CompiledStep& p = program(true, n, sample);
+    // The next step's program, compiled now (a collective with several ranks: every rank
+    // compiles it at the same point) so that its batch can be prepared during this step.
+    const std::int64_t next = start + step_batch(), next_n = batch_size_at(next);
+    train::CompiledStep* next_p = prefetch && next_n > 0 ? &program(true, next_n, sample) : nullptr;
     const train::StepFeed feed{
         .lr = options_.schedule ? options_.schedule->lr(steps_) : optimizer_.lr(), .step = steps_};
     ++steps_;
     const double before = sums.loss;
     try {
-      step(p, d, std::span(order).subspan(start, n), feed, sums);
+      if (prefetch) {
+        const auto t = std::chrono::steady_clock::now();
+        prefetch->wait();
+        s.data_wait_seconds += seconds_since(t);
+        s.data_prepare_seconds += prepared_in[current];
+        if (next_p) start_preparing(1 - current, *next_p, next, next_n, steps_ + 1);
+        const train::StagedBatch& mine = staged_[current];
+        step(
+            p,
+            [&](std::size_t j) {
+              const auto t = std::chrono::steady_clock::now();
+              mine.feed(p, j);
+              s.data_wait_seconds += seconds_since(t);
+            },
+            feed, sums);
+        current = 1 - current;
+      } else {
+        const std::span<const std::int64_t> batch = std::span(order).subspan(start, n);
+        step(
+            p,
+            [&](std::size_t j) {
+              const auto t = std::chrono::steady_clock::now();
+              check_not_failing(steps_);
+              train::gather(p, d.images, targets, batch, j, options_.augment, key);
+              const double took = seconds_since(t);
+              s.data_wait_seconds += took;
+              s.data_prepare_seconds += took;
+            },
+            feed, sums);
+      }
     } catch (const Error& e) {
       MINIDL_FAIL("training step ", steps_, " (epoch ", epoch, ", step ", pos.epoch_step + 1,
                   " of the epoch): ", e.what());
@@ -207,6 +351,9 @@ EpochStats Trainer::train_epoch(const Dataset& d, int epoch, const StepCallback&
     }
     if (stop_) break;
   }
+  // A batch prepared for a step that will not run (stopped) is dropped, with any error of its
+  // preparation: the next call prepares it again.
+  prefetch.reset();
   const bool stopped = stop_;
   stop_ = false;
   const std::int64_t samples = pos.samples;
@@ -223,7 +370,7 @@ EpochStats Trainer::train_epoch(const Dataset& d, int epoch, const StepCallback&
   s.accuracy = loss_->classification() ? sums.correct / static_cast<double>(samples)
                                        : std::numeric_limits<double>::quiet_NaN();
   if (sums.norms > 0) s.grad_norm = sums.norm / static_cast<double>(sums.norms);
-  s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  s.seconds = seconds_since(t0);
   return s;
 }
 
@@ -315,6 +462,7 @@ std::vector<TraceSpan> Trainer::trace_spans() const {
 EvalStats Trainer::evaluate(const Dataset& d) {
   MINIDL_CHECK(d.size() > 0, "evaluation set '", d.name, "' is empty");
   const Shape sample = sample_shape(d);
+  const Tensor& targets = options_.targets == TrainerOptions::Targets::Labels ? d.labels : d.images;
   std::vector<std::int64_t> order(d.size());
   std::iota(order.begin(), order.end(), 0);
   // Each rank evaluates its own contiguous shard (an equal split); the sums are reduced.
@@ -324,7 +472,10 @@ EvalStats Trainer::evaluate(const Dataset& d) {
   for (std::int64_t start = shard.begin; start < shard.end; start += options_.eval_batch_size) {
     const std::int64_t n = std::min(options_.eval_batch_size, shard.end - start);
     try {
-      step(program(false, n, sample), d, std::span(order).subspan(start, n), {}, sums);
+      train::CompiledStep& p = program(false, n, sample);
+      const std::span<const std::int64_t> batch = std::span(order).subspan(start, n);
+      step(
+          p, [&](std::size_t j) { train::gather(p, d.images, targets, batch, j); }, {}, sums);
     } catch (const Error& e) {
       MINIDL_FAIL("evaluation on '", d.name, "': ", e.what());
     }

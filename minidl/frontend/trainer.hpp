@@ -2,9 +2,11 @@
 // batch gets its own; train::compile_step builds them, the Trainer builds no graph), evaluation
 // over a whole dataset, statistics, the learning-rate schedule and the position checkpoints
 // record. With several ranks, every rank walks the same permutation and feeds its own share of
-// each global batch (the Layout says which); the statistics are summed over ranks.
+// each global batch (the Layout says which); the statistics are summed over ranks. Each training
+// batch is prepared (gathered, augmented) on a prefetch thread while the step before it runs.
 #pragma once
 
+#include <array>
 #include <functional>
 #include <limits>
 #include <map>
@@ -17,6 +19,7 @@
 #include "minidl/parallel/communicator.hpp"
 #include "minidl/parallel/data_parallel.hpp"
 #include "minidl/runtime/executable.hpp"
+#include "minidl/train/batch.hpp"
 #include "minidl/train/schedule.hpp"
 #include "minidl/train/step.hpp"
 
@@ -52,6 +55,8 @@ struct TrainerOptions {
   bool overlap = parallel::DataParallelOptions{}.overlap;  // reduce during the backward
   /// Global-norm gradient clipping after the reduction (0: off).
   double clip_grad_norm = 0.0;
+  /// Batch statistics summed over the global batch (train::StepOptions::sync_batch_stats).
+  bool sync_batch_stats = false;
   /// The loss; null: softmax cross-entropy against the labels.
   const train::Loss* loss = nullptr;
   /// What the loss's targets are: the dataset's labels, or the samples themselves (an
@@ -60,6 +65,17 @@ struct TrainerOptions {
   Targets targets = Targets::Labels;
   /// The learning rate of every step; null: the optimizer's own, constant.
   const optim::LrSchedule* schedule = nullptr;
+  /// Random transforms of the training images (never of evaluation's), each sample's drawn
+  /// from (seed, epoch, its index in the data set): the same on any layout, and on --resume.
+  train::Augment augment;
+  /// Prepare each training batch (this rank's share gathered, augmented) on a thread of its own
+  /// while the step before it runs, into a staging buffer the step then copies from; off: on
+  /// the main thread, into the step's inputs, right before each micro-step. The same bits
+  /// either way.
+  bool prefetch = true;
+  /// Testing: preparing the batch of training step G (counted from the start of training)
+  /// throws, as a broken batch would; 0: never.
+  std::int64_t fail_preparing_step = 0;
 };
 
 struct EpochStats {
@@ -76,6 +92,13 @@ struct EpochStats {
   // blocking reductions, broadcasts) and in waiting for non-blocking ones to finish.
   double comm_seconds = 0.0;
   double wait_seconds = 0.0;
+  // Data, part of `seconds`: the time the main thread spent getting its batches (waiting for the
+  // prefetch thread and copying from its buffer; without prefetch, gathering and augmenting),
+  // and the time spent preparing them (gathering and augmenting, on whichever thread did it).
+  // With prefetch, a data_wait_seconds well below data_prepare_seconds means the preparation
+  // was hidden behind the steps.
+  double data_wait_seconds = 0.0;
+  double data_prepare_seconds = 0.0;
   double lr = 0.0;  // the learning rate of the epoch's last step
   double grad_norm = std::numeric_limits<double>::quiet_NaN();  // mean over the epoch's steps,
                                                                 // with clipping; else NaN
@@ -157,9 +180,9 @@ class Trainer {
   struct Sums;
   /// Samples per optimizer step: batch_size times accumulate.
   std::int64_t step_batch() const { return options_.batch_size * options_.accumulate; }
-  /// Runs p on this rank's samples of the batch (indices into d) and adds their loss and
-  /// correct count to sums.
-  void step(train::CompiledStep& p, const Dataset& d, std::span<const std::int64_t> batch,
+  /// Runs p, fill(j) writing micro-step j's samples, and adds the loss and correct count of
+  /// this rank's samples to sums.
+  void step(train::CompiledStep& p, const std::function<void(std::size_t)>& fill,
             const train::StepFeed& feed, Sums& sums);
 
   void check_ranks_agree(const Dataset& d, const Shape& sample);
@@ -177,6 +200,9 @@ class Trainer {
   /// Seconds in communication and waiting kernels of all training programs so far (profiling).
   std::pair<double, double> comm_wait_seconds() const;
 
+  // The batches the prefetch thread prepares, in turn: kept, so that their buffers serve every
+  // epoch.
+  std::array<train::StagedBatch, 2> staged_;
   bool preflight_done_ = false;
   bool stop_ = false;
   std::pair<double, double> comm_wait_ = {0.0, 0.0};  // at the end of the previous epoch

@@ -213,6 +213,15 @@ void Graph::move_before(Node* node, Node* before) {
   order_.insert(std::find(order_.begin(), order_.end(), before), node);
 }
 
+void Graph::reorder(std::vector<Node*> order) {
+  MINIDL_ASSERT(order.size() == order_.size(), "reorder: ", order.size(), " nodes for ",
+                order_.size());
+  std::unordered_set<const Node*> seen(order.begin(), order.end());
+  MINIDL_ASSERT(seen.size() == order.size(), "reorder: a node appears twice");
+  for (const Node* n : order_) MINIDL_ASSERT(seen.count(n) == 1, "reorder: a node is missing");
+  order_ = std::move(order);
+}
+
 void Graph::push_scope(std::string scope) { scopes_.push_back(std::move(scope)); }
 void Graph::pop_scope() { scopes_.pop_back(); }
 

@@ -162,6 +162,9 @@ class Graph {
   void remove(const std::vector<Node*>& nodes);
   /// Moves node to just before `before` in the order (scheduling passes).
   void move_before(Node* node, Node* before);
+  /// Replaces the execution order by `order`, a permutation of nodes() (scheduling passes;
+  /// the verifier checks after the pass that it is a valid one).
+  void reorder(std::vector<Node*> order);
 
   /// Name scope for nodes added from now on: "fc1" makes "fc1.matmul".
   void push_scope(std::string scope);

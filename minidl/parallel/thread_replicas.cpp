@@ -1,10 +1,12 @@
 #include "minidl/parallel/thread_replicas.hpp"
 
 #include <algorithm>
+#include <map>
+#include <queue>
 #include <unordered_map>
 #include <unordered_set>
 
-#include "minidl/ops/registry.hpp"
+#include "minidl/ops/op_table.hpp"
 #include "minidl/parallel/reduction_tree.hpp"
 
 namespace minidl::parallel {
@@ -13,27 +15,113 @@ namespace {
 constexpr int kShared = -1;  // depends on no replica
 constexpr int kMixed = -2;   // depends on several replicas
 
-// Class of every node: its replica, kShared or kMixed.
-std::unordered_map<const ir::Node*, int> classify(const ir::Graph& g) {
-  std::unordered_map<const ir::Node*, int> cls;
-  for (const ir::Node* n : g.nodes()) {
-    int c = n->replica() >= 0 ? n->replica() : kShared;
-    for (const ir::Value* in : n->inputs()) {
-      const int ci = cls.at(in->producer());
-      if (ci == kShared || ci == c) continue;
-      c = (c == kShared) ? ci : kMixed;
+bool is_cross_replica_sum(const ir::Node* n) { return &n->def() == &ops::op_cross_replica_sum; }
+
+// What a node depends on: its class (a replica, kShared or kMixed) and its level, the number of
+// cross-replica sums on the longest path to it. A cross-replica sum is a barrier: its output is
+// shared again (every replica reads the same sum), one level up.
+struct Class {
+  int replica = kShared;
+  int level = 0;
+};
+
+std::unordered_map<const ir::Node*, Class> classify(const ir::Graph& g) {
+  std::unordered_map<const ir::Node*, Class> cls;
+  // A lowered graph is not yet in a valid order while this pass works on it: classify in
+  // dependency order, whatever the node order.
+  std::vector<const ir::Node*> pending(g.nodes().begin(), g.nodes().end());
+  while (!pending.empty()) {
+    std::vector<const ir::Node*> later;
+    for (const ir::Node* n : pending) {
+      Class c{n->replica() >= 0 ? n->replica() : kShared, 0};
+      bool ready = true;
+      for (const ir::Value* in : n->inputs()) {
+        const auto it = cls.find(in->producer());
+        if (it == cls.end()) {
+          ready = false;
+          break;
+        }
+        const Class ci = it->second;
+        c.level = std::max(c.level, ci.level);
+        if (ci.replica == kShared || ci.replica == c.replica) continue;
+        c.replica = (c.replica == kShared) ? ci.replica : kMixed;
+      }
+      if (!ready) {
+        later.push_back(n);
+        continue;
+      }
+      if (is_cross_replica_sum(n)) c = {kShared, c.level + 1};
+      cls[n] = c;
     }
-    cls[n] = c;
+    MINIDL_ASSERT(later.size() < pending.size(), "thread-replicas: the graph has a cycle");
+    pending = std::move(later);
   }
   return cls;
 }
 
-bool is_sum_over_replicas(const ir::Node* n, const std::unordered_map<const ir::Node*, int>& cls) {
-  return n->op() == "add" && cls.at(n) == kMixed;
+bool is_sum_over_replicas(const ir::Node* n,
+                          const std::unordered_map<const ir::Node*, Class>& cls) {
+  return n->op() == "add" && cls.at(n).replica == kMixed;
 }
 
-// Rebuilds each maximal chain of mixed adds (a gradient summed over the replicas) with three or
-// more terms as a balanced tree, leaves ordered by replica. Returns whether anything changed.
+// Each replica's forward writes its own copy of a cross-replica sum; the k-th copy with a key in
+// replica r matches the k-th with that key in every other replica. Each set of copies becomes
+// one sum over the replicas (a chain of adds in replica order, which balance_sums turns into the
+// tree) and one cross_replica_sum node of no replica reading it, whose output every replica
+// reads. The reduction across ranks is added later (the cross-replica-sums pass). Returns
+// whether anything changed.
+bool join_replica_copies(ir::Graph& g) {
+  const auto cls = classify(g);
+  // key -> replica -> copies in graph order
+  std::map<std::string, std::map<int, std::vector<ir::Node*>>> copies;
+  for (ir::Node* n : g.nodes()) {
+    if (!is_cross_replica_sum(n)) continue;
+    const int r = cls.at(n->input(0)->producer()).replica;
+    MINIDL_CHECK(r != kMixed, n->describe(), " sums a value of several replicas");
+    if (r == kShared) continue;  // one sum for all already
+    copies[n->attrs().get<std::string>("key")][r].push_back(n);
+  }
+  bool changed = false;
+  for (auto& [key, by_replica] : copies) {
+    const std::size_t count = by_replica.begin()->second.size();
+    for (const auto& [r, nodes] : by_replica) {
+      MINIDL_CHECK(nodes.size() == count, "cross_replica_sum '", key, "' appears ", count,
+                   " time(s) in replica ", by_replica.begin()->first, " but ", nodes.size(),
+                   " in replica ", r, ": every replica must reach the same sums");
+    }
+    if (by_replica.size() < 2) continue;
+    for (std::size_t k = 0; k < count; ++k) {
+      ir::Node* first = by_replica.begin()->second[k];
+      ir::Value* total = nullptr;
+      for (const auto& [r, nodes] : by_replica) {
+        ir::Value* x = nodes[k]->input(0);
+        if (total == nullptr) {
+          total = x;
+          continue;
+        }
+        ir::Node* add = g.add_node(ops::op_add, {total, x}, {}, key + ".replica_sum");
+        add->take_marks(*first);
+        add->set_replica(-1);
+        total = add->output();
+      }
+      ir::Node* sum = g.add_node(ops::op_cross_replica_sum, {total}, first->attrs(), key);
+      sum->take_marks(*first);
+      sum->set_replica(-1);
+      std::vector<ir::Node*> old;
+      for (const auto& [r, nodes] : by_replica) {
+        g.replace_uses(nodes[k]->output(), sum->output());
+        old.push_back(nodes[k]);
+      }
+      g.remove(old);
+    }
+    changed = true;
+  }
+  return changed;
+}
+
+// Rebuilds each maximal chain of mixed adds (a gradient summed over the replicas, a
+// cross-replica sum's terms) with three or more terms as a balanced tree, leaves ordered by
+// replica. Returns whether anything changed.
 bool balance_sums(ir::Graph& g) {
   const auto cls = classify(g);
   auto internal = [&](const ir::Value* v) {
@@ -69,7 +157,7 @@ bool balance_sums(ir::Graph& g) {
   }
   for (Tree& t : trees) {
     std::stable_sort(t.leaves.begin(), t.leaves.end(), [&](ir::Value* a, ir::Value* b) {
-      return cls.at(a->producer()) < cls.at(b->producer());
+      return cls.at(a->producer()).replica < cls.at(b->producer()).replica;
     });
     const std::string name = t.root->name();
     // The tree of reduction_tree.hpp over the leaves: for the micro-shards of deterministic
@@ -80,10 +168,8 @@ bool balance_sums(ir::Graph& g) {
       const auto left = static_cast<std::size_t>(tree_left(static_cast<std::int64_t>(n)));
       ir::Value* a = self(self, lo, left);
       ir::Value* b = self(self, lo + left, n - left);
-      ir::Node* sum =
-          g.add_node(ops::op("add"), {a, b}, {}, name + ".tree" + std::to_string(made++));
+      ir::Node* sum = g.add_node(ops::op_add, {a, b}, {}, name + ".tree" + std::to_string(made++));
       sum->take_marks(*t.root);
-      g.move_before(sum, t.root);
       return sum->output();
     };
     ir::Value* total = build(build, 0, t.leaves.size());
@@ -93,38 +179,86 @@ bool balance_sums(ir::Graph& g) {
   return !trees.empty();
 }
 
+// The execution order: level by level, each level's shared work, then its replica nodes (one
+// parallel section), then the nodes that join several replicas; sources first, the optimizer's
+// updates last. Among the nodes
+// that may run, the one earliest in that order and then in the current order goes next, so an
+// already valid order of one level only moves nodes between those three groups (stably). A node
+// that overwrites a value in place waits for the value's other readers.
+std::vector<ir::Node*> schedule(const ir::Graph& g,
+                                const std::unordered_map<const ir::Node*, Class>& cls) {
+  const std::vector<ir::Node*>& nodes = g.nodes();
+  std::unordered_map<const ir::Node*, std::size_t> index;
+  for (std::size_t i = 0; i < nodes.size(); ++i) index[nodes[i]] = i;
+  std::int64_t levels = 0;
+  for (const auto& [n, c] : cls) levels = std::max<std::int64_t>(levels, c.level + 1);
+  auto group = [&](const ir::Node* n) -> std::int64_t {
+    if (n->def().is_source()) return -1;
+    // The optimizer's updates after the whole backward, where the data-parallel pass reduces
+    // their gradients.
+    if (n->phase() == ir::Phase::Update) return 3 * levels;
+    const Class c = cls.at(n);
+    const std::int64_t base = 3 * static_cast<std::int64_t>(c.level);
+    return c.replica == kShared ? base : c.replica == kMixed ? base + 2 : base + 1;
+  };
+  std::unordered_map<const ir::Node*, std::vector<const ir::Node*>> next;
+  std::unordered_map<const ir::Node*, int> waits;
+  auto edge = [&](const ir::Node* from, const ir::Node* to) {
+    next[from].push_back(to);
+    ++waits[to];
+  };
+  for (const ir::Node* n : nodes) {
+    std::unordered_set<const ir::Node*> from;
+    for (const ir::Value* in : n->inputs()) from.insert(in->producer());
+    for (std::size_t o = 0; o < n->outputs().size(); ++o) {
+      const int in = n->def().shares_input(static_cast<int>(o));
+      if (in < 0 || n->def().is_alias()) continue;
+      for (const ir::Node* reader : n->input(in)->users())
+        if (reader != n) from.insert(reader);
+    }
+    for (const ir::Node* f : from) edge(f, n);
+  }
+  using Key = std::pair<std::int64_t, std::size_t>;
+  std::priority_queue<Key, std::vector<Key>, std::greater<>> ready;
+  for (const ir::Node* n : nodes)
+    if (waits[n] == 0) ready.push({group(n), index.at(n)});
+  std::vector<ir::Node*> order;
+  while (!ready.empty()) {
+    ir::Node* n = nodes[ready.top().second];
+    ready.pop();
+    order.push_back(n);
+    for (const ir::Node* m : next[n])
+      if (--waits[m] == 0) ready.push({group(m), index.at(m)});
+  }
+  MINIDL_ASSERT(order.size() == nodes.size(), "thread-replicas: the graph has a cycle");
+  return order;
+}
+
 }  // namespace
 
 bool ThreadReplicas::run(ir::Graph& g) {
-  bool changed = balance_sums(g);
+  bool changed = join_replica_copies(g);
+  changed = balance_sums(g) || changed;
   const auto cls = classify(g);
   int replicas = 0;
-  for (const auto& [n, c] : cls) replicas = std::max(replicas, c + 1);
+  for (const auto& [n, c] : cls) replicas = std::max(replicas, c.replica + 1);
   // One replica still makes a section: its kernels then run on one thread, as they would
   // beside other replicas (deterministic training relies on it).
   if (replicas < 1) return changed;
-  // Annotate, then reorder: shared work, the section of replica nodes, the rest. Sources keep
-  // their places (they run nothing) and stay first.
-  std::vector<ir::Node*> shared, section, rest;
+  bool sections = false;
   for (ir::Node* n : g.nodes()) {
-    const int c = cls.at(n);
-    if (c >= 0) n->set_replica(c);
-    if (n->def().is_source() || c == kShared)
-      shared.push_back(n);
-    else if (c >= 0)
-      section.push_back(n);
-    else
-      rest.push_back(n);
+    const int r = cls.at(n).replica;
+    if (r >= 0) {
+      n->set_replica(r);
+      sections = sections || !n->def().is_source();
+    }
   }
-  std::vector<ir::Node*> order = shared;
-  order.insert(order.end(), section.begin(), section.end());
-  order.insert(order.end(), rest.begin(), rest.end());
+  std::vector<ir::Node*> order = schedule(g, cls);
   if (order != g.nodes()) {
-    // move_before one by one, from the back: each node goes before the one that follows it.
-    for (std::size_t i = order.size() - 1; i-- > 0;) g.move_before(order[i], order[i + 1]);
+    g.reorder(std::move(order));
     changed = true;
   }
-  return changed || !section.empty();
+  return changed || sections;
 }
 
 }  // namespace minidl::parallel

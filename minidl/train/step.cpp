@@ -11,6 +11,7 @@
 #include "minidl/ops/fusion.hpp"
 #include "minidl/ops/layouts.hpp"
 #include "minidl/ops/ops.hpp"
+#include "minidl/parallel/cross_replica_sums.hpp"
 #include "minidl/parallel/thread_replicas.hpp"
 #include "minidl/train/clip.hpp"
 
@@ -51,6 +52,8 @@ ir::PassManager pipeline(Job job, const StepOptions& o, parallel::Communicator& 
   pm.add(std::make_unique<ir::DeadCodeElimination>());
   pm.add(std::make_unique<ops::FuseBiasActivation>(o.fuse));
   if (job != Job::Evaluate) pm.add(std::make_unique<parallel::ThreadReplicas>());
+  if (job != Job::Evaluate && comm.size() > 1)
+    pm.add(std::make_unique<parallel::CrossReplicaSums>(comm, tree_leaves));
   if (reduce) {
     parallel::DataParallelOptions dp{
         .strategy = o.reduce, .bucket_bytes = o.bucket_bytes, .overlap = o.overlap};
@@ -152,10 +155,12 @@ CompiledStep compile_step(Model& model, const Loss& loss, optim::Optimizer* opti
     const std::vector<parallel::Slice> slices = layout.replicas(local, spec.train);
     const bool sections = layout.sections(local, spec.train);
     const auto replicas = static_cast<std::int64_t>(slices.size());
-    // Each slice's mean is weighted by its share: of the global batch when the gradients are
-    // summed beyond this graph's reduction (deterministic mode: the rank's loss is its
-    // subtree's part; accumulation), of the rank's samples otherwise.
-    const std::int64_t denominator = det || accumulate ? spec.batch : local;
+    // Each slice's mean is weighted by its share: of the global batch when other ranks or
+    // micro-steps hold part of it (the rank's loss is then its part of the batch's: the
+    // gradients need only be summed, and a gradient that flows across ranks through a
+    // cross_replica_sum carries every rank's weight), of the rank's samples otherwise.
+    const std::int64_t denominator =
+        spec.train && (accumulate || comm.size() > 1) ? spec.batch : local;
     p.loss_to_sum = static_cast<double>(denominator);
     p.graph = std::make_unique<ir::Graph>();
     ir::Graph& g = *p.graph;
@@ -193,6 +198,7 @@ CompiledStep compile_step(Model& model, const Loss& loss, optim::Optimizer* opti
     g.add_output(total);
     std::vector<ir::Value*> grads;
     if (spec.train) {
+      if (o.sync_batch_stats) parallel::use_global_statistics(g);
       const std::vector<ir::Value*> params = parameters_of(g);
       grads = autograd::differentiate(g, total, params);
       if (job == Job::Step) {
@@ -207,12 +213,11 @@ CompiledStep compile_step(Model& model, const Loss& loss, optim::Optimizer* opti
       }
     }
     ClipGradNorm* clip = nullptr;
-    // Without accumulation the data-parallel pass reduces with this rank's share; a
-    // micro-step's gradients are reduced after the sum (the apply program) or, in
-    // deterministic mode, joined in the tree after each micro-step.
+    // Without accumulation the data-parallel pass sums the ranks' gradients (each weighted by
+    // its share of the batch already); a micro-step's gradients are reduced after the sum (the
+    // apply program) or, in deterministic mode, joined in the tree after each micro-step.
     std::optional<double> reduce;
-    if (job == Job::Step && comm.size() > 1)
-      reduce = static_cast<double>(local) / static_cast<double>(spec.batch);
+    if (job == Job::Step && comm.size() > 1) reduce = 1.0;
     const std::int64_t leaves = layout.deterministic() ? layout.micro_shards(size) : 0;
     // The pass manager owns the passes: clip lives as long as it.
     ir::PassManager pm = pipeline(job, o, comm, reduce, leaves, &clip);
@@ -306,6 +311,11 @@ parallel::Slice CompiledStep::share(std::size_t j) const {
 }
 
 std::span<CompiledStep::Part> CompiledStep::parts(std::size_t j) {
+  MINIDL_CHECK(j < micro_.size(), "micro-step ", j, " of ", micro_.size());
+  return programs_[micro_[j].program].parts;
+}
+
+std::span<const CompiledStep::Part> CompiledStep::parts(std::size_t j) const {
   MINIDL_CHECK(j < micro_.size(), "micro-step ", j, " of ", micro_.size());
   return programs_[micro_[j].program].parts;
 }

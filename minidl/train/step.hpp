@@ -40,6 +40,10 @@ struct StepOptions {
   bool overlap = parallel::DataParallelOptions{}.overlap;
   /// Global-norm gradient clipping after the reduction (0: off).
   double clip_grad_norm = 0.0;
+  /// Statistics a model sums across replicas (cross_replica_sum: BatchNorm's) are used summed
+  /// over the global batch everywhere, not only for its running statistics (--sync-bn;
+  /// parallel::use_global_statistics).
+  bool sync_batch_stats = false;
 };
 
 /// What one compiled step computes: training steps on global batches of `batch` samples, or
@@ -85,6 +89,7 @@ class CompiledStep {
   /// Micro-step j's inputs (shared by the micro-steps of the same size: fill them right before
   /// the micro-step runs).
   std::span<Part> parts(std::size_t j = 0);
+  std::span<const Part> parts(std::size_t j = 0) const;
   /// The loss's target for parts(0)[0], the first part of the first micro-step (other parts'
   /// targets differ only in their number of samples).
   const TargetSpec& target() const { return target_; }

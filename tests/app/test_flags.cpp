@@ -60,6 +60,28 @@ TEST(Flags, RefusesValuesOutsideTheRowsCheck) {
   EXPECT_THAT(parse(c, "--dataset cifar10"), HasSubstr("--dataset"));  // not one of c.datasets
   EXPECT_EQ(parse(c, "--micro-batch 4"), "--micro-batch requires --deterministic");
   EXPECT_EQ(parse(c, "--init a --resume b"), "--init excludes --resume");
+  EXPECT_EQ(parse(c, "--augment rotate"),
+            "--augment: augmentation 'rotate' is not one of none (or empty), crop, flip, "
+            "crop,flip");
+}
+
+TEST(Flags, AugmentIsRecordedInItsCanonicalForm) {
+  for (const auto& [given, recorded] : {std::pair{"crop,flip", "crop,flip"},
+                                        std::pair{"flip", "flip"}, std::pair{"none", "none"}}) {
+    AppConfig c;
+    ASSERT_EQ(parse(c, std::string("--augment ") + given + " --no-prefetch"), "") << given;
+    std::map<std::string, checkpoint::Setting> settings;
+    for (const checkpoint::Setting& s : checkpoint_settings(c, facts())) settings[s.key] = s;
+    EXPECT_EQ(settings["augment"].value, recorded);
+    EXPECT_EQ(settings["augment"].rule, Rule::Note);  // the position stays valid
+    EXPECT_FALSE(settings.contains("prefetch"));      // the same bits either way
+    const nlohmann::json m = nlohmann::json::parse(metrics_config(c, facts()));
+    EXPECT_EQ(m["augment"], recorded);
+    EXPECT_EQ(m["prefetch"], false);
+  }
+  AppConfig empty;  // --augment ""
+  empty.augment = "";
+  EXPECT_EQ(nlohmann::json::parse(metrics_config(empty, facts()))["augment"], "none");
 }
 
 TEST(Flags, OffersPerExampleFlagsWhereTheExampleAllowsThem) {
@@ -115,6 +137,7 @@ TEST(Flags, CheckpointSettingsKeepTheirKeys) {
       {"fuse", {"true", Rule::Note, "fusion (--no-fuse)"}},
       {"deterministic", {"false", Rule::Note, "--deterministic"}},
       {"micro_batch", {"0", Rule::Note, "--micro-batch"}},
+      {"augment", {"none", Rule::Note, "--augment"}},
   };
   std::map<std::string, Want> got;
   for (const checkpoint::Setting& s : checkpoint_settings(AppConfig{}, facts()))
@@ -179,6 +202,8 @@ TEST(Flags, MetricsConfigRecord) {
                                {"seed", 42},
                                {"shuffle", true},
                                {"epochs", 20},
+                               {"augment", "none"},
+                               {"prefetch", true},
                                {"resume", "ck/ckpt-e0001-s000000.safetensors"},
                                {"first_epoch", 2}};
   for (const auto& [key, value] : want.items()) EXPECT_EQ(got[key], value) << key;

@@ -50,6 +50,11 @@ expect bad-epochs "--epochs" "$bin" --epochs 0
 expect bad-lr "--lr" "$bin" --lr -1
 expect bad-hidden "--hidden" "$bin" --hidden 256,abc --data "$tmp/good"
 expect unknown-flag "--bogus" "$bin" --bogus
+for bad in rotate flip,crop crop, "crop flip" CROP; do
+  expect "bad-augment '$bad'" \
+    "--augment: augmentation '$bad' is not one of none (or empty), crop, flip, crop,flip" \
+    "$bin" --augment "$bad"
+done
 
 # Models and batches that cannot fit are refused before training, with the size they need:
 # a layer of 10^11 units, and (60000 one-pixel images) a batch of 60000 with 10^6 hidden units.

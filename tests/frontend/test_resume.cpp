@@ -37,9 +37,9 @@ std::unique_ptr<nn::Sequential> mlp_with_dropout() {
   return m;
 }
 
-TrainerOptions options() {
+TrainerOptions options(const train::Augment& augment = {}) {
   // 200 samples in batches of 32: 7 steps per epoch, the last one ragged (8 samples).
-  return {.batch_size = 32, .eval_batch_size = 100, .seed = 11};
+  return {.batch_size = 32, .eval_batch_size = 100, .seed = 11, .augment = augment};
 }
 
 NamedTensors clone(const NamedTensors& v) {
@@ -49,11 +49,12 @@ NamedTensors clone(const NamedTensors& v) {
 }
 
 /// Trains `epochs` epochs without a stop; returns the parameters and the last epoch's stats.
-std::pair<NamedTensors, EpochStats> uninterrupted(const Dataset& d, int epochs) {
+std::pair<NamedTensors, EpochStats> uninterrupted(const Dataset& d, int epochs,
+                                                  const train::Augment& augment = {}) {
   auto model = mlp_with_dropout();
   model->reset(3);
   optim::Sgd sgd({.lr = 0.05, .momentum = 0.9});
-  Trainer t(*model, sgd, options());
+  Trainer t(*model, sgd, options(augment));
   EpochStats last;
   for (int e = 1; e <= epochs; ++e) last = t.train_epoch(d, e);
   return {clone(model->parameters()), last};
@@ -62,12 +63,13 @@ std::pair<NamedTensors, EpochStats> uninterrupted(const Dataset& d, int epochs) 
 /// Trains until the checkpoint taken after `stop_step` training steps, "dies", and resumes in
 /// a fresh model, optimizer and trainer from that checkpoint's directory.
 std::pair<NamedTensors, EpochStats> interrupted(const Dataset& d, int epochs,
-                                                std::int64_t stop_step, const std::string& dir) {
+                                                std::int64_t stop_step, const std::string& dir,
+                                                const train::Augment& augment = {}) {
   {
     auto model = mlp_with_dropout();
     model->reset(3);
     optim::Sgd sgd({.lr = 0.05, .momentum = 0.9});
-    Trainer t(*model, sgd, options());
+    Trainer t(*model, sgd, options(augment));
     bool stopped = false;
     auto on_step = [&](const StepInfo& info) {
       if (info.step != stop_step) return;
@@ -86,7 +88,7 @@ std::pair<NamedTensors, EpochStats> interrupted(const Dataset& d, int epochs,
   model->reset(3);
   for (auto& [n, t] : model->parameters()) std::fill_n(t.data<float>(), t.numel(), 7.0f);
   optim::Sgd sgd({.lr = 0.05, .momentum = 0.9});
-  Trainer t(*model, sgd, options());
+  Trainer t(*model, sgd, options(augment));
   const checkpoint::Loaded ckpt =
       checkpoint::load(checkpoint::resolve(dir), {model->parameters(), {}, sgd.state()});
   t.resume(ckpt.position);
@@ -106,6 +108,18 @@ TEST(Checkpoint, ResumeMidEpochIsBitwiseIdentical) {
   EXPECT_EQ(sb.samples, 200);
   EXPECT_NEAR(sa.loss, sb.loss, 1e-9);
   EXPECT_DOUBLE_EQ(sa.accuracy, sb.accuracy);
+}
+
+// Augmentation draws from (seed, epoch, sample): the resumed run draws the rest of the epoch's
+// transforms again.
+TEST(Checkpoint, ResumeMidEpochWithAugmentationIsBitwiseIdentical) {
+  const Dataset d = testing::blobs(200, 34);
+  TempDir dir;
+  const train::Augment both{.crop = true, .flip = true};
+  const auto [a, sa] = uninterrupted(d, 2, both);
+  const auto [b, sb] = interrupted(d, 2, 10, dir.str(), both);
+  EXPECT_TRUE(same_bits(a, b));
+  EXPECT_FALSE(same_bits(a, uninterrupted(d, 2).first));  // the augmentation did something
 }
 
 TEST(Checkpoint, ResumeAtEpochBoundaryIsBitwiseIdentical) {

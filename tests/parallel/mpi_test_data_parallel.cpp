@@ -8,6 +8,7 @@
 
 #include "minidl/frontend/trainer.hpp"
 #include "minidl/parallel/communicator.hpp"
+#include "parallel/dp_support.hpp"
 #include "support/modules.hpp"
 #include "support/synthetic.hpp"
 
@@ -97,6 +98,31 @@ TEST(DataParallel, BuffersAreReadButNotReduced) {
   auto ser = run(*local);
   expect_close(*par, *ser, 1e-4);
   EXPECT_EQ(ranks_that_differ(world, *par), 0);
+}
+
+// A model reading a sum over the whole global batch (cross_replica_sum): each rank's part is
+// reduced across the ranks, in the forward and in the backward. Deterministic mode sums in the
+// fixed tree, so the ranks' parameters have the serial run's bits.
+TEST(DataParallel, CrossReplicaSumsCoverTheGlobalBatch) {
+  parallel::Communicator& world = parallel::world();
+  auto local = parallel::make_local_communicator();
+  const Dataset d = minidl::testing::blobs(200, 16);  // 6 batches of 32 and one of 8
+  auto run = [&](parallel::Communicator& comm, std::int64_t micro_batch) {
+    auto model = minidl::testing::globally_shifted_mlp();
+    optim::Sgd sgd({.lr = 0.05, .momentum = 0.9});
+    Trainer t(*model, sgd,
+              {.batch_size = 32, .seed = 3, .micro_batch = micro_batch, .comm = &comm});
+    t.train_epoch(d, 1);
+    return model;
+  };
+  auto par = run(world, 0);
+  auto ser = run(*local, 0);
+  expect_close(*par, *ser, 1e-4);
+  EXPECT_EQ(ranks_that_differ(world, *par), 0);
+  // Micro-shards of 2: the last batch of 8 still gives each of 3 ranks one.
+  auto det_par = run(world, 2);
+  auto det_ser = run(*local, 2);
+  EXPECT_TRUE(minidl::testing::bitwise_equal(*det_par, *det_ser));
 }
 
 // 1000 = 31 * 32 + 8: the last global batch of 8 is split unevenly for 3 ranks (3/3/2).

@@ -4,9 +4,11 @@
 
 #include <algorithm>
 
+#include "../support/modules.hpp"
 #include "../support/synthetic.hpp"
 #include "minidl/autograd/autograd.hpp"
 #include "minidl/ir/printer.hpp"
+#include "minidl/ir/verifier.hpp"
 #include "minidl/ops/ops.hpp"
 #include "minidl/parallel/thread_replicas.hpp"
 #include "minidl/runtime/executable.hpp"
@@ -98,6 +100,42 @@ TEST(ThreadReplicas, ParallelSectionMatchesTheWholeBatch) {
     expect_close(rg.run(), whole);
     // Without the pass the same graph runs serially: the parallel section changes nothing.
     expect_close(ReplicatedGraph(*model, batch, replicas).run(), rg.run());
+  }
+}
+
+// A statistic of the whole batch (cross_replica_sum) read by every replica: each replica's copies
+// become one sum over the replicas, and the replicas run as one section per level, before and
+// after each sum, forward and backward.
+TEST(ThreadReplicas, CrossReplicaSumsJoinTheReplicas) {
+  const Dataset batch = minidl::testing::blobs(24, 5);
+  auto model = minidl::testing::globally_shifted_mlp();
+  const auto whole = ReplicatedGraph(*model, batch, 1).run();
+  for (int replicas : {2, 3, 4}) {
+    SCOPED_TRACE(replicas);
+    ReplicatedGraph rg(*model, batch, replicas);
+    ASSERT_TRUE(parallel::ThreadReplicas().run(rg.g));
+    ASSERT_NO_THROW(ir::verify(rg.g)) << ir::to_text(rg.g);
+    // One sum forward, one for its gradient, each of no replica.
+    int sums = 0;
+    for (const ir::Node* n : rg.g.nodes()) {
+      if (n->op() != "cross_replica_sum") continue;
+      ++sums;
+      EXPECT_EQ(n->replica(), -1);
+    }
+    EXPECT_EQ(sums, 2) << ir::to_text(rg.g);
+    // Runs of replica nodes: before the forward sum, between the sums, after the backward one.
+    int runs = 0;
+    bool in_run = false;
+    for (const ir::Node* n : rg.g.nodes()) {
+      const bool annotated = !n->def().is_source() && n->replica() >= 0;
+      runs += annotated && !in_run;
+      in_run = annotated;
+    }
+    EXPECT_EQ(runs, 3) << ir::to_text(rg.g);
+    expect_close(rg.run(), whole);
+    // Without the pass the copies are not joined: each replica sums only its own slice.
+    const auto unjoined = ReplicatedGraph(*model, batch, replicas).run();
+    EXPECT_NE(unjoined[0], whole[0]);
   }
 }
 

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "minidl/frontend/nn.hpp"
+#include "minidl/ops/op_table.hpp"
 #include "minidl/ops/ops.hpp"
 
 namespace minidl::testing {
@@ -47,6 +48,33 @@ class Shift final : public nn::Module {
  private:
   Tensor offset_;
 };
+
+/// y = x + 1e-3 * (the sum of x over the whole global batch): a statistic of the batch, summed
+/// across thread replicas and ranks by ops::cross_replica_sum (the way BatchNorm's are).
+class GlobalShift final : public nn::Module {
+ public:
+  ir::Value* forward(ir::Value* x) override {
+    ir::Value* total = ops::cross_replica_sum(ops::sum(x), "global_shift");
+    return ops::add(
+        x, x->graph()
+               .add_node(ops::op_expand, {total}, {{"shape", x->shape().dims()}, {"alpha", 1e-3}})
+               ->output());
+  }
+  std::string describe() const override { return "GlobalShift"; }
+};
+
+/// 64 -> 32 -> global shift -> relu -> 10 over [N,1,8,8]: its forward and backward each need the
+/// whole batch's sum.
+inline std::unique_ptr<nn::Sequential> globally_shifted_mlp(std::uint64_t seed = 3) {
+  auto m = std::make_unique<nn::Sequential>();
+  m->emplace<nn::Flatten>("flatten");
+  m->emplace<nn::Linear>("fc1", 64, 32, nn::Init::He);
+  m->emplace<GlobalShift>("shift");
+  m->emplace<nn::ReLU>("act1");
+  m->emplace<nn::Linear>("fc2", 32, 10, nn::Init::Xavier);
+  m->reset(seed);
+  return m;
+}
 
 /// 64 -> 32 -> shift -> relu -> 10 over [N,1,8,8]; the shift's offset set to a fixed pattern.
 inline std::unique_ptr<nn::Sequential> shifted_mlp(std::uint64_t seed = 3) {
