@@ -7,10 +7,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 
 #include "minidl/autograd/autograd.hpp"
 #include "minidl/core/rng.hpp"
 #include "minidl/frontend/trainer.hpp"
+#include "minidl/io/checkpoint.hpp"
 #include "minidl/io/safetensors.hpp"
 #include "minidl/ops/ops.hpp"
 #include "minidl/runtime/executable.hpp"
@@ -229,6 +231,18 @@ TEST_F(BatchNormFile, SaveAndLoadKeepTheRunningStatistics) {
   auto other = bn_cnn(9);
   nn::load_state_dict(*other, file);
   EXPECT_TRUE(testing::same_bits(model->state_dict(), other->state_dict()));
+
+  // A checkpoint holds the buffers too, num_batches_tracked included.
+  const std::string dir = path("ckpt");
+  std::filesystem::create_directories(dir);
+  const std::string saved = checkpoint::save(
+      dir, t.position(), {model->parameters(), model->buffers(), sgd.state()}, {}, 1);
+  auto resumed = bn_cnn(11);
+  optim::Sgd sgd2({.lr = 0.05});
+  Trainer t2(*resumed, sgd2, {.batch_size = 32, .seed = 3});
+  checkpoint::load(saved, {resumed->parameters(), resumed->buffers(), sgd2.state()});
+  EXPECT_TRUE(testing::same_bits(model->state_dict(), resumed->state_dict()));
+  EXPECT_EQ(tracked(*resumed, "bn.num_batches_tracked"), 2);
 }
 
 // The gradient of a Conv -> BatchNorm -> ReLU -> Linear model's loss with respect to every

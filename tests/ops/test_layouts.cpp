@@ -238,19 +238,26 @@ TEST(Layouts, BatchNormKernelsOfBlockedValues) {
 #if MINIDL_WITH_ONEDNN
   backends.push_back(ir::Backend::OneDnn);
 #endif
-  // (layout of x and dy, layout of y and dx)
-  const std::vector<std::pair<std::string, std::string>> layouts = {
-      {"", ""}, {"nChw16c", "nChw16c"}, {"nChw8c", "nChw8c"}, {"nChw16c", ""}, {"", "nChw8c"}};
+  struct Layouts {
+    std::string x, dy, out;  // out: y's and both dx's
+  };
+  const std::vector<Layouts> layouts = {{"", "", ""},
+                                        {"nChw16c", "nChw16c", "nChw16c"},
+                                        {"nChw8c", "nChw8c", "nChw8c"},
+                                        {"nChw16c", "nChw16c", ""},
+                                        {"", "", "nChw8c"},
+                                        {"nChw16c", "", "nChw8c"},
+                                        {"", "nChw8c", "nChw16c"}};
   std::vector<Tensor> want;
   for (ir::Backend backend : backends) {
-    for (const auto& [in_layout, out_layout] : layouts) {
+    for (const Layouts& l : layouts) {
       SCOPED_TRACE(
-          fmt::format("{} x/dy '{}' y/dx '{}'", ir::backend_name(backend), in_layout, out_layout));
+          fmt::format("{} x '{}' dy '{}' y/dx '{}'", ir::backend_name(backend), l.x, l.dy, l.out));
       ir::Graph g;
       ir::Value* xv = ops::input(g, "x", shape);
       ir::Value* dyv = ops::input(g, "dy", shape);
-      xv->set_layout(in_layout);
-      dyv->set_layout(in_layout);
+      xv->set_layout(l.x);
+      dyv->set_layout(l.dy);
       ir::Value* stats = ops::bn_stats(xv);
       auto [mean, var] = ops::bn_moments(stats);
       ir::Value* wv = ops::parameter(g, "w", w);
@@ -258,16 +265,16 @@ TEST(Layouts, BatchNormKernelsOfBlockedValues) {
       ir::Node* bwd = g.add_node(ops::op("batch_norm_bwd"), {dyv, xv, mean, var, wv});
       ir::Value* sdx =
           g.add_node(ops::op("bn_stats_bwd"), {xv, ops::parameter(g, "ds", dstats)})->output();
-      y->set_layout(out_layout);
-      bwd->output(0)->set_layout(out_layout);
-      sdx->set_layout(out_layout);
+      y->set_layout(l.out);
+      bwd->output(0)->set_layout(l.out);
+      sdx->set_layout(l.out);
       const std::vector<ir::Value*> outs{
           stats,          y,  bwd->output(0), bwd->output(1), bwd->output(2), bwd->output(3),
           bwd->output(4), sdx};
       for (ir::Value* v : outs) g.add_output(v);
       runtime::Executable exe(g, {.backend = backend});
-      store(x, in_layout, exe.input("x").data<float>());
-      store(dy, in_layout, exe.input("dy").data<float>());
+      store(x, l.x, exe.input("x").data<float>());
+      store(dy, l.dy, exe.input("dy").data<float>());
       exe.run();
       std::vector<Tensor> got;
       for (ir::Value* v : outs) {
