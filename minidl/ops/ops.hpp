@@ -26,6 +26,33 @@ inline Value* mean(Value* x) { return apply("mean", {x}); }
 inline Value* cross_replica_sum(Value* x, std::string key) {
   return apply("cross_replica_sum", {x}, {{"key", std::move(key)}});
 }
+
+/// BatchNorm's batch statistics (ops/nn/bn_stats.cpp): x [N,C] or [N,C,H,W] -> stats [3,C], the
+/// count, sum and sum of squares of each channel.
+inline Value* bn_stats(Value* x) { return apply("bn_stats", {x}); }
+/// {mean, var} [C] of stats [3,C], the variance biased (ops/nn/bn_moments.cpp).
+inline std::pair<Value*, Value*> bn_moments(Value* stats) {
+  ir::Node* n = apply_node("bn_moments", {stats});
+  return {n->output(0), n->output(1)};
+}
+/// y = (x - mean) / sqrt(var + eps) * weight + bias per channel (ops/nn/batch_norm.cpp); weight
+/// and bias may be null (no affine transform), bias only with a weight.
+inline Value* batch_norm(Value* x, Value* mean, Value* var, Value* weight = nullptr,
+                         Value* bias = nullptr, double eps = 1e-5) {
+  MINIDL_CHECK(weight != nullptr || bias == nullptr, "batch_norm: a bias needs a weight");
+  std::vector<Value*> in{x, mean, var};
+  if (weight != nullptr) in.push_back(weight);
+  if (bias != nullptr) in.push_back(bias);
+  return apply("batch_norm", std::move(in), {{"eps", eps}});
+}
+/// Updates BatchNorm's running statistics in place from stats [3,C] with PyTorch's formulas
+/// (ops/nn/bn_update_running.cpp); returns the node, whose outputs are the updated buffers.
+inline ir::Node* bn_update_running(Value* running_mean, Value* running_var,
+                                   Value* num_batches_tracked, Value* stats,
+                                   double momentum = 0.1) {
+  return apply_node("bn_update_running", {running_mean, running_var, num_batches_tracked, stats},
+                    {{"momentum", momentum}});
+}
 inline Value* reshape(Value* x, ir::Ints shape) {
   return apply("reshape", {x}, {{"shape", std::move(shape)}});
 }

@@ -65,6 +65,7 @@ struct CaseGraph {
 void build(const std::string& op, const OpCase& c, CaseGraph& cg) {
   for (std::size_t i = 0; i < c.in_shapes.size(); ++i) {
     cg.inputs.push_back(random_input(c.in_shapes[i], dtype_at(c.in_dtypes, i), c, 100 + i));
+    if (c.prepare) c.prepare(i, cg.inputs.back());
     cg.in_values.push_back(ops::parameter(cg.g, fmt::format("in{}", i), cg.inputs.back()));
   }
   cg.node = cg.g.add_node(ops::op(op), cg.in_values, c.attributes, "case");

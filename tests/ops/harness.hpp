@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <set>
 #include <string>
 #include <vector>
@@ -27,6 +28,9 @@ struct OpCase {
   std::vector<int> constant_inputs;  // float inputs not differentiated
   double rtol = 2e-2;
   std::uint64_t seed = 1;
+  /// Rewrites random input i (after it is drawn) into the op's domain: a positive variance,
+  /// consistent statistics.
+  std::function<void(std::size_t i, Tensor& t)> prepare;
 
   OpCase& shapes(std::vector<Shape> s) {
     in_shapes = std::move(s);
@@ -61,6 +65,10 @@ struct OpCase {
   }
   OpCase& constants(std::vector<int> c) {
     constant_inputs = std::move(c);
+    return *this;
+  }
+  OpCase& prepared(std::function<void(std::size_t, Tensor&)> fn) {
+    prepare = std::move(fn);
     return *this;
   }
   OpCase& tolerance(double r) {

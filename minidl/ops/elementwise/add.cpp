@@ -19,6 +19,7 @@ void grad(ir::GradCtx& g) {
 MINIDL_OP(add)
     .inputs({"a", "b"})
     .infer(infer_same_shapes)
+    .elementwise()  // a gradient sum between blocked values (BatchNorm's x) keeps their layout
     .kernel(ir::Backend::Native, add_native)
     .grad(grad);
 

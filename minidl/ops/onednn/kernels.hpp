@@ -64,6 +64,16 @@ bool max_pool2d_bwd_supports(const ir::Node& n, std::string* why);
 bool avg_pool2d_supports(const ir::Node& n, std::string* why);
 bool avg_pool2d_bwd_supports(const ir::Node& n, std::string* why);
 
+/// batch_norm: src x [N,C] or [N,C,H,W], mean, variance [C], optional scale (weight) and shift
+/// (bias) [C] -> dst y, oneDNN's batch normalization with global statistics.
+/// batch_norm_bwd: diff_dst dy, src x, mean, variance, optional scale -> diff_src dx, diff_scale
+/// dweight, diff_shift dbias; then `mean_var_grads` (the op's code) derives dmean and dvar. The
+/// primitive runs in x's layout, plain or blocked; the others are reordered where they differ.
+ir::Kernel batch_norm_kernel(const ir::Node& n);
+ir::KernelFactory batch_norm_bwd_kernel(ir::KernelFn mean_var_grads);
+bool batch_norm_supports(const ir::Node& n, std::string* why);
+bool batch_norm_bwd_supports(const ir::Node& n, std::string* why);
+
 /// The channel-blocked layout (ir::Value::layout) oneDNN picks for a convolution's output on
 /// this machine: "nChw16c" or "nChw8c", or "" when it picks another one.
 std::string blocked_conv_layout();
