@@ -49,6 +49,11 @@ ir::Kernel maximum_kernel(const ir::Node& n);
 ir::Kernel minimum_kernel(const ir::Node& n);
 bool binary_supports(const ir::Node& n, std::string* why);
 
+/// max over axes: src x -> dst y (reduction_max). sum and mean have none: oneDNN's order of
+/// summation may depend on the thread count, and minidl's sums must not.
+ir::Kernel max_kernel(const ir::Node& n);
+bool max_supports(const ir::Node& n, std::string* why);
+
 /// softmax_cross_entropy: logits src [N,C], labels [N] -> loss [], probs dst [N,C]. probs come
 /// from oneDNN's softmax; `loss` (the op's own code) computes output 0 from the logits.
 ir::KernelFactory softmax_cross_entropy_kernel(ir::KernelFn loss);

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "minidl/ops/onednn/kernels.hpp"
 #include "minidl/ops/op_table.hpp"
 #include "minidl/ops/reduce/axes.hpp"
 #include "minidl/ops/registry.hpp"
@@ -70,6 +71,9 @@ MINIDL_OP(max)
     .attr<ir::Ints>("axes", {})
     .attr<bool>("keepdim", false)
     .infer(infer)
+#if MINIDL_WITH_ONEDNN
+    .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::max_kernel, onednn::max_supports)
+#endif
     .kernel(ir::Backend::Native, max_native)
     .grad(grad);
 
