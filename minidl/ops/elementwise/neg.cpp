@@ -1,6 +1,4 @@
 // neg: y = -x; dx = -dy.
-#include <cmath>
-
 #include "minidl/ops/common.hpp"
 #include "minidl/ops/onednn/kernels.hpp"
 #include "minidl/ops/op_table.hpp"

@@ -53,6 +53,7 @@ void concat_native(const ir::KernelArgs& k) {
   for (int d = 0; d < axis; ++d) outer *= y[d];
   for (int d = axis + 1; d < y.rank(); ++d) inner *= y[d];
   const auto n = static_cast<std::int64_t>(k.in.size());
+  if (n == 0) return;  // the shape rule requires x0; this keeps the divisions below defined
   std::vector<std::int64_t> offset(static_cast<std::size_t>(n) + 1, 0);
   for (std::int64_t i = 0; i < n; ++i) offset[i + 1] = offset[i] + k.in[i].shape()[axis] * inner;
   float* dst = k.out[0].data<float>();

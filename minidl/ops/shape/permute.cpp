@@ -45,7 +45,10 @@ void permute_native(const ir::KernelArgs& k) {
       strides.push_back(s);
     }
   }
-  if (dims.empty()) dims = {1}, strides = {1};
+  if (dims.empty()) {  // a single element
+    dims = {1};
+    strides = {1};
+  }
   const int r = static_cast<int>(dims.size());
   const std::int64_t inner = dims[r - 1], si = strides[r - 1];
   const std::int64_t rows = k.out[0].numel() / inner;
