@@ -39,6 +39,7 @@ Tensor random_input(const Shape& s, DType t, const OpCase& c, std::uint64_t stre
     float* p = x.data<float>();
     for (std::int64_t i = 0; i < x.numel(); ++i) {
       if (std::fabs(p[i]) < c.kink_margin) p[i] = p[i] < 0 ? -c.kink_margin : c.kink_margin;
+      if (c.positive_margin >= 0.0) p[i] = std::fabs(p[i]) + static_cast<float>(c.positive_margin);
     }
   } else {
     for (std::int64_t i = 0; i < x.numel(); ++i) {

@@ -24,6 +24,7 @@ struct OpCase {
   std::int64_t int_high = 10;        // integer inputs are drawn from [0, int_high)
   double kink_margin = 0.0;          // float inputs keep |x| >= margin (ReLU's kink at 0)
   bool distinct = false;             // float inputs are pairwise far apart (max pooling's ties)
+  double positive_margin = -1.0;     // >= 0: float inputs are |x| + margin (log, sqrt)
   std::vector<int> outputs_in_loss;  // default: every f32 output
   std::vector<int> constant_inputs;  // float inputs not differentiated
   double rtol = 2e-2;
@@ -57,6 +58,11 @@ struct OpCase {
   /// no perturbation changes which element of a window is largest.
   OpCase& avoid_ties() {
     distinct = true;
+    return *this;
+  }
+  /// Float inputs become |x| + margin: positive, away from 0 (log, sqrt, pow, a divisor).
+  OpCase& positive(double margin = 0.2) {
+    positive_margin = margin;
     return *this;
   }
   OpCase& loss_outputs(std::vector<int> o) {

@@ -26,12 +26,33 @@ bool matmul_supports(const ir::Node& n, std::string* why);
 ir::Kernel relu_kernel(const ir::Node& n);
 ir::Kernel sigmoid_kernel(const ir::Node& n);
 ir::Kernel tanh_kernel(const ir::Node& n);
+ir::Kernel exp_kernel(const ir::Node& n);
+ir::Kernel log_kernel(const ir::Node& n);
+ir::Kernel sqrt_kernel(const ir::Node& n);
+ir::Kernel neg_kernel(const ir::Node& n);
+ir::Kernel pow_kernel(const ir::Node& n);    // attribute exponent
+ir::Kernel clamp_kernel(const ir::Node& n);  // attributes min and max (eltwise_clip)
 /// Elementwise backward from the forward output: diff_dst dy, dst y -> diff_src dx.
 ir::Kernel relu_bwd_kernel(const ir::Node& n);
 ir::Kernel sigmoid_bwd_kernel(const ir::Node& n);
 ir::Kernel tanh_bwd_kernel(const ir::Node& n);
 /// The forward and backward elementwise kernels' condition: f32 and non-empty.
 bool eltwise_supports(const ir::Node& n, std::string* why);
+
+/// Binary with broadcasting: src_0 a, src_1 b -> dst y. a must have y's shape (oneDNN 2.6
+/// broadcasts src_1 only); binary_supports declines the rest, which the native kernel takes.
+ir::Kernel add_kernel(const ir::Node& n);
+ir::Kernel sub_kernel(const ir::Node& n);
+ir::Kernel mul_kernel(const ir::Node& n);
+ir::Kernel div_kernel(const ir::Node& n);
+ir::Kernel maximum_kernel(const ir::Node& n);
+ir::Kernel minimum_kernel(const ir::Node& n);
+bool binary_supports(const ir::Node& n, std::string* why);
+
+/// max over axes: src x -> dst y (reduction_max). sum and mean have none: oneDNN's order of
+/// summation may depend on the thread count, and minidl's sums must not.
+ir::Kernel max_kernel(const ir::Node& n);
+bool max_supports(const ir::Node& n, std::string* why);
 
 /// softmax_cross_entropy: logits src [N,C], labels [N] -> loss [], probs dst [N,C]. probs come
 /// from oneDNN's softmax; `loss` (the op's own code) computes output 0 from the logits.
