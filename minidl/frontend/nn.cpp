@@ -325,6 +325,96 @@ ir::Value* Sigmoid::forward(ir::Value* x) { return ops::sigmoid(x); }
 ir::Value* Tanh::forward(ir::Value* x) { return ops::tanh(x); }
 ir::Value* Flatten::forward(ir::Value* x) { return ops::flatten(x); }
 
+BatchNorm::BatchNorm(std::string kind, std::vector<int> ranks, std::int64_t num_features,
+                     double eps, double momentum, bool affine, bool track_running_stats)
+    : kind_(std::move(kind)),
+      ranks_(std::move(ranks)),
+      features_(num_features),
+      eps_(eps),
+      momentum_(momentum),
+      affine_(affine),
+      track_(track_running_stats) {
+  MINIDL_CHECK(features_ > 0 && eps_ >= 0.0 && momentum_ >= 0.0 && momentum_ <= 1.0, kind_, "(",
+               features_, ", eps ", eps_, ", momentum ", momentum_,
+               "): num_features must be positive, eps >= 0 and momentum in [0, 1]");
+  if (affine_) {
+    weight_ = register_parameter("weight", Tensor::full({features_}, 1.0f));
+    bias_ = register_parameter("bias", Tensor::zeros({features_}));
+  }
+  if (track_) {
+    running_mean_ = register_buffer("running_mean", Tensor::zeros({features_}));
+    running_var_ = register_buffer("running_var", Tensor::full({features_}, 1.0f));
+    num_batches_tracked_ = register_buffer("num_batches_tracked", Tensor::zeros({}, DType::I64));
+  }
+}
+
+// PyTorch's reset_parameters: the affine transform and the running statistics start afresh.
+void BatchNorm::reset_parameters(std::uint64_t) {
+  if (affine_) {
+    std::fill_n(weight_.data<float>(), features_, 1.0f);
+    std::fill_n(bias_.data<float>(), features_, 0.0f);
+  }
+  if (track_) {
+    std::fill_n(running_mean_.data<float>(), features_, 0.0f);
+    std::fill_n(running_var_.data<float>(), features_, 1.0f);
+    *num_batches_tracked_.data<std::int64_t>() = 0;
+  }
+}
+
+ir::Value* BatchNorm::forward(ir::Value* x) {
+  const Shape& s = x->shape();
+  const bool rank_ok = std::count(ranks_.begin(), ranks_.end(), s.rank()) > 0;
+  MINIDL_CHECK(rank_ok && s[1] == features_, describe(), " '", name(), "': expected input ",
+               ranks_.size() == 1 ? fmt::format("[N,{},H,W]", features_)
+                                  : fmt::format("[N,{}] or [N,{},L]", features_, features_),
+               ", got ", s);
+  if (s.rank() != 3) return normalize(x);
+  // [N,C,L] as [N,C,L,1]: the ops take [N,C] and [N,C,H,W].
+  ir::Value* y = normalize(ops::reshape(x, {s[0], s[1], s[2], 1}));
+  return ops::reshape(y, s.dims());
+}
+
+ir::Value* BatchNorm::normalize(ir::Value* x) {
+  ir::Graph& g = x->graph();
+  ir::Value* w = affine_ ? parameter_value(g, "weight") : nullptr;
+  ir::Value* b = affine_ ? parameter_value(g, "bias") : nullptr;
+  if (!training() && track_) {
+    return ops::batch_norm(x, buffer_value(g, "running_mean"), buffer_value(g, "running_var"), w, b,
+                           eps_);
+  }
+  ir::Value* stats = ops::bn_stats(x);
+  auto [mean, var] = ops::bn_moments(stats);
+  ir::Value* y = ops::batch_norm(x, mean, var, w, b, eps_);
+  if (!training() || !track_) return y;
+  // The global batch's statistics for the running ones. Every replica's forward sums its own
+  // (a cross_replica_sum is a collective: each replica must reach it), but the sums are the same,
+  // so only the first forward in this graph updates the buffers.
+  ir::Value* global = ops::cross_replica_sum(stats, name().empty() ? "stats" : name() + ".stats");
+  ir::Value* running_mean = buffer_value(g, "running_mean");
+  const auto& users = running_mean->users();
+  const bool updated = std::any_of(users.begin(), users.end(), [&](const ir::Node* u) {
+    for (std::size_t o = 0; o < u->outputs().size(); ++o) {
+      const int in = u->def().shares_input(static_cast<int>(o));
+      if (in >= 0 && !u->def().is_alias() && u->input(in) == running_mean) return true;
+    }
+    return false;
+  });
+  if (!updated) {
+    ops::bn_update_running(running_mean, buffer_value(g, "running_var"),
+                           buffer_value(g, "num_batches_tracked"), global, momentum_);
+  }
+  return y;
+}
+
+std::string BatchNorm::describe() const {
+  std::string extra;
+  if (eps_ != 1e-5) extra += fmt::format(", eps={}", eps_);
+  if (momentum_ != 0.1) extra += fmt::format(", momentum={}", momentum_);
+  if (!affine_) extra += ", affine=False";
+  if (!track_) extra += ", track_running_stats=False";
+  return fmt::format("{}({}{})", kind_, features_, extra);
+}
+
 Sequential& Sequential::add(std::unique_ptr<Module> m, std::string name) {
   if (name.empty()) name = std::to_string(children().size());
   register_module(std::move(name), std::move(m));

@@ -228,6 +228,58 @@ class Flatten final : public Module {
   std::string describe() const override { return "Flatten"; }
 };
 
+/// Batch normalization over the channels (dimension 1) as PyTorch's BatchNorm1d / BatchNorm2d,
+/// with its names, defaults and state_dict: parameters `weight` (ones) and `bias` (zeros) when
+/// affine, buffers `running_mean` (zeros), `running_var` (ones) and `num_batches_tracked` (i64,
+/// shape []) when tracking running statistics.
+///
+/// Training mode normalises by the batch's statistics: bn_stats -> bn_moments -> batch_norm,
+/// and, when tracking, bn_update_running from the statistics summed over every replica and
+/// rank (cross_replica_sum, key "<name>.stats"): the running statistics are those of the global
+/// batch, updated once per step (a graph that holds one forward per thread replica gets one
+/// update, the first forward's). Evaluation mode normalises by the running statistics; without
+/// them (track_running_stats = false) by the batch's in both modes, as PyTorch does.
+class BatchNorm : public Module {
+ public:
+  ir::Value* forward(ir::Value* x) override;
+  std::string describe() const override;
+  std::int64_t num_features() const { return features_; }
+
+ protected:
+  /// kind: "BatchNorm1d" or "BatchNorm2d"; ranks: the input ranks it takes.
+  BatchNorm(std::string kind, std::vector<int> ranks, std::int64_t num_features, double eps,
+            double momentum, bool affine, bool track_running_stats);
+
+ private:
+  void reset_parameters(std::uint64_t seed) override;
+  /// x [N,C] or [N,C,H,W] -> y, the ops above.
+  ir::Value* normalize(ir::Value* x);
+
+  std::string kind_;
+  std::vector<int> ranks_;
+  std::int64_t features_;
+  double eps_, momentum_;
+  bool affine_, track_;
+  Tensor weight_, bias_, running_mean_, running_var_, num_batches_tracked_;
+};
+
+/// BatchNorm over x [N, C] or [N, C, L] (as PyTorch's BatchNorm1d).
+class BatchNorm1d final : public BatchNorm {
+ public:
+  explicit BatchNorm1d(std::int64_t num_features, double eps = 1e-5, double momentum = 0.1,
+                       bool affine = true, bool track_running_stats = true)
+      : BatchNorm("BatchNorm1d", {2, 3}, num_features, eps, momentum, affine, track_running_stats) {
+  }
+};
+
+/// BatchNorm over x [N, C, H, W] (as PyTorch's BatchNorm2d).
+class BatchNorm2d final : public BatchNorm {
+ public:
+  explicit BatchNorm2d(std::int64_t num_features, double eps = 1e-5, double momentum = 0.1,
+                       bool affine = true, bool track_running_stats = true)
+      : BatchNorm("BatchNorm2d", {4}, num_features, eps, momentum, affine, track_running_stats) {}
+};
+
 /// Children applied in order; each child's parameters are named "<child name>.<param>".
 class Sequential final : public Module {
  public:

@@ -137,9 +137,9 @@ class OpDef {
   OpDef& side_effect();
   /// The value is supplied from outside (inputs, parameters): no kernel.
   OpDef& source();
-  /// Every output element is a function of the inputs' elements at the same position, and the
-  /// inputs and outputs have one shape: any kernel then works on any layout, provided all of the
-  /// node's values share it.
+  /// Every output element is a function of the inputs' elements at the same position: any
+  /// kernel then works on any layout, provided all of the node's values share it (a node whose
+  /// values differ in shape, a broadcasting add, never shares a blocked layout: it stays plain).
   OpDef& elementwise();
   /// The kernel declared last takes values in any layout (KernelDef::layouts).
   OpDef& layout_aware();

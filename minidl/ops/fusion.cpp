@@ -118,4 +118,49 @@ bool FuseUpdateIntoProduct::run(ir::Graph& g) {
   return !matches.empty();
 }
 
+bool FoldBatchNorm::run(ir::Graph& g) {
+  if (!enabled_) return false;
+  struct Match {
+    ir::Node* conv;
+    ir::Node* bn;
+    ir::Node* relu;  // or null
+  };
+  auto bound = [](const ir::Value* v) { return v->producer()->def().is_source(); };
+  std::vector<Match> matches;
+  for (ir::Node* n : g.nodes()) {
+    if (n->op() != "conv2d" || n->attrs().get<std::string>("activation") != "none") continue;
+    ir::Node* bn = sole_reader(g, n->output(0), "batch_norm");
+    if (bn == nullptr) continue;
+    const auto& in = bn->inputs();
+    if (!std::all_of(in.begin() + 1, in.end(), bound)) continue;
+    matches.push_back({n, bn, sole_reader(g, bn->output(0), "relu")});
+  }
+  for (const Match& m : matches) {
+    ir::Node* last = m.relu ? m.relu : m.bn;
+    const Shape& w = m.conv->input(1)->shape();
+    const bool has_bias = m.conv->inputs().size() > 2;
+    ir::Value* bias = has_bias ? m.conv->input(2) : fill(g, Shape{w[0]}, 0.0f);
+    std::vector<ir::Value*> fold_in{m.conv->input(1), bias};
+    fold_in.insert(fold_in.end(), m.bn->inputs().begin() + 1, m.bn->inputs().end());
+    ir::Node* fold =
+        g.add_node(op("fold_batch_norm"), std::move(fold_in),
+                   {{"eps", double{m.bn->attrs().get<float>("eps")}}}, m.bn->name() + ".fold");
+    ir::Attrs attrs = m.conv->attrs();
+    if (m.relu) attrs.set("activation", std::string("relu"));
+    ir::Node* fused =
+        g.add_node(m.conv->def(), {m.conv->input(0), fold->output(0), fold->output(1)},
+                   std::move(attrs), m.conv->name() + "+batch_norm" + (m.relu ? "+relu" : ""));
+    fused->take_marks(*m.conv);
+    fused->annotations().set("fused", m.bn->name() + (m.relu ? ", " + m.relu->name() : ""));
+    if (!has_bias) g.move_before(bias->producer(), last);
+    g.move_before(fold, last);
+    g.move_before(fused, last);
+    g.replace_uses(last->output(0), fused->output(0));
+    std::vector<ir::Node*> dead{m.conv, m.bn};
+    if (m.relu) dead.push_back(m.relu);
+    g.remove(dead);
+  }
+  return !matches.empty();
+}
+
 }  // namespace minidl::ops

@@ -53,4 +53,22 @@ class FuseUpdateIntoProduct final : public ir::Pass {
   bool enabled_;
 };
 
+/// In evaluation graphs: conv2d (activation none) whose only reader is a batch_norm with fixed
+/// statistics (mean, var, weight and bias all bound storage: the running statistics) becomes one
+/// conv2d on folded weights and bias, which a fold_batch_norm node computes from the originals
+/// every run (ops/nn/fold_batch_norm.cpp). A relu that is the batch_norm's only reader folds in
+/// as the convolution's activation. Training graphs never match: their batch_norm reads the
+/// batch's statistics, computed from the convolution's output. The result changes only by
+/// rounding.
+class FoldBatchNorm final : public ir::Pass {
+ public:
+  explicit FoldBatchNorm(bool enabled = true) : enabled_(enabled) {}
+  std::string_view name() const override { return "fold-batch-norm"; }
+  std::vector<std::string> provides() const override { return {"batch-norm-folded"}; }
+  bool run(ir::Graph& g) override;
+
+ private:
+  bool enabled_;
+};
+
 }  // namespace minidl::ops

@@ -73,8 +73,8 @@ bool PropagateLayouts::run(ir::Graph& g) {
   }
 
   // Shrink to a fixed point: a value stays blocked only if its producer and every reader take
-  // it, an elementwise node's values are all blocked or all plain, and the value, or one that
-  // elementwise nodes tie it to, touches a oneDNN kernel (else a blocked layout would only cost
+  // it, an elementwise node's values are all blocked or all plain, and the value touches a
+  // oneDNN kernel, directly or through elementwise nodes (else a blocked layout would only cost
   // the native code a reorder elsewhere).
   bool changed = true;
   while (changed) {
@@ -92,32 +92,29 @@ bool PropagateLayouts::run(ir::Graph& g) {
           for (const ir::Value* v : vals) drop(v);
       }
     }
-    // The values an elementwise node joins share a layout, so a run of elementwise nodes
-    // between oneDNN kernels (a residual sum and the ReLU after it) is one group: it stays
-    // blocked when any of its values touches a oneDNN kernel.
-    std::unordered_map<const ir::Value*, const ir::Value*> group;
-    auto root = [&](const ir::Value* v) {
-      while (group.count(v) && group.at(v) != v) v = group.at(v);
-      return v;
-    };
-    for (const ir::Value* v : blocked) group[v] = v;
-    for (const ir::Node* n : g.nodes()) {
-      if (choices.at(n).takes != Takes::Same) continue;
-      const std::vector<ir::Value*> vals = values_of(*n);
-      if (!std::all_of(vals.begin(), vals.end(),
-                       [&](const ir::Value* v) { return blocked.count(v) > 0; })) {
-        continue;  // plain (dropped above, or in the next round)
-      }
-      for (const ir::Value* v : vals) group[root(v)] = root(vals.front());
-    }
-    std::unordered_set<const ir::Value*> touching;  // the groups' roots
+    // A value touches oneDNN through its producer or a reader, or through an elementwise node
+    // whose values (all blocked here) include one that does: a gradient sum of two native
+    // outputs that feeds a oneDNN convolution (BatchNorm's dx) stays blocked with the rest.
+    std::unordered_set<const ir::Value*> touch;
     for (const ir::Value* v : blocked) {
       bool onednn = choices.at(v->producer()).onednn;
       for (const ir::Node* u : v->users()) onednn |= choices.at(u).onednn;
-      if (onednn) touching.insert(root(v));
+      if (onednn) touch.insert(v);
+    }
+    for (bool grew = true; grew;) {
+      grew = false;
+      for (const ir::Node* n : g.nodes()) {
+        if (choices.at(n).takes != Takes::Same) continue;
+        const std::vector<ir::Value*> vals = values_of(*n);
+        const bool any = std::any_of(vals.begin(), vals.end(),
+                                     [&](const ir::Value* v) { return touch.count(v) > 0; });
+        if (!any) continue;
+        for (const ir::Value* v : vals)
+          if (blocked.count(v)) grew |= touch.insert(v).second;
+      }
     }
     for (auto it = blocked.begin(); it != blocked.end();) {
-      if (touching.count(root(*it))) {
+      if (touch.count(*it)) {
         ++it;
       } else {
         it = blocked.erase(it);

@@ -1,5 +1,7 @@
 #include "minidl/ops/ops.hpp"
 
+#include <algorithm>
+
 namespace minidl::ops {
 
 namespace {
@@ -42,6 +44,32 @@ Value* rng_key(ir::Graph& g) {
 
 Value* fill(ir::Graph& g, const Shape& shape, float value) {
   return g.add_node(op("fill"), {}, {{"shape", shape.dims()}, {"value", double{value}}})->output();
+}
+
+Value* concat(const std::vector<Value*>& xs, int axis) {
+  MINIDL_CHECK(!xs.empty(), "concat: no inputs");
+  if (xs.size() <= static_cast<std::size_t>(kMaxConcatInputs))
+    return apply("concat", xs, {{"axis", std::int64_t{axis}}});
+  // Groups of kMaxConcatInputs, then the groups' results: concat is associative.
+  std::vector<Value*> parts;
+  for (std::size_t i = 0; i < xs.size(); i += kMaxConcatInputs) {
+    const auto end = std::min(xs.size(), i + kMaxConcatInputs);
+    parts.push_back(concat(std::vector<Value*>(xs.begin() + static_cast<std::ptrdiff_t>(i),
+                                               xs.begin() + static_cast<std::ptrdiff_t>(end)),
+                           axis));
+  }
+  return concat(parts, axis);
+}
+
+Value* transpose(Value* x, int d0, int d1) {
+  const int r = x->shape().rank();
+  MINIDL_CHECK(d0 >= -r && d0 < r && d1 >= -r && d1 < r, "transpose: dimensions ", d0, " and ", d1,
+               " are out of range for ", x->shape());
+  ir::Ints perm(static_cast<std::size_t>(r));
+  for (int i = 0; i < r; ++i) perm[static_cast<std::size_t>(i)] = i;
+  std::swap(perm[static_cast<std::size_t>(d0 < 0 ? d0 + r : d0)],
+            perm[static_cast<std::size_t>(d1 < 0 ? d1 + r : d1)]);
+  return permute(x, std::move(perm));
 }
 
 }  // namespace minidl::ops

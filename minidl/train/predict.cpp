@@ -21,6 +21,7 @@ Tensor predict(Model& model, const Tensor& samples, const runtime::CompileOption
   ir::PassManager pm({"gradients-reduced", "gradients-clipped", "updates-fused"});
   pm.add(std::make_unique<ir::DeadCodeElimination>());
   pm.add(std::make_unique<ops::FuseBiasActivation>());
+  pm.add(std::make_unique<ops::FoldBatchNorm>());
   pm.add(std::make_unique<ops::PropagateLayouts>(options.backend));
   pm.run(g);
   std::unique_ptr<runtime::Executable> exe;

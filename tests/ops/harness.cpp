@@ -39,6 +39,7 @@ Tensor random_input(const Shape& s, DType t, const OpCase& c, std::uint64_t stre
     float* p = x.data<float>();
     for (std::int64_t i = 0; i < x.numel(); ++i) {
       if (std::fabs(p[i]) < c.kink_margin) p[i] = p[i] < 0 ? -c.kink_margin : c.kink_margin;
+      if (c.positive_margin >= 0.0) p[i] = std::fabs(p[i]) + static_cast<float>(c.positive_margin);
     }
   } else {
     for (std::int64_t i = 0; i < x.numel(); ++i) {
@@ -65,6 +66,7 @@ struct CaseGraph {
 void build(const std::string& op, const OpCase& c, CaseGraph& cg) {
   for (std::size_t i = 0; i < c.in_shapes.size(); ++i) {
     cg.inputs.push_back(random_input(c.in_shapes[i], dtype_at(c.in_dtypes, i), c, 100 + i));
+    if (c.prepare) c.prepare(i, cg.inputs.back());
     cg.in_values.push_back(ops::parameter(cg.g, fmt::format("in{}", i), cg.inputs.back()));
   }
   cg.node = cg.g.add_node(ops::op(op), cg.in_values, c.attributes, "case");

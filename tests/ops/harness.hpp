@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <set>
 #include <string>
 #include <vector>
@@ -23,10 +24,14 @@ struct OpCase {
   std::int64_t int_high = 10;        // integer inputs are drawn from [0, int_high)
   double kink_margin = 0.0;          // float inputs keep |x| >= margin (ReLU's kink at 0)
   bool distinct = false;             // float inputs are pairwise far apart (max pooling's ties)
+  double positive_margin = -1.0;     // >= 0: float inputs are |x| + margin (log, sqrt)
   std::vector<int> outputs_in_loss;  // default: every f32 output
   std::vector<int> constant_inputs;  // float inputs not differentiated
   double rtol = 2e-2;
   std::uint64_t seed = 1;
+  /// Rewrites random input i (after it is drawn) into the op's domain: a positive variance,
+  /// consistent statistics.
+  std::function<void(std::size_t i, Tensor& t)> prepare;
 
   OpCase& shapes(std::vector<Shape> s) {
     in_shapes = std::move(s);
@@ -55,12 +60,21 @@ struct OpCase {
     distinct = true;
     return *this;
   }
+  /// Float inputs become |x| + margin: positive, away from 0 (log, sqrt, pow, a divisor).
+  OpCase& positive(double margin = 0.2) {
+    positive_margin = margin;
+    return *this;
+  }
   OpCase& loss_outputs(std::vector<int> o) {
     outputs_in_loss = std::move(o);
     return *this;
   }
   OpCase& constants(std::vector<int> c) {
     constant_inputs = std::move(c);
+    return *this;
+  }
+  OpCase& prepared(std::function<void(std::size_t, Tensor&)> fn) {
+    prepare = std::move(fn);
     return *this;
   }
   OpCase& tolerance(double r) {

@@ -6,8 +6,16 @@ using minidl::testing::OpCase;
 static const std::vector<OpCase> kCases = {
     OpCase().shapes({{4, 5}, {4, 5}}),
     OpCase().shapes({{3, 2, 2, 7}, {3, 2, 2, 7}}),
+    OpCase().shapes({{4, 5}, {5}}),                 // a bias over the last dimension
+    OpCase().shapes({{4, 1}, {1, 5}}),              // both stretched
+    OpCase().shapes({{2, 3, 4, 5}, {1, 3, 1, 1}}),  // per channel
+    OpCase().shapes({{3}, {2, 1, 3}}),              // a has the lower rank
+    OpCase().shapes({{}, {3, 2}}),                  // a scalar
+    OpCase().shapes({{1}, {}}),
 };
 static const std::vector<BadCase> kBad = {
-    {{{4, 5}, {5, 4}}, {}, {}, "input 1 has shape [5,4], expected the shape of input 0, [4,5]"},
+    {{{4, 5}, {5, 4}}, {}, {}, "cannot broadcast [4,5] with [5,4]"},
+    {{{2, 3}, {2}}, {}, {}, "cannot broadcast [2,3] with [2]"},
+    {{{2}, {2}}, {minidl::DType::F32, minidl::DType::I32}, {}, "input 1 must be f32"},
 };
 MINIDL_OP_TEST(add, kCases, kBad)

@@ -4,10 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "../support/synthetic.hpp"
 #include "../support/training_graph.hpp"
 #include "minidl/autograd/autograd.hpp"
+#include "minidl/core/rng.hpp"
 #include "minidl/ir/printer.hpp"
 #include "minidl/ops/fusion.hpp"
 #include "minidl/ops/ops.hpp"
@@ -176,4 +178,58 @@ TEST(Fusion, LeavesReadGradientsAndSelfReadingProductsAlone) {
   h.add_node(ops::op("sgd"), {w, own, ops::parameter(h, "lr", Tensor::full({}, 0.1f))});
   EXPECT_FALSE(ops::FuseUpdateIntoProduct().run(h));
   EXPECT_EQ(count_op(h, "sgd"), 1u);
+}
+
+// Evaluation: conv (+bias) -> BatchNorm -> relu becomes one convolution on weights folded by a
+// fold_batch_norm node, with the same outputs; a conv without bias and a BatchNorm without
+// affine transform fold too. Training graphs (batch statistics) do not match.
+TEST(Fusion, FoldsEvaluationBatchNormIntoTheConvolution) {
+  auto model = std::make_unique<nn::Sequential>();
+  model->emplace<nn::Conv2d>("conv1", 3, 8, 3, 1, 1, nn::Init::He);
+  model->emplace<nn::BatchNorm2d>("bn1", 8);
+  model->emplace<nn::ReLU>("relu1");
+  model->emplace<nn::Conv2d>("conv2", 8, 4, 3, 1, 1, nn::Init::He, false);
+  model->emplace<nn::BatchNorm2d>("bn2", 4, 1e-3, 0.1, false);
+  model->reset(3);
+  const CounterRng rng(6);
+  std::uint64_t stream = 0;
+  for (auto& [name, t] : model->state_dict()) {
+    if (t.dtype() != DType::F32) continue;
+    if (name.find("running_var") != std::string::npos || name.find("bn1.weight") == 0) {
+      rng.fill_uniform(t, stream++, 0.5f, 2.0f);
+    } else if (name.find("bn") == 0) {
+      rng.fill_uniform(t, stream++, -1.0f, 1.0f);
+    }
+  }
+  model->eval();
+  Tensor x = Tensor::empty({2, 3, 6, 6});
+  rng.fill_normal(x, 99, 0.0f, 1.0f);
+  auto build = [&](ir::Graph& g) {
+    ir::Value* y = model->forward(ops::parameter(g, "x", x));
+    g.add_output(y);
+    ops::FuseBiasActivation().run(g);
+    return y;
+  };
+  ir::Graph plain, folded;
+  ir::Value* want_v = build(plain);
+  build(folded);
+  ASSERT_TRUE(ops::FoldBatchNorm().run(folded));
+  EXPECT_EQ(count_op(folded, "batch_norm"), 0u) << ir::to_text(folded);
+  EXPECT_EQ(count_op(folded, "fold_batch_norm"), 2u);
+  EXPECT_EQ(count_op(folded, "relu"), 0u);  // folded into conv1 as its activation
+  EXPECT_EQ(
+      folded.find("conv1.conv2d+bias+batch_norm+relu")->attrs().get<std::string>("activation"),
+      "relu");
+  runtime::Executable a(plain), b(folded);
+  a.run();
+  b.run();
+  const Tensor& want = a.value(want_v);
+  const Tensor& got = b.value(folded.outputs()[0]);
+  for (std::int64_t i = 0; i < want.numel(); ++i)
+    EXPECT_NEAR(got.at(i), want.at(i), 1e-4 * (1 + std::fabs(want.at(i)))) << i;
+
+  model->train();
+  ir::Graph training;
+  build(training);
+  EXPECT_FALSE(ops::FoldBatchNorm().run(training));
 }

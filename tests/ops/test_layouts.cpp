@@ -9,6 +9,7 @@
 #include "../support/synthetic.hpp"
 #include "../support/training_graph.hpp"
 #include "minidl/autograd/autograd.hpp"
+#include "minidl/core/rng.hpp"
 #include "minidl/ir/printer.hpp"
 #include "minidl/ops/fusion.hpp"
 #include "minidl/ops/layouts.hpp"
@@ -244,3 +245,150 @@ TEST(Layouts, BiasGradientOfBlockedInput) {
     }
   }
 }
+
+// ---- BatchNorm ------------------------------------------------------------------------------
+
+namespace {
+
+/// The [N,C,H,W] tensor p stored in `layout` (element (n,c,s) at ((n*C/B + c/B)*S + s)*B + c%B).
+void store(const Tensor& p, const std::string& layout, float* out) {
+  const Shape& s = p.shape();
+  const std::int64_t n = s[0], ch = s[1], sp = s[2] * s[3], block = ir::channel_block(layout);
+  for (std::int64_t i = 0; i < n; ++i)
+    for (std::int64_t c = 0; c < ch; ++c)
+      for (std::int64_t j = 0; j < sp; ++j)
+        out[((i * (ch / block) + c / block) * sp + j) * block + c % block] =
+            p.at((i * ch + c) * sp + j);
+}
+/// The element (n, c, s) of t stored in `layout`, by its plain index.
+float load(const Tensor& t, const std::string& layout, std::int64_t plain_index) {
+  const Shape& s = t.shape();
+  const std::int64_t ch = s[1], sp = s[2] * s[3], block = ir::channel_block(layout);
+  const std::int64_t i = plain_index / (ch * sp), c = plain_index / sp % ch, j = plain_index % sp;
+  return t.at(((i * (ch / block) + c / block) * sp + j) * block + c % block);
+}
+
+}  // namespace
+
+// Every BatchNorm kernel that touches an activation (bn_stats, bn_stats_bwd, batch_norm,
+// batch_norm_bwd; native and oneDNN) reads and writes it in its layout: blocked, plain, or one
+// of each, against an all-plain graph.
+TEST(Layouts, BatchNormKernelsOfBlockedValues) {
+  const Shape shape{3, 32, 4, 5};
+  const std::int64_t ch = 32;
+  Tensor x = Tensor::empty(shape), dy = Tensor::empty(shape), w = Tensor::empty({ch});
+  Tensor b = Tensor::empty({ch}), dstats = Tensor::empty({3, ch});
+  const CounterRng rng(9);
+  rng.fill_normal(x, 0, 0.5f, 2.0f);
+  rng.fill_normal(dy, 1, 0.0f, 1.0f);
+  rng.fill_uniform(w, 2, 0.5f, 1.5f);
+  rng.fill_uniform(b, 3, -1.0f, 1.0f);
+  rng.fill_uniform(dstats, 4, -1.0f, 1.0f);
+  std::vector<ir::Backend> backends{ir::Backend::Native};
+#if MINIDL_WITH_ONEDNN
+  backends.push_back(ir::Backend::OneDnn);
+#endif
+  struct Layouts {
+    std::string x, dy, out;  // out: y's and both dx's
+  };
+  const std::vector<Layouts> layouts = {{"", "", ""},
+                                        {"nChw16c", "nChw16c", "nChw16c"},
+                                        {"nChw8c", "nChw8c", "nChw8c"},
+                                        {"nChw16c", "nChw16c", ""},
+                                        {"", "", "nChw8c"},
+                                        {"nChw16c", "", "nChw8c"},
+                                        {"", "nChw8c", "nChw16c"}};
+  std::vector<Tensor> want;
+  for (ir::Backend backend : backends) {
+    for (const Layouts& l : layouts) {
+      SCOPED_TRACE(
+          fmt::format("{} x '{}' dy '{}' y/dx '{}'", ir::backend_name(backend), l.x, l.dy, l.out));
+      ir::Graph g;
+      ir::Value* xv = ops::input(g, "x", shape);
+      ir::Value* dyv = ops::input(g, "dy", shape);
+      xv->set_layout(l.x);
+      dyv->set_layout(l.dy);
+      ir::Value* stats = ops::bn_stats(xv);
+      auto [mean, var] = ops::bn_moments(stats);
+      ir::Value* wv = ops::parameter(g, "w", w);
+      ir::Value* y = ops::batch_norm(xv, mean, var, wv, ops::parameter(g, "b", b));
+      ir::Node* bwd = g.add_node(ops::op("batch_norm_bwd"), {dyv, xv, mean, var, wv});
+      ir::Value* sdx =
+          g.add_node(ops::op("bn_stats_bwd"), {xv, ops::parameter(g, "ds", dstats)})->output();
+      y->set_layout(l.out);
+      bwd->output(0)->set_layout(l.out);
+      sdx->set_layout(l.out);
+      const std::vector<ir::Value*> outs{
+          stats,          y,  bwd->output(0), bwd->output(1), bwd->output(2), bwd->output(3),
+          bwd->output(4), sdx};
+      for (ir::Value* v : outs) g.add_output(v);
+      runtime::Executable exe(g, {.backend = backend});
+      store(x, l.x, exe.input("x").data<float>());
+      store(dy, l.dy, exe.input("dy").data<float>());
+      exe.run();
+      std::vector<Tensor> got;
+      for (ir::Value* v : outs) {
+        const Tensor& t = exe.value(v);
+        Tensor plain = Tensor::empty(t.shape());
+        for (std::int64_t i = 0; i < t.numel(); ++i)
+          plain.data<float>()[i] = v->shape().rank() == 4 ? load(t, v->layout(), i) : t.at(i);
+        got.push_back(std::move(plain));
+      }
+      if (want.empty()) {
+        want = std::move(got);
+        continue;
+      }
+      for (std::size_t k = 0; k < outs.size(); ++k)
+        for (std::int64_t i = 0; i < want[k].numel(); ++i)
+          ASSERT_NEAR(got[k].at(i), want[k].at(i), 1e-4 * (1 + std::fabs(want[k].at(i))))
+              << "output " << k << " element " << i;
+    }
+  }
+}
+
+#if MINIDL_WITH_ONEDNN
+// conv -> BatchNorm -> relu -> conv, training: with --backend onednn the activations stay blocked
+// through the BatchNorm forward and backward, and the loss and gradients are the plain graph's.
+TEST(Layouts, BatchNormKeepsTheBlockedLayoutBetweenConvolutions) {
+  const std::string& blocked = ops::blocked_layout();
+  if (blocked.empty()) GTEST_SKIP() << "oneDNN uses no channel-blocked layout on this CPU";
+  const Dataset batch = minidl::testing::blobs(8, 3);
+  auto model = std::make_unique<nn::Sequential>();
+  model->emplace<nn::Conv2d>("conv1", 1, 16, 3, 1, 1, nn::Init::He);
+  model->emplace<nn::BatchNorm2d>("bn1", 16);
+  model->emplace<nn::ReLU>("relu1");
+  model->emplace<nn::Conv2d>("conv2", 16, 16, 3, 1, 1, nn::Init::He);
+  model->emplace<nn::BatchNorm2d>("bn2", 16);
+  model->emplace<nn::ReLU>("relu2");
+  model->emplace<nn::MaxPool2d>("pool", 4);
+  model->emplace<nn::Flatten>("flatten");
+  model->emplace<nn::Linear>("fc", 16 * 2 * 2, 10, nn::Init::Xavier);
+  model->reset(5);
+  TrainingGraph plain(*model, batch);
+  TrainingGraph propagated(*model, batch);
+  ops::FuseBiasActivation().run(plain.g);
+  ops::FuseBiasActivation().run(propagated.g);
+  ASSERT_TRUE(ops::PropagateLayouts(ir::Backend::OneDnn).run(propagated.g));
+  const ir::Graph& g = propagated.g;
+  for (const char* node : {"conv1.conv2d+bias", "bn1.batch_norm", "relu1.relu", "conv2.conv2d+bias",
+                           "bn2.batch_norm", "relu2.relu", "relu2.relu.bwd", "bn2.batch_norm.bwd",
+                           "relu1.relu.bwd", "bn1.batch_norm.bwd", "conv2.conv2d.bwd"}) {
+    EXPECT_EQ(layout_of(g, node), blocked) << node << "\n" << ir::to_text(g);
+  }
+  // The kernels that read them are the BatchNorm ones, oneDNN's where it has one.
+  for (const ir::Node* n : g.nodes()) {
+    if (n->op() != "batch_norm" && n->op() != "batch_norm_bwd") continue;
+    EXPECT_EQ(n->kernel(ir::Backend::OneDnn)->kernel->backend, ir::Backend::OneDnn)
+        << n->describe();
+  }
+  const auto want = plain.run(ir::Backend::Native);
+  const auto got = propagated.run(ir::Backend::OneDnn);
+  ASSERT_EQ(want.size(), got.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    for (std::int64_t j = 0; j < want[i].numel(); ++j) {
+      const float a = want[i].at(j), b = got[i].at(j);
+      EXPECT_NEAR(a, b, 2e-4f * (1.0f + std::abs(a))) << "output " << i << " element " << j;
+    }
+  }
+}
+#endif

@@ -1,4 +1,5 @@
-// oneDNN eltwise for relu, sigmoid and tanh and their backward ops. The backward ops receive
+// oneDNN eltwise for relu, sigmoid and tanh and their backward ops, and for exp, log, sqrt, neg
+// (linear), pow and clamp (clip). The backward ops receive
 // the forward output y, not x, so they use the *_use_dst_for_bwd algorithms.
 #include "minidl/ops/onednn/kernels.hpp"
 #include "minidl/ops/onednn/onednn.hpp"
@@ -9,12 +10,12 @@ namespace {
 using dnnl::algorithm;
 using dnnl::prop_kind;
 
-// src x -> dst y, over all elements as one dimension.
-ir::Kernel eltwise_fwd(const ir::Node& n, algorithm alg) {
+// src x -> dst y, over all elements as one dimension; alpha and beta as the algorithm reads them.
+ir::Kernel eltwise_fwd(const ir::Node& n, algorithm alg, float alpha = 0.0f, float beta = 0.0f) {
   return create(n, [&] {
     const dnnl::memory::desc md = flat_desc(n.input(0)->shape().numel());
     const dnnl::eltwise_forward::primitive_desc pd(
-        dnnl::eltwise_forward::desc(prop_kind::forward_inference, alg, md), engine());
+        dnnl::eltwise_forward::desc(prop_kind::forward_inference, alg, md, alpha, beta), engine());
     Args args;
     args.add(DNNL_ARG_SRC, pd.src_desc(), Args::Side::In, 0);
     args.add(DNNL_ARG_DST, pd.dst_desc(), Args::Side::Out, 0);
@@ -51,6 +52,23 @@ bool eltwise_supports(const ir::Node& n, std::string* why) {
 ir::Kernel relu_kernel(const ir::Node& n) { return eltwise_fwd(n, algorithm::eltwise_relu); }
 ir::Kernel sigmoid_kernel(const ir::Node& n) { return eltwise_fwd(n, algorithm::eltwise_logistic); }
 ir::Kernel tanh_kernel(const ir::Node& n) { return eltwise_fwd(n, algorithm::eltwise_tanh); }
+
+ir::Kernel exp_kernel(const ir::Node& n) { return eltwise_fwd(n, algorithm::eltwise_exp); }
+ir::Kernel log_kernel(const ir::Node& n) { return eltwise_fwd(n, algorithm::eltwise_log); }
+ir::Kernel sqrt_kernel(const ir::Node& n) { return eltwise_fwd(n, algorithm::eltwise_sqrt); }
+// linear: alpha * x + beta.
+ir::Kernel neg_kernel(const ir::Node& n) {
+  return eltwise_fwd(n, algorithm::eltwise_linear, -1.0f, 0.0f);
+}
+// pow: alpha * x^beta.
+ir::Kernel pow_kernel(const ir::Node& n) {
+  return eltwise_fwd(n, algorithm::eltwise_pow, 1.0f, n.attrs().get<float>("exponent"));
+}
+// clip: alpha the lower bound, beta the upper one.
+ir::Kernel clamp_kernel(const ir::Node& n) {
+  return eltwise_fwd(n, algorithm::eltwise_clip, n.attrs().get<float>("min"),
+                     n.attrs().get<float>("max"));
+}
 
 ir::Kernel relu_bwd_kernel(const ir::Node& n) {
   return eltwise_bwd(n, algorithm::eltwise_relu_use_dst_for_bwd);

@@ -26,12 +26,33 @@ bool matmul_supports(const ir::Node& n, std::string* why);
 ir::Kernel relu_kernel(const ir::Node& n);
 ir::Kernel sigmoid_kernel(const ir::Node& n);
 ir::Kernel tanh_kernel(const ir::Node& n);
+ir::Kernel exp_kernel(const ir::Node& n);
+ir::Kernel log_kernel(const ir::Node& n);
+ir::Kernel sqrt_kernel(const ir::Node& n);
+ir::Kernel neg_kernel(const ir::Node& n);
+ir::Kernel pow_kernel(const ir::Node& n);    // attribute exponent
+ir::Kernel clamp_kernel(const ir::Node& n);  // attributes min and max (eltwise_clip)
 /// Elementwise backward from the forward output: diff_dst dy, dst y -> diff_src dx.
 ir::Kernel relu_bwd_kernel(const ir::Node& n);
 ir::Kernel sigmoid_bwd_kernel(const ir::Node& n);
 ir::Kernel tanh_bwd_kernel(const ir::Node& n);
 /// The forward and backward elementwise kernels' condition: f32 and non-empty.
 bool eltwise_supports(const ir::Node& n, std::string* why);
+
+/// Binary with broadcasting: src_0 a, src_1 b -> dst y. a must have y's shape (oneDNN 2.6
+/// broadcasts src_1 only); binary_supports declines the rest, which the native kernel takes.
+ir::Kernel add_kernel(const ir::Node& n);
+ir::Kernel sub_kernel(const ir::Node& n);
+ir::Kernel mul_kernel(const ir::Node& n);
+ir::Kernel div_kernel(const ir::Node& n);
+ir::Kernel maximum_kernel(const ir::Node& n);
+ir::Kernel minimum_kernel(const ir::Node& n);
+bool binary_supports(const ir::Node& n, std::string* why);
+
+/// max over axes: src x -> dst y (reduction_max). sum and mean have none: oneDNN's order of
+/// summation may depend on the thread count, and minidl's sums must not.
+ir::Kernel max_kernel(const ir::Node& n);
+bool max_supports(const ir::Node& n, std::string* why);
 
 /// softmax_cross_entropy: logits src [N,C], labels [N] -> loss [], probs dst [N,C]. probs come
 /// from oneDNN's softmax; `loss` (the op's own code) computes output 0 from the logits.
@@ -63,6 +84,16 @@ bool max_pool2d_supports(const ir::Node& n, std::string* why);
 bool max_pool2d_bwd_supports(const ir::Node& n, std::string* why);
 bool avg_pool2d_supports(const ir::Node& n, std::string* why);
 bool avg_pool2d_bwd_supports(const ir::Node& n, std::string* why);
+
+/// batch_norm: src x [N,C] or [N,C,H,W], mean, variance [C], optional scale (weight) and shift
+/// (bias) [C] -> dst y, oneDNN's batch normalization with global statistics.
+/// batch_norm_bwd: diff_dst dy, src x, mean, variance, optional scale -> diff_src dx, diff_scale
+/// dweight, diff_shift dbias; then `mean_var_grads` (the op's code) derives dmean and dvar. The
+/// primitive runs in x's layout, plain or blocked; the others are reordered where they differ.
+ir::Kernel batch_norm_kernel(const ir::Node& n);
+ir::KernelFactory batch_norm_bwd_kernel(ir::KernelFn mean_var_grads);
+bool batch_norm_supports(const ir::Node& n, std::string* why);
+bool batch_norm_bwd_supports(const ir::Node& n, std::string* why);
 
 /// The channel-blocked layout (ir::Value::layout) oneDNN picks for a convolution's output on
 /// this machine: "nChw16c" or "nChw8c", or "" when it picks another one.

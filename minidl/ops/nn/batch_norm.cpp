@@ -1,0 +1,224 @@
+// batch_norm: y = (x - mean[c]) / sqrt(var[c] + eps) * weight[c] + bias[c] over x [N,C] or
+// [N,C,H,W] (channel = dimension 1); weight and bias are optional (BatchNorm with affine=false).
+// mean and var are inputs: bn_moments' outputs in training (the batch statistics), the running
+// statistics in evaluation.
+//
+// One backward op: batch_norm_bwd(dy, x, mean, var, weight?) -> dx, dweight, dbias, dmean, dvar,
+// where dx holds mean and var constant (dx = dy * w * invstd), dweight = sum dy * xhat, dbias =
+// sum dy, and dmean, dvar are the exact partial derivatives, in O(C) from the latter two:
+//   dy/dmean = -w invstd            -> dmean = -w invstd dbias
+//   dy/dvar  = -1/2 w invstd^3 (x - mean) = -1/2 w invstd^2 xhat  -> dvar = -1/2 w invstd^2 dweight
+// With mean and var from bn_moments(bn_stats(x)), autograd adds the paths through
+// bn_moments_bwd and bn_stats_bwd, which together give PyTorch's BatchNorm gradient.
+//
+// The native kernels and oneDNN's (batch_normalization_forward / _backward with
+// use_global_stats) read and write every activation (x, y, dy, dx) in its layout, plain or
+// channel-blocked, so a BatchNorm between convolutions keeps their blocked layout.
+#include <cmath>
+#include <memory>
+
+#include "minidl/ops/common.hpp"
+#include "minidl/ops/nn/channels.hpp"
+#include "minidl/ops/onednn/kernels.hpp"
+#include "minidl/ops/op_table.hpp"
+#include "minidl/ops/registry.hpp"
+
+namespace minidl::ops {
+namespace {
+
+/// Inputs from `first` on are per-channel [C] f32 vectors named by `names`.
+void check_channel_vectors(ir::InferCtx& c, int first, std::int64_t ch,
+                           std::initializer_list<const char*> names) {
+  int i = first;
+  for (const char* name : names) {
+    if (i >= c.num_inputs()) return;
+    MINIDL_CHECK_NODE(c, c.input(i) == Shape{ch}, name, " must be [", ch,
+                      "] (one per channel of x), got ", c.input(i));
+    MINIDL_CHECK_NODE(c, c.dtype(i) == DType::F32, "expected f32 ", name, ", got ", c.dtype(i));
+    ++i;
+  }
+}
+
+std::int64_t check_x(ir::InferCtx& c, int i, const char* what) {
+  const Shape& x = c.input(i);
+  MINIDL_CHECK_NODE(c, x.rank() == 2 || x.rank() == 4, "expected ", what,
+                    " [N,C] or [N,C,H,W], got rank ", x.rank());
+  MINIDL_CHECK_NODE(c, c.dtype(i) == DType::F32, "expected f32 ", what, ", got ", c.dtype(i));
+  MINIDL_CHECK_NODE(c, x.numel() > 0, "expected a non-empty ", what);
+  return x[1];
+}
+
+float check_eps(ir::InferCtx& c) {
+  const auto eps = c.attr<float>("eps");
+  MINIDL_CHECK_NODE(c, eps >= 0.0f && std::isfinite(eps), "eps must be finite and >= 0, got ", eps);
+  return eps;
+}
+
+// x [N,C(,H,W)], mean [C], var [C], weight [C]?, bias [C]? -> y
+void infer(ir::InferCtx& c) {
+  const std::int64_t ch = check_x(c, 0, "x");
+  check_channel_vectors(c, 1, ch, {"mean", "var", "weight", "bias"});
+  check_eps(c);
+  c.set_output(0, c.input(0));
+}
+
+// dy, x, mean, var, weight? -> dx, dweight, dbias, dmean, dvar
+void infer_bwd(ir::InferCtx& c) {
+  const std::int64_t ch = check_x(c, 0, "dy");
+  check_x(c, 1, "x");
+  MINIDL_CHECK_NODE(c, c.input(0) == c.input(1), "dy ", c.input(0), " and x ", c.input(1),
+                    " must have one shape");
+  check_channel_vectors(c, 2, ch, {"mean", "var", "weight"});
+  check_eps(c);
+  c.set_output(0, c.input(1));
+  for (int o = 1; o < 5; ++o) c.set_output(o, Shape{ch});
+}
+
+/// 1 / sqrt(var + eps) in float, as oneDNN computes it.
+inline float inv_std(float var, float eps) { return 1.0f / std::sqrt(var + eps); }
+
+// src, mean, variance, scale?, shift? -> dst
+ir::Kernel make_batch_norm(const ir::Node& node) {
+  const ChannelGeom gx = channel_geom(node.input(0)), gy = channel_geom(node.output(0));
+  const std::int64_t ch = gx.channels();
+  const bool has_w = node.inputs().size() > 3, has_b = node.inputs().size() > 4;
+  auto scale = std::make_shared<std::vector<float>>(ch);
+  return [gx, gy, ch, has_w, has_b, scale](const ir::KernelArgs& k) {
+    const float eps = k.attrs().get<float>("eps");
+    const float* x = k.in[0].data<float>();
+    const float* mean = k.in[1].data<float>();
+    const float* var = k.in[2].data<float>();
+    const float* w = has_w ? k.in[3].data<float>() : nullptr;
+    const float* b = has_b ? k.in[4].data<float>() : nullptr;
+    float* y = k.out[0].data<float>();
+    float* a = scale->data();
+    for (std::int64_t c = 0; c < ch; ++c) a[c] = inv_std(var[c], eps) * (w ? w[c] : 1.0f);
+    if (b != nullptr) {
+      for_each_element([=](std::int64_t c, std::int64_t ex,
+                           std::int64_t ey) { y[ey] = (x[ex] - mean[c]) * a[c] + b[c]; },
+                       gx, gy);
+    } else {
+      for_each_element([=](std::int64_t c, std::int64_t ex,
+                           std::int64_t ey) { y[ey] = (x[ex] - mean[c]) * a[c]; },
+                       gx, gy);
+    }
+  };
+}
+
+/// dmean and dvar from dweight, dbias (outputs 1..4 of a batch_norm_bwd kernel).
+void batch_norm_mean_var_grads(const ir::KernelArgs& k) {
+  const std::int64_t ch = k.out[1].numel();
+  const float eps = k.attrs().get<float>("eps");
+  const float* var = k.in[3].data<float>();
+  const float* w = k.in.size() > 4 ? k.in[4].data<float>() : nullptr;
+  const float* dweight = k.out[1].data<float>();
+  const float* dbias = k.out[2].data<float>();
+  float* dmean = k.out[3].data<float>();
+  float* dvar = k.out[4].data<float>();
+  for (std::int64_t c = 0; c < ch; ++c) {
+    const float is = inv_std(var[c], eps), wc = w ? w[c] : 1.0f;
+    dmean[c] = -wc * is * dbias[c];
+    dvar[c] = -0.5f * wc * is * is * dweight[c];
+  }
+}
+
+// diff_dst, src, mean, variance, scale? -> diff_src, diff_scale, diff_shift, dmean, dvar
+ir::Kernel make_batch_norm_bwd(const ir::Node& node) {
+  const ChannelGeom gdy = channel_geom(node.input(0)), gx = channel_geom(node.input(1));
+  const ChannelGeom gdx = channel_geom(node.output(0));
+  const std::int64_t ch = gx.channels();
+  const bool has_w = node.inputs().size() > 4;
+  auto scratch = std::make_shared<std::vector<double>>();
+  auto sums = std::make_shared<std::vector<double>>(2 * ch);
+  auto scale = std::make_shared<std::vector<float>>(ch);
+  return [gdy, gx, gdx, ch, has_w, scratch, sums, scale](const ir::KernelArgs& k) {
+    const float eps = k.attrs().get<float>("eps");
+    const float* dy = k.in[0].data<float>();
+    const float* x = k.in[1].data<float>();
+    const float* mean = k.in[2].data<float>();
+    const float* var = k.in[3].data<float>();
+    const float* w = has_w ? k.in[4].data<float>() : nullptr;
+    float* dx = k.out[0].data<float>();
+    float* dweight = k.out[1].data<float>();
+    float* dbias = k.out[2].data<float>();
+    // sum dy and sum dy (x - mean), per channel. dy and x usually share a layout; where they do
+    // not, the sums walk x's and read dy by position.
+    double* s = sums->data();
+    if (gdy == gx) {
+      channel_sums<2>(gx, *scratch, s, [=](std::int64_t e, std::int64_t c, double* acc) {
+        const double d = dy[e];
+        acc[0] += d;
+        acc[1] += d * (double{x[e]} - mean[c]);
+      });
+    } else {
+      const Tensor plain = Tensor::empty(k.in[0].shape());
+      float* p = plain.data<float>();
+      const ChannelGeom gp = channel_geom_plain(k.in[0].shape());
+      for_each_element([=](std::int64_t, std::int64_t ep, std::int64_t ed) { p[ep] = dy[ed]; }, gp,
+                       gdy);
+      const Tensor xp = Tensor::empty(k.in[1].shape());
+      float* q = xp.data<float>();
+      for_each_element([=](std::int64_t, std::int64_t ep, std::int64_t ex) { q[ep] = x[ex]; }, gp,
+                       gx);
+      channel_sums<2>(gp, *scratch, s, [=](std::int64_t e, std::int64_t c, double* acc) {
+        const double d = p[e];
+        acc[0] += d;
+        acc[1] += d * (double{q[e]} - mean[c]);
+      });
+    }
+    float* a = scale->data();
+    for (std::int64_t c = 0; c < ch; ++c) {
+      const float is = inv_std(var[c], eps);
+      a[c] = is * (w ? w[c] : 1.0f);
+      dbias[c] = static_cast<float>(s[c]);
+      dweight[c] = static_cast<float>(s[ch + c] * is);
+    }
+    for_each_element(
+        [=](std::int64_t c, std::int64_t edx, std::int64_t edy) { dx[edx] = dy[edy] * a[c]; }, gdx,
+        gdy);
+    batch_norm_mean_var_grads(k);
+  };
+}
+
+void grad(ir::GradCtx& g) {
+  std::vector<ir::Value*> in{g.out_grad(0), g.input(0), g.input(1), g.input(2)};
+  if (g.num_inputs() > 3) in.push_back(g.input(3));
+  ir::Node* bwd =
+      g.op(op_batch_norm_bwd, in, {{"eps", double{g.attrs().get<float>("eps")}}})->producer();
+  // dx, then mean, var, weight, bias from dmean, dvar, dweight, dbias.
+  const int from[] = {0, 3, 4, 1, 2};
+  for (int i = 0; i < g.num_inputs(); ++i)
+    if (g.needs_input_grad(i)) g.set_input_grad(i, bwd->output(from[i]));
+}
+
+}  // namespace
+
+MINIDL_OP(batch_norm)
+    .inputs({"x", "mean", "var", "weight?", "bias?"})
+    .attr<float>("eps", 1e-5f)
+    .infer(infer)
+#if MINIDL_WITH_ONEDNN
+    .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::batch_norm_kernel,
+                    onednn::batch_norm_supports)
+    .layout_aware()
+#endif
+    .kernel_factory(ir::Backend::Native, "native", make_batch_norm)
+    .layout_aware()  // plain, or the blocked layouts of oneDNN's convolutions
+    .grad(grad);
+
+MINIDL_OP(batch_norm_bwd)
+    .inputs({"dy", "x", "mean", "var", "weight?"})
+    .outputs({"dx", "dweight", "dbias", "dmean", "dvar"})
+    .attr<float>("eps", 1e-5f)
+    .infer(infer_bwd)
+#if MINIDL_WITH_ONEDNN
+    .kernel_factory(ir::Backend::OneDnn, "onednn",
+                    onednn::batch_norm_bwd_kernel(batch_norm_mean_var_grads),
+                    onednn::batch_norm_bwd_supports)
+    .layout_aware()
+#endif
+    .kernel_factory(ir::Backend::Native, "native", make_batch_norm_bwd)
+    .layout_aware()
+    .no_grad("backward-only op; second derivatives are not supported");
+
+}  // namespace minidl::ops

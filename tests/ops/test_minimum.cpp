@@ -1,0 +1,38 @@
+#include "harness.hpp"
+#include "minidl/autograd/autograd.hpp"
+#include "minidl/ops/ops.hpp"
+#include "minidl/runtime/executable.hpp"
+
+using minidl::testing::BadCase;
+using minidl::testing::OpCase;
+
+static const std::vector<OpCase> kCases = {
+    OpCase().shapes({{4, 5}, {4, 5}}),
+    OpCase().shapes({{3, 2, 2, 7}, {3, 2, 2, 7}}),
+    OpCase().shapes({{4, 5}, {5}}),
+    OpCase().shapes({{4, 1}, {1, 5}}),
+    OpCase().shapes({{2, 3, 4, 5}, {1, 3, 1, 1}}),
+    OpCase().shapes({{3}, {2, 1, 3}}),
+    OpCase().shapes({{}, {3, 2}}),
+};
+static const std::vector<BadCase> kBad = {
+    {{{4, 5}, {5, 4}}, {}, {}, "cannot broadcast [4,5] with [5,4]"},
+};
+MINIDL_OP_TEST(minimum, kCases, kBad)
+
+// A tie gives the whole gradient to a: d/da sum(minimum(a, b)) = 1 and d/db = 0 where a == b.
+TEST(Minimum, TieGoesToA) {
+  using namespace minidl;
+  ir::Graph g;
+  Tensor a = Tensor::empty({2, 3}), b = Tensor::empty({3});
+  for (int i = 0; i < 6; ++i) a.data<float>()[i] = static_cast<float>(i % 3);
+  for (int i = 0; i < 3; ++i) b.data<float>()[i] = static_cast<float>(i);
+  ir::Value* va = ops::parameter(g, "a", a);
+  ir::Value* vb = ops::parameter(g, "b", b);
+  const auto grads = autograd::differentiate(g, ops::sum(ops::minimum(va, vb)), {va, vb});
+  for (ir::Value* v : grads) g.add_output(v);
+  runtime::Executable exe(g);
+  exe.run();
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(exe.value(grads[0]).at(i), 1.0f);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(exe.value(grads[1]).at(i), 0.0f);
+}

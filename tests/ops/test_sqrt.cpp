@@ -1,0 +1,9 @@
+#include "harness.hpp"
+
+using minidl::testing::BadCase;
+using minidl::testing::OpCase;
+
+static const std::vector<OpCase> kCases = {OpCase().shapes({{4, 5}}).positive(),
+                                           OpCase().shapes({{2, 3, 4}}).positive(1.0)};
+static const std::vector<BadCase> kBad = {{{{3}}, {minidl::DType::I32}, {}, "expected f32 input"}};
+MINIDL_OP_TEST(sqrt, kCases, kBad)
