@@ -479,7 +479,10 @@ std::string Residual::describe() const {
   };
   std::string shortcut = "identity";
   for (const Child& c : children())
-    if (c.module.get() == shortcut_) shortcut = fmt::format("{}: {}", c.name, c.module->describe());
+    if (c.module.get() == shortcut_) {
+      shortcut = c.name == "shortcut" ? c.module->describe()
+                                      : fmt::format("{}: {}", c.name, c.module->describe());
+    }
   std::string s = fmt::format("Residual(body: [{}], shortcut: {}", list(body_), shortcut);
   if (!post_.empty()) s += fmt::format(", post: [{}]", list(post_));
   return s + ")";
