@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """The reference models in PyTorch, trained like minidl's examples: the same data files, model
 shapes, initialisation (He normal for layers followed by ReLU, Xavier uniform for the output
-layer, zero biases), optimiser, learning-rate schedule, batch sizes and epochs. Prints one JSON
+layer, zero biases; BatchNorm's weight 1 and bias 0), optimiser, learning-rate schedule, batch
+sizes, epochs and data augmentation. Prints one JSON
 line per epoch: {"epoch", "epoch_seconds", "train_loss", "test_loss", "test_accuracy", "lr",
 "grad_norm"}, where epoch_seconds is the wall time of the epoch's training steps with their batch
 gathering (evaluation excluded), as minidl's metrics define it; test_accuracy is left out for the
@@ -16,9 +17,18 @@ usage: pytorch_reference.py MODEL --data DIR [--epochs N] [--threads T] [--seed 
                             [--weight-decay X] [--beta1 X] [--beta2 X] [--eps X]
                             [--lr-schedule constant|step|cosine] [--lr-step-epochs N]
                             [--lr-gamma X] [--warmup-steps W] [--clip-grad-norm X]
-                            [--float64]
-MODEL: mnist_mlp, mnist_cnn, cifar_cnn (softmax cross-entropy) or mnist_autoencoder (784-128-32-
-128-784 with a sigmoid output; mean squared error against the input pixels in [0, 1]).
+                            [--augment crop,flip|none] [--float64]
+MODEL: mnist_mlp, mnist_cnn, cifar_cnn, cifar_resnet (softmax cross-entropy) or mnist_autoencoder
+(784-128-32-128-784 with a sigmoid output; mean squared error against the input pixels in
+[0, 1]).
+
+cifar_resnet is ResNet-20 for CIFAR-10 (He et al. 2016, section 4.2) as examples/cifar_resnet.cpp
+builds it: conv 3x3 16 -> BN -> ReLU, three stages of three basic blocks (16, 32, 64 channels;
+stride 2 in the first block of stages 2 and 3), each conv 3x3 -> BN -> ReLU -> conv 3x3 -> BN,
+plus the shortcut, -> ReLU; the shortcut is the identity, or where the shape changes a 1x1
+convolution with stride 2 and BN (option B); global average pooling, linear 64 -> 10.
+Convolutions have no bias. Its state_dict names (conv1, bn1, layer1.0.conv1, layer2.0.shortcut.0,
+..., fc) are minidl's.
 
 Training (the flags of minidl's examples, with their semantics and defaults; a flag left out
 takes the model's default from SETTINGS, else the one below):
@@ -37,9 +47,16 @@ takes the model's default from SETTINGS, else the one below):
   the optimizer step (torch.nn.utils.clip_grad_norm_).
 - --max-steps N (0: no limit) stops after N optimizer steps, the schedule unchanged: the epoch
   in progress is evaluated and reported over the samples it trained on, and the run ends.
+- --augment crop,flip (cifar_resnet's default; `none` or "" for none) draws each training
+  batch anew, after standardisation: crop takes a 32x32 window at a uniformly random offset from
+  the image padded by 4 zeros on every side (0 is the mean after standardisation), flip mirrors
+  the image left-right with probability 1/2. The draws come from a torch.Generator seeded with
+  --seed, so a run repeats, but they are not minidl's draws: augmented runs of the two frameworks
+  are alike in distribution, not batch for batch.
 
 --save-init writes the initial parameters under minidl's names (conv1.weight, fc.bias, ...),
---save the trained ones, and --minidl-order shuffles every epoch with minidl's permutation for
+and BatchNorm's buffers (running_mean, running_var, num_batches_tracked as int64), --save the
+trained ones, and --minidl-order shuffles every epoch with minidl's permutation for
 the same seed. Together they make a matched pair: `minidl_example --seed S --init FILE` and
 `pytorch_reference.py --seed S --save-init FILE --minidl-order` start from the same weights and
 train on the same batches, so their losses and accuracies differ only by fp32 rounding
@@ -69,9 +86,13 @@ SETTINGS = {
     "mnist_autoencoder": {"batch": 64, "lr": 0.001, "momentum": 0.0, "epochs": 5,
                           "optimizer": "adamw", "weight_decay": 0.0, "lr_schedule": "cosine",
                           "warmup_steps": 0},
+    "cifar_resnet": {"batch": 128, "lr": 0.1, "momentum": 0.9, "epochs": 15, "nesterov": True,
+                     "weight_decay": 5e-4, "lr_schedule": "cosine", "warmup_steps": 391,
+                     "augment": "crop,flip"},
 }
-TRAINING_DEFAULTS = {"optimizer": "sgd", "weight_decay": 0.0, "lr_schedule": "constant",
-                     "warmup_steps": 0}
+TRAINING_DEFAULTS = {"optimizer": "sgd", "nesterov": False, "weight_decay": 0.0,
+                     "lr_schedule": "constant", "warmup_steps": 0, "augment": "none"}
+CIFAR_MODELS = ("cifar_cnn", "cifar_resnet")
 
 
 def read_maybe_gzip(path):
@@ -123,18 +144,24 @@ PARAMETER_NAMES = {
 
 
 def named_parameters(net, name):
-    """The model's parameters under minidl's names, in minidl's order."""
+    """The model's state under minidl's names: for cifar_resnet its state_dict, whose names are
+    minidl's already (BatchNorm's buffers included); for the others the parameters, in minidl's
+    order."""
+    if name == "cifar_resnet":
+        return net.state_dict()
     weighted = [m for m in net if isinstance(m, (nn.Linear, nn.Conv2d))]
     return {f"{n}.{p}": getattr(m, p) for n, m in zip(PARAMETER_NAMES[name], weighted)
             for p in ("weight", "bias")}
 
 
 def save_safetensors(path, tensors):
-    """Writes {name: float32 tensor} in the safetensors format (header length, JSON, data)."""
+    """Writes {name: tensor} in the safetensors format (header length, JSON, data): integer
+    tensors (BatchNorm's num_batches_tracked) as I64, every other one as F32."""
     header, blobs, offset = {}, [], 0
     for name, t in tensors.items():
-        blob = t.detach().contiguous().numpy().astype("<f4").tobytes()
-        header[name] = {"dtype": "F32", "shape": list(t.shape),
+        integer = not t.is_floating_point()
+        blob = t.detach().contiguous().numpy().astype("<i8" if integer else "<f4").tobytes()
+        header[name] = {"dtype": "I64" if integer else "F32", "shape": list(t.shape),
                         "data_offsets": [offset, offset + len(blob)]}
         blobs.append(blob)
         offset += len(blob)
@@ -177,7 +204,62 @@ def minidl_epoch_order(n, seed, epoch):
     return minidl_permutation(n, mix64((seed * 0x9E3779B97F4A7C15 + epoch) & MASK64))
 
 
+class BasicBlock(nn.Module):
+    """ResNet's basic block with option B shortcuts: relu(bn2(conv2(relu(bn1(conv1(x))))) +
+    shortcut(x)), the shortcut a 1x1 convolution with the block's stride and BN where the shape
+    changes, else the identity (an empty Sequential, as minidl's block without a shortcut)."""
+
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                          nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        y = torch.relu(self.bn1(self.conv1(x)))
+        y = self.bn2(self.conv2(y))
+        return torch.relu(y + self.shortcut(x))
+
+
+class ResNet20(nn.Module):
+    """ResNet-20 for CIFAR-10 (n = 3 blocks per stage), examples/cifar_resnet.cpp's model."""
+
+    def __init__(self, blocks=3, classes=10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 16, 3, 1, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(16)
+        cin, stages = 16, []
+        for cout, stride in ((16, 1), (32, 2), (64, 2)):
+            layer = []
+            for b in range(blocks):
+                layer.append(BasicBlock(cin, cout, stride if b == 0 else 1))
+                cin = cout
+            stages.append(nn.Sequential(*layer))
+        self.layer1, self.layer2, self.layer3 = stages
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(64, classes)
+        # minidl's initialisation: He normal (fan_in) for every convolution, Xavier uniform for
+        # the output layer, zero biases; BatchNorm weight 1 and bias 0 (PyTorch's own).
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_in", nonlinearity="relu")
+        nn.init.xavier_uniform_(self.fc.weight)
+        nn.init.zeros_(self.fc.bias)
+
+    def forward(self, x):
+        x = torch.relu(self.bn1(self.conv1(x)))
+        x = self.layer3(self.layer2(self.layer1(x)))
+        return self.fc(torch.flatten(self.pool(x), 1))
+
+
 def model(name):
+    if name == "cifar_resnet":
+        return ResNet20()
     if name == "mnist_mlp":
         layers = [nn.Flatten(), nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(),
                   nn.Linear(128, 10)]
@@ -198,6 +280,36 @@ def model(name):
     for m in weighted:
         nn.init.zeros_(m.bias)
     return nn.Sequential(*layers)
+
+
+def parse_augment(text):
+    """The set of --augment's transforms: a comma-separated subset of crop and flip; "" or none:
+    none."""
+    if text in ("", "none"):
+        return set()
+    names = text.split(",")
+    bad = [n for n in names if n not in ("crop", "flip")]
+    if bad or len(set(names)) != len(names):
+        raise ValueError(f"--augment takes crop, flip (comma-separated) or none, got '{text}'")
+    return set(names)
+
+
+def augment(x, transforms, generator, pad=4):
+    """A batch x [N, C, H, W] (standardised) with each image randomly cropped from its zero-padded
+    copy and/or mirrored left-right, all on tensors: per image two offsets in [0, 2 pad] and one
+    coin, drawn from generator in that order."""
+    n, c, h, w = x.shape
+    if "crop" in transforms:
+        offsets = torch.randint(0, 2 * pad + 1, (n, 2), generator=generator)
+        padded = torch.nn.functional.pad(x, (pad, pad, pad, pad))
+        rows = (offsets[:, 0:1] + torch.arange(h))[:, None, :, None]
+        cols = (offsets[:, 1:2] + torch.arange(w))[:, None, None, :]
+        x = padded[torch.arange(n)[:, None, None, None], torch.arange(c)[None, :, None, None],
+                   rows, cols]
+    if "flip" in transforms:
+        flip = torch.rand(n, generator=generator) < 0.5
+        x = torch.where(flip[:, None, None, None], x.flip(3), x)
+    return x
 
 
 def lr_factor(t, schedule, warmup, step_epochs, gamma, steps_per_epoch, total_steps):
@@ -240,7 +352,7 @@ def main():
     ap.add_argument("--optimizer", choices=("sgd", "adamw"))
     ap.add_argument("--lr", type=float)
     ap.add_argument("--momentum", type=float)
-    ap.add_argument("--nesterov", action="store_true")
+    ap.add_argument("--nesterov", action="store_true", default=None)
     ap.add_argument("--weight-decay", type=float)
     ap.add_argument("--beta1", type=float, default=0.9)
     ap.add_argument("--beta2", type=float, default=0.999)
@@ -250,6 +362,7 @@ def main():
     ap.add_argument("--lr-gamma", type=float, default=0.1)
     ap.add_argument("--warmup-steps", type=int)
     ap.add_argument("--clip-grad-norm", type=float, default=0.0)
+    ap.add_argument("--augment", help="crop,flip, a part of it, or none")
     ap.add_argument("--float64", action="store_true",
                     help="train in double precision (from the same float32 initial weights): "
                          "the rounding-free reference the float32 runs are measured against")
@@ -275,15 +388,21 @@ def main():
         ap.error("--epochs and --lr-step-epochs must be >= 1, --warmup-steps and --max-steps >= 0")
     if not a.clip_grad_norm >= 0:
         ap.error(f"--clip-grad-norm must be >= 0 (0: off), got {a.clip_grad_norm}")
+    try:
+        transforms = parse_augment(a.augment)
+    except ValueError as e:
+        ap.error(str(e))
+    if transforms and a.model not in CIFAR_MODELS:
+        ap.error(f"--augment is for the CIFAR-10 models, not {a.model}")
     autoencoder = a.model == "mnist_autoencoder"
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
-    xtr, ytr, xte, yte = (load_cifar if a.model == "cifar_cnn" else load_mnist)(a.data)
+    xtr, ytr, xte, yte = (load_cifar if a.model in CIFAR_MODELS else load_mnist)(a.data)
     if a.train_limit:
         xtr, ytr = xtr[:a.train_limit], ytr[:a.train_limit]
     if a.test_limit:
         xte, yte = xte[:a.test_limit], yte[:a.test_limit]
-    if a.model == "cifar_cnn":
+    if a.model in CIFAR_MODELS:
         xtr, xte = standardize(xtr, xte)
     xtr, ytr, xte, yte = map(torch.from_numpy, (np.ascontiguousarray(xtr), ytr,
                                                  np.ascontiguousarray(xte), yte))
@@ -311,6 +430,7 @@ def main():
     loss_fn = nn.MSELoss() if autoencoder else nn.CrossEntropyLoss()
     test_loss_fn = (nn.MSELoss(reduction="sum") if autoencoder
                     else nn.CrossEntropyLoss(reduction="sum"))
+    draws = torch.Generator().manual_seed(a.seed)  # --augment's crops and flips
     step = 0
     for epoch in range(1, a.epochs + 1):
         net.train()
@@ -326,6 +446,8 @@ def main():
                 break
             idx_ = order[start:start + batch]
             x, y = xtr[idx_], ytr[idx_]
+            if transforms:
+                x = augment(x, transforms, draws)
             opt.zero_grad(set_to_none=True)
             loss = loss_fn(net(x), y)
             loss.backward()
