@@ -383,13 +383,17 @@ ir::Value* BatchNorm::normalize(ir::Value* x) {
                            eps_);
   }
   ir::Value* stats = ops::bn_stats(x);
+  // The global batch's statistics: for the running ones, and under --sync-bn
+  // (parallel::use_global_statistics) for the normalisation too. Every replica's forward sums
+  // its own (a cross_replica_sum is a collective: each replica must reach it).
+  ir::Value* global =
+      training() ? ops::cross_replica_sum(stats, name().empty() ? "stats" : name() + ".stats")
+                 : nullptr;
   auto [mean, var] = ops::bn_moments(stats);
   ir::Value* y = ops::batch_norm(x, mean, var, w, b, eps_);
-  if (!training() || !track_) return y;
-  // The global batch's statistics for the running ones. Every replica's forward sums its own
-  // (a cross_replica_sum is a collective: each replica must reach it), but the sums are the same,
-  // so only the first forward in this graph updates the buffers.
-  ir::Value* global = ops::cross_replica_sum(stats, name().empty() ? "stats" : name() + ".stats");
+  if (global == nullptr || !track_) return y;
+  // The sums are the same in every replica, so only the first forward in this graph updates
+  // the buffers.
   ir::Value* running_mean = buffer_value(g, "running_mean");
   const auto& users = running_mean->users();
   const bool updated = std::any_of(users.begin(), users.end(), [&](const ir::Node* u) {

@@ -10,6 +10,7 @@
 #include "minidl/parallel/communicator.hpp"
 #include "parallel/dp_support.hpp"
 #include "support/modules.hpp"
+#include "support/same_bits.hpp"
 #include "support/synthetic.hpp"
 
 using namespace minidl;
@@ -123,6 +124,52 @@ TEST(DataParallel, CrossReplicaSumsCoverTheGlobalBatch) {
   auto det_par = run(world, 2);
   auto det_ser = run(*local, 2);
   EXPECT_TRUE(minidl::testing::bitwise_equal(*det_par, *det_ser));
+}
+
+// BatchNorm over ranks: with --sync-bn the statistics are the global batch's, so the model
+// trains as the serial one; deterministic mode gives its bits, running statistics included.
+// Without it each rank normalises by its share, and the running statistics are still the
+// global batch's: every rank holds the same.
+TEST(DataParallel, BatchNormStatisticsAcrossRanks) {
+  parallel::Communicator& world = parallel::world();
+  auto local = parallel::make_local_communicator();
+  const Dataset d = minidl::testing::blobs(200, 17);
+  auto run = [&](parallel::Communicator& comm, std::int64_t micro_batch, bool sync) {
+    auto model = std::make_unique<nn::Sequential>();
+    model->emplace<nn::Flatten>("flatten");
+    model->emplace<nn::Linear>("fc1", 64, 32, nn::Init::He);
+    model->emplace<nn::BatchNorm1d>("bn1", 32);
+    model->emplace<nn::ReLU>("act1");
+    model->emplace<nn::Linear>("fc2", 32, 10, nn::Init::Xavier);
+    model->reset(4);
+    optim::Sgd sgd({.lr = 0.05, .momentum = 0.9});
+    Trainer t(*model, sgd,
+              {.batch_size = 32,
+               .seed = 3,
+               .micro_batch = micro_batch,
+               .comm = &comm,
+               .sync_batch_stats = sync});
+    t.train_epoch(d, 1);
+    return model;
+  };
+  auto same_state = [](nn::Module& a, nn::Module& b) {
+    return minidl::testing::same_bits(a.state_dict(), b.state_dict());
+  };
+  auto par = run(world, 0, true);
+  auto ser = run(*local, 0, true);
+  expect_close(*par, *ser, 1e-4);
+  EXPECT_EQ(ranks_that_differ(world, *par), 0);
+  EXPECT_TRUE(same_state(*run(world, 2, true), *run(*local, 2, true)));
+  // Per-rank statistics: another model than the serial one, the same on every rank.
+  auto per_rank = run(world, 0, false);
+  EXPECT_EQ(ranks_that_differ(world, *per_rank), 0);
+  std::int64_t differ = 0;
+  for (auto& [name, t] : per_rank->buffers()) {
+    Tensor root = t.clone();
+    world.broadcast(root.raw(), root.nbytes(), 0);
+    differ |= std::memcmp(t.raw(), root.raw(), t.nbytes()) != 0;
+  }
+  EXPECT_EQ(differ, 0) << "the running statistics differ between ranks";
 }
 
 // 1000 = 31 * 32 + 8: the last global batch of 8 is split unevenly for 3 ranks (3/3/2).
