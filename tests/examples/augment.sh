@@ -16,12 +16,7 @@ synthetic_idx "$tmp/data" 200 40 # batches of 32: 6 full, then 8 (2 micro-shards
 launch() {
   local ranks=$1
   shift
-  if [ "$ranks" -eq 1 ]; then
-    "$@"
-  else
-    "$mpirun" -np "$ranks" --oversubscribe --bind-to none -x OMP_WAIT_POLICY=passive \
-      -x OMP_NUM_THREADS=1 "$@"
-  fi
+  on_layout "$ranks" 1 "$@"
 }
 
 # same NAME A B: the parameter files A and B are byte-identical.

@@ -19,12 +19,7 @@ synthetic_idx "$tmp/cnn-data" 304 40 # batches of 32: 9 full, then 16 (4 micro-s
 launch() {
   local ranks=$1 threads=$2 bin=$3
   shift 3
-  if [ "$ranks" -eq 1 ]; then
-    OMP_NUM_THREADS=$threads "$bin" --threads "$threads" "$@"
-  else
-    "$mpirun" -np "$ranks" --oversubscribe --bind-to none -x OMP_WAIT_POLICY=passive \
-      -x OMP_NUM_THREADS="$threads" "$bin" --threads "$threads" "$@"
-  fi
+  on_layout "$ranks" "$threads" "$bin" --threads "$threads" "$@"
 }
 
 # check NAME BIN FLAGS...: the five layouts against 1x1.

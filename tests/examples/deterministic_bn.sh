@@ -19,12 +19,7 @@ fi
 launch() {
   local ranks=$1 threads=$2
   shift 2
-  if [ "$ranks" -eq 1 ]; then
-    OMP_NUM_THREADS=$threads "$bin" --threads "$threads" "$@"
-  else
-    "$mpirun" -np "$ranks" --oversubscribe --bind-to none -x OMP_WAIT_POLICY=passive \
-      -x OMP_NUM_THREADS="$threads" "$bin" --threads "$threads" "$@"
-  fi
+  on_layout "$ranks" "$threads" "$bin" --threads "$threads" "$@"
 }
 
 # check NAME FLAGS...: the four layouts against 1x1.
