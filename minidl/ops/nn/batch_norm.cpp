@@ -156,6 +156,45 @@ void batch_norm_mean_var_grads(const ir::KernelArgs& k) {
                  k.out[2].data<float>(), k.out[3].data<float>(), k.out[4].data<float>());
 }
 
+/// One (n, channel block) group of bwd_sums in a blocked layout of block B: count positions of
+/// B channels side by side, added to acc[ci * 2] (sum dy) and acc[ci * 2 + 1] (sum dy (x - mean)).
+/// The accumulators stay in registers, and each channel's additions keep their order, so the
+/// vectorised clones differ from the scalar loop only where they contract into an FMA.
+template <int B>
+inline void block_bwd_sums(const float* dy, const float* x, const float* mean, std::int64_t count,
+                           double* acc) {
+  double s0[B], s1[B], m[B];
+  for (int ci = 0; ci < B; ++ci) {
+    s0[ci] = acc[ci * 2];
+    s1[ci] = acc[ci * 2 + 1];
+    m[ci] = mean[ci];
+  }
+  for (std::int64_t e = 0; e < count; ++e) {
+    const float* d = dy + e * B;
+    const float* v = x + e * B;
+#pragma omp simd
+    for (int ci = 0; ci < B; ++ci) {
+      const double dd = d[ci];
+      s0[ci] += dd;
+      s1[ci] += dd * (double{v[ci]} - m[ci]);
+    }
+  }
+  for (int ci = 0; ci < B; ++ci) {
+    acc[ci * 2] = s0[ci];
+    acc[ci * 2 + 1] = s1[ci];
+  }
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void block16_bwd_sums(
+    const float* dy, const float* x, const float* mean, std::int64_t count, double* acc) {
+  block_bwd_sums<16>(dy, x, mean, count, acc);
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void block8_bwd_sums(
+    const float* dy, const float* x, const float* mean, std::int64_t count, double* acc) {
+  block_bwd_sums<8>(dy, x, mean, count, acc);
+}
+
 /// s[c] = sum dy and s[C + c] = sum dy (x - mean), per channel, in double and in an order that
 /// does not depend on the threads. dy and x usually share a layout; where they do not, both are
 /// copied to plain first.
@@ -164,6 +203,15 @@ void bwd_sums(const ir::KernelArgs& k, const ChannelGeom& gdy, const ChannelGeom
   const float* dy = k.in[0].data<float>();
   const float* x = k.in[1].data<float>();
   const float* mean = k.in[2].data<float>();
+  if (gdy == gx && (gx.B == 16 || gx.B == 8)) {
+    const ChannelGeom g = gx;
+    auto* sums = g.B == 16 ? block16_bwd_sums : block8_bwd_sums;
+    channel_block_sums<2>(g, scratch, s, [=](std::int64_t n, std::int64_t cb, double* acc) {
+      const std::int64_t base = g.group(n, cb);
+      sums(dy + base, x + base, mean + cb * g.B, g.S, acc);
+    });
+    return;
+  }
   if (gdy == gx) {
     channel_sums<2>(gx, scratch, s, [=](std::int64_t e, std::int64_t c, double* acc) {
       const double d = dy[e];

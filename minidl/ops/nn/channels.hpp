@@ -107,6 +107,33 @@ void channel_sums(const ChannelGeom& g, std::vector<double>& partial, double* ou
   }
 }
 
+/// channel_sums for a blocked geometry (B > 1) where `group(n, cb, acc)` adds the S * B elements
+/// of (n, cb) to acc[ci * terms + k] (ci < B), walking s in order: the same chunks, order and
+/// bits as channel_sums with the matching term, but a whole group per call, which a kernel can
+/// vectorise across the block's channels.
+template <int terms, typename Group>
+void channel_block_sums(const ChannelGeom& g, std::vector<double>& partial, double* out,
+                        Group group) {
+  const std::int64_t C = g.channels(), chunks = sample_chunks(g);
+  partial.assign(static_cast<std::size_t>(chunks * C * terms), 0.0);  // [chunk][C][terms]
+  const std::int64_t cost = g.N / chunks * g.S * g.B;
+  parallel_for(chunks * g.CB, cost, [&](std::int64_t i0, std::int64_t i1) {
+    for (std::int64_t i = i0; i < i1; ++i) {
+      const std::int64_t j = i / g.CB, cb = i % g.CB;
+      const std::int64_t n0 = g.N * j / chunks, n1 = g.N * (j + 1) / chunks;
+      double* acc = partial.data() + (j * C + cb * g.B) * terms;
+      for (std::int64_t n = n0; n < n1; ++n) group(n, cb, acc);
+    }
+  });
+  for (std::int64_t c = 0; c < C; ++c) {
+    for (int k = 0; k < terms; ++k) {
+      double s = 0.0;
+      for (std::int64_t j = 0; j < chunks; ++j) s += partial[(j * C + c) * terms + k];
+      out[k * C + c] = s;
+    }
+  }
+}
+
 /// e: an offset valid in every geometry of a walk whose layouts agree.
 inline std::int64_t offset_as(const ChannelGeom&, std::int64_t e) { return e; }
 
