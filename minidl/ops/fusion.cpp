@@ -118,6 +118,51 @@ bool FuseUpdateIntoProduct::run(ir::Graph& g) {
   return !matches.empty();
 }
 
+bool FuseBatchNormBackward::run(ir::Graph& g) {
+  if (!enabled_) return false;
+  struct Match {
+    ir::Node* add;
+    ir::Node* bwd;    // batch_norm_bwd
+    ir::Node* stats;  // bn_stats_bwd
+  };
+  std::vector<Match> matches;
+  for (ir::Node* n : g.nodes()) {
+    if (n->op() != "add" || n->inputs().size() != 2) continue;
+    for (int i = 0; i < 2; ++i) {
+      ir::Value* a = n->input(i);
+      ir::Value* b = n->input(1 - i);
+      if (a == b || a->producer()->op() != "batch_norm_bwd" || a != a->producer()->output(0) ||
+          b->producer()->op() != "bn_stats_bwd" || !read_once(g, a) || !read_once(g, b))
+        continue;
+      ir::Node* bwd = a->producer();
+      ir::Node* stats = b->producer();
+      if (bwd->input(1) != stats->input(0) || n->output(0)->shape() != a->shape()) continue;
+      matches.push_back({n, bwd, stats});
+      break;
+    }
+  }
+  for (const Match& m : matches) {
+    const ir::Attrs attrs{{"eps", double{m.bwd->attrs().get<float>("eps")}}};
+    const auto& in = m.bwd->inputs();  // dy, x, mean, var, weight?
+    ir::Node* reduce = g.add_node(op("batch_norm_bwd_reduce"), in, attrs, m.bwd->name());
+    reduce->take_marks(*m.bwd);
+    std::vector<ir::Value*> data_in{in[0], in[1], in[3], m.stats->input(1)};
+    if (in.size() > 4) data_in.push_back(in[4]);
+    ir::Node* data = g.add_node(op("batch_norm_bwd_data"), std::move(data_in), attrs,
+                                m.bwd->name() + "+bn_stats_bwd");
+    data->take_marks(*m.add);
+    data->annotations().set("fused", m.stats->name() + ", " + m.add->name());
+    // The reduction's inputs are defined before batch_norm_bwd, whose readers come after it; the
+    // data node's inputs (dstats included) before the add, whose readers come after it.
+    g.move_before(reduce, m.bwd);
+    for (int o = 0; o < 4; ++o) g.replace_uses(m.bwd->output(o + 1), reduce->output(o));
+    g.move_before(data, m.add);
+    g.replace_uses(m.add->output(0), data->output(0));
+    g.remove({m.add, m.stats, m.bwd});
+  }
+  return !matches.empty();
+}
+
 bool FoldBatchNorm::run(ir::Graph& g) {
   if (!enabled_) return false;
   struct Match {

@@ -53,6 +53,27 @@ class FuseUpdateIntoProduct final : public ir::Pass {
   bool enabled_;
 };
 
+/// In training graphs after autograd: BatchNorm's input gradient, composed by autograd as
+/// add(batch_norm_bwd(dy, x, mean, var, w).dx, bn_stats_bwd(x, dstats)) (either order; the same x),
+/// becomes one batch_norm_bwd_data(dy, x, var, dstats, w) node, and the batch_norm_bwd a
+/// batch_norm_bwd_reduce giving only dweight, dbias, dmean and dvar: two passes over the
+/// activation-sized tensors instead of four (ops/nn/batch_norm.cpp). The dstats may come through a
+/// cross_replica_sum (--sync-bn); only a dx and a bn_stats_bwd output read by nothing but the add
+/// (and not graph outputs) match. The data node takes the add's place and annotations and records
+/// the absorbed nodes in "fused"; the result is the unfused native kernels' bits, and the
+/// reductions are the native kernel's (double, independent of the thread count).
+class FuseBatchNormBackward final : public ir::Pass {
+ public:
+  explicit FuseBatchNormBackward(bool enabled = true) : enabled_(enabled) {}
+  std::string_view name() const override { return "fuse-batch-norm-backward"; }
+  std::vector<std::string> needs() const override { return {"differentiated"}; }
+  std::vector<std::string> provides() const override { return {"batch-norm-backward-fused"}; }
+  bool run(ir::Graph& g) override;
+
+ private:
+  bool enabled_;
+};
+
 /// In evaluation graphs: conv2d (activation none) whose only reader is a batch_norm with fixed
 /// statistics (mean, var, weight and bias all bound storage: the running statistics) becomes one
 /// conv2d on folded weights and bias, which a fold_batch_norm node computes from the originals

@@ -30,8 +30,8 @@ struct StepOptions {
   parallel::Layout layout{};  // one rank, one replica (so StepOptions{} is a single process)
   parallel::Communicator* comm = nullptr;  // null: parallel::world(); its size is the rank count
   runtime::CompileOptions compile;
-  /// Fold bias_add and relu into matmul / conv2d, and plain SGD updates into their
-  /// weight-gradient products.
+  /// Fold bias_add and relu into matmul / conv2d, BatchNorm's input gradient into one pass, and
+  /// plain SGD updates into their weight-gradient products.
   bool fuse = true;
   /// How the data-parallel pass reduces gradients across ranks (not in deterministic mode,
   /// which always sums in the fixed tree).

@@ -332,3 +332,59 @@ TEST(BatchNorm, TrainsAndEvaluatesAlikeOnBothBackends) {
 }
 
 }  // namespace minidl
+
+namespace minidl {
+
+// ops::FuseBatchNormBackward in the training pipeline: every BatchNorm's input gradient becomes
+// one batch_norm_bwd_data node and its reductions one batch_norm_bwd_reduce, per thread replica,
+// with and without --sync-bn; the parameters and running statistics after an epoch are the
+// unfused graph's up to rounding, on both backends.
+TEST(BatchNorm, FusedBackwardTrainsAsTheUnfused) {
+  const Dataset d = testing::blobs(128, 12);
+  auto run = [&](ir::Backend backend, int replicas, bool sync, bool fuse) {
+    auto model = bn_cnn();
+    optim::Sgd sgd({.lr = 0.05, .momentum = 0.9});
+    TrainerOptions o{.batch_size = 32, .seed = 3, .replicas = replicas};
+    o.compile.backend = backend;
+    o.sync_batch_stats = sync;
+    o.fuse = fuse;
+    Trainer t(*model, sgd, o);
+    const ir::Graph& g = t.training_graph(Shape{1, 8, 8});
+    EXPECT_EQ(count_op(g, "batch_norm_bwd_data"), fuse ? replicas : 0);
+    EXPECT_EQ(count_op(g, "batch_norm_bwd_reduce"), fuse ? replicas : 0);
+    EXPECT_EQ(count_op(g, "batch_norm_bwd"), fuse ? 0 : replicas);
+    EXPECT_EQ(count_op(g, "bn_stats_bwd"), fuse ? 0 : replicas);
+    t.train_epoch(d, 1);
+    NamedTensors out;
+    for (const auto& [name, tensor] : model->state_dict()) out.emplace_back(name, tensor.clone());
+    return out;
+  };
+  std::vector<ir::Backend> backends{ir::Backend::Native};
+#if MINIDL_WITH_ONEDNN
+  backends.push_back(ir::Backend::OneDnn);
+#endif
+  for (ir::Backend backend : backends) {
+    for (int replicas : {1, 2}) {
+      for (bool sync : {false, true}) {
+        SCOPED_TRACE(fmt::format("{} replicas {} sync {}", ir::backend_name(backend), replicas,
+                                 sync));
+        const NamedTensors want = run(backend, replicas, sync, false);
+        const NamedTensors got = run(backend, replicas, sync, true);
+        ASSERT_EQ(got.size(), want.size());
+        for (std::size_t p = 0; p < want.size(); ++p) {
+          if (want[p].second.dtype() != DType::F32) {
+            EXPECT_TRUE(testing::same_bits(NamedTensors{want[p]}, NamedTensors{got[p]}));
+            continue;
+          }
+          for (std::int64_t i = 0; i < want[p].second.numel(); ++i) {
+            ASSERT_NEAR(got[p].second.at(i), want[p].second.at(i),
+                        1e-4 * (1 + std::fabs(want[p].second.at(i))))
+                << want[p].first << "[" << i << "]";
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace minidl

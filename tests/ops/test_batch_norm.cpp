@@ -51,6 +51,26 @@ static const std::vector<BadCase> kBwdBad = {
 };
 MINIDL_OP_TEST(batch_norm_bwd, std::vector<OpCase>{}, kBwdBad)
 
+// The fused backward ops (ops::FuseBatchNormBackward); their values are checked against
+// batch_norm_bwd and bn_stats_bwd in every layout in test_layouts.cpp and in whole training
+// graphs in tests/frontend/test_batch_norm.cpp.
+static const std::vector<BadCase> kReduceBad = {
+    {{{2, 3, 4, 4}, {2, 3, 4, 5}, {3}, {3}}, {}, {}, "must have one shape"},
+    {{{2, 3}, {2, 3}, {3}, {3}, {4}}, {}, {}, "weight must be [3]"},
+    {{{2, 3}, {2, 3}, {3}, {3}}, {}, {{"eps", -1.0}}, "eps must be finite and >= 0"},
+};
+MINIDL_OP_TEST(batch_norm_bwd_reduce, std::vector<OpCase>{}, kReduceBad)
+
+static const std::vector<BadCase> kDataBad = {
+    {{{2, 3, 4, 4}, {2, 3, 4, 5}, {3}, {3, 3}}, {}, {}, "must have one shape"},
+    {{{2, 3, 4, 4}, {2, 3, 4, 4}, {3}, {3, 4}}, {}, {}, "dstats must be [3,3] to match x"},
+    {{{2, 3}, {2, 3}, {4}, {3, 3}}, {}, {}, "var must be [3]"},
+    {{{2, 3}, {2, 3}, {3}, {3, 3}, {2}}, {}, {}, "weight must be [3]"},
+    {{{2, 3}, {2, 3}, {3}, {3, 3}}, {DType::F32, DType::F32, DType::F32, DType::I32}, {},
+     "expected f32 dstats"},
+};
+MINIDL_OP_TEST(batch_norm_bwd_data, std::vector<OpCase>{}, kDataBad)
+
 namespace {
 
 struct Composed {

@@ -233,3 +233,56 @@ TEST(Fusion, FoldsEvaluationBatchNormIntoTheConvolution) {
   build(training);
   EXPECT_FALSE(ops::FoldBatchNorm().run(training));
 }
+
+// add(bn_stats_bwd, batch_norm_bwd.dx), the operand order autograd does not build, fuses too;
+// a dx that is also a graph output, or two backward ops of different x, do not.
+TEST(Fusion, FusesBatchNormBackwardInEitherOrderOnly) {
+  const Shape shape{4, 3, 5, 5};
+  const CounterRng rng(11);
+  Tensor x = Tensor::empty(shape), x2 = Tensor::empty(shape), dy = Tensor::empty(shape);
+  Tensor w = Tensor::empty({3}), dstats = Tensor::empty({3, 3});
+  rng.fill_normal(x, 0, 0.5f, 2.0f);
+  rng.fill_normal(x2, 1, 0.0f, 1.0f);
+  rng.fill_normal(dy, 2, 0.0f, 1.0f);
+  rng.fill_uniform(w, 3, 0.5f, 1.5f);
+  rng.fill_uniform(dstats, 4, -1.0f, 1.0f);
+  enum class Variant { Reversed, DxIsOutput, OtherX };
+  auto build = [&](ir::Graph& g, Variant v) {
+    ir::Value* xv = ops::parameter(g, "x", x);
+    auto [mean, var] = ops::bn_moments(ops::bn_stats(xv));
+    ir::Value* wv = ops::parameter(g, "w", w);
+    ir::Node* bwd = g.add_node(ops::op("batch_norm_bwd"),
+                               {ops::parameter(g, "dy", dy), xv, mean, var, wv}, {}, "bwd");
+    ir::Value* sx = v == Variant::OtherX ? ops::parameter(g, "x2", x2) : xv;
+    ir::Value* sdx =
+        g.add_node(ops::op("bn_stats_bwd"), {sx, ops::parameter(g, "ds", dstats)})->output();
+    g.add_output(ops::add(sdx, bwd->output(0)));
+    for (int o = 1; o < 5; ++o) g.add_output(bwd->output(o));
+    if (v == Variant::DxIsOutput) g.add_output(bwd->output(0));
+  };
+  ir::Graph plain, fused;
+  build(plain, Variant::Reversed);
+  build(fused, Variant::Reversed);
+  ASSERT_TRUE(ops::FuseBatchNormBackward().run(fused));
+  EXPECT_EQ(count_op(fused, "add"), 0u) << ir::to_text(fused);
+  EXPECT_EQ(count_op(fused, "batch_norm_bwd"), 0u);
+  EXPECT_EQ(count_op(fused, "bn_stats_bwd"), 0u);
+  EXPECT_EQ(count_op(fused, "batch_norm_bwd_data"), 1u);
+  EXPECT_EQ(count_op(fused, "batch_norm_bwd_reduce"), 1u);
+  EXPECT_FALSE(ops::FuseBatchNormBackward(false).run(plain));
+  runtime::Executable a(plain), b(fused);
+  a.run();
+  b.run();
+  for (std::size_t k = 0; k < plain.outputs().size(); ++k) {
+    const Tensor& want = a.value(plain.outputs()[k]);
+    const Tensor& got = b.value(fused.outputs()[k]);
+    for (std::int64_t i = 0; i < want.numel(); ++i)
+      ASSERT_NEAR(got.at(i), want.at(i), 1e-5 * (1 + std::fabs(want.at(i))))
+          << "output " << k << " element " << i;
+  }
+  for (Variant v : {Variant::DxIsOutput, Variant::OtherX}) {
+    ir::Graph g;
+    build(g, v);
+    EXPECT_FALSE(ops::FuseBatchNormBackward().run(g)) << ir::to_text(g);
+  }
+}

@@ -271,8 +271,9 @@ float load(const Tensor& t, const std::string& layout, std::int64_t plain_index)
 }  // namespace
 
 // Every BatchNorm kernel that touches an activation (bn_stats, bn_stats_bwd, batch_norm,
-// batch_norm_bwd; native and oneDNN) reads and writes it in its layout: blocked, plain, or one
-// of each, against an all-plain graph.
+// batch_norm_bwd, batch_norm_bwd_reduce, batch_norm_bwd_data; native and oneDNN) reads and writes
+// it in its layout: blocked, plain, or one of each, against an all-plain graph; the fused
+// backward ops give what batch_norm_bwd and bn_stats_bwd give.
 TEST(Layouts, BatchNormKernelsOfBlockedValues) {
   const Shape shape{3, 32, 4, 5};
   const std::int64_t ch = 32;
@@ -313,14 +314,18 @@ TEST(Layouts, BatchNormKernelsOfBlockedValues) {
       ir::Value* wv = ops::parameter(g, "w", w);
       ir::Value* y = ops::batch_norm(xv, mean, var, wv, ops::parameter(g, "b", b));
       ir::Node* bwd = g.add_node(ops::op("batch_norm_bwd"), {dyv, xv, mean, var, wv});
-      ir::Value* sdx =
-          g.add_node(ops::op("bn_stats_bwd"), {xv, ops::parameter(g, "ds", dstats)})->output();
+      ir::Value* dsv = ops::parameter(g, "ds", dstats);
+      ir::Value* sdx = g.add_node(ops::op("bn_stats_bwd"), {xv, dsv})->output();
+      ir::Node* red = g.add_node(ops::op("batch_norm_bwd_reduce"), {dyv, xv, mean, var, wv});
+      ir::Value* fdx = g.add_node(ops::op("batch_norm_bwd_data"), {dyv, xv, var, dsv, wv})->output();
       y->set_layout(l.out);
       bwd->output(0)->set_layout(l.out);
       sdx->set_layout(l.out);
+      fdx->set_layout(l.out);
       const std::vector<ir::Value*> outs{
-          stats,          y,  bwd->output(0), bwd->output(1), bwd->output(2), bwd->output(3),
-          bwd->output(4), sdx};
+          stats,          y,   bwd->output(0), bwd->output(1), bwd->output(2), bwd->output(3),
+          bwd->output(4), sdx, red->output(0), red->output(1), red->output(2), red->output(3),
+          fdx};
       for (ir::Value* v : outs) g.add_output(v);
       runtime::Executable exe(g, {.backend = backend});
       store(x, l.x, exe.input("x").data<float>());
@@ -334,6 +339,12 @@ TEST(Layouts, BatchNormKernelsOfBlockedValues) {
           plain.data<float>()[i] = v->shape().rank() == 4 ? load(t, v->layout(), i) : t.at(i);
         got.push_back(std::move(plain));
       }
+      auto near = [](float a, float b) { return std::fabs(a - b) <= 1e-4 * (1 + std::fabs(b)); };
+      for (int k = 0; k < 4; ++k)
+        for (std::int64_t c = 0; c < ch; ++c)
+          ASSERT_PRED2(near, got[8 + k].at(c), got[3 + k].at(c)) << "reduce output " << k;
+      for (std::int64_t i = 0; i < got[12].numel(); ++i)
+        ASSERT_PRED2(near, got[12].at(i), got[2].at(i) + got[7].at(i)) << "dx element " << i;
       if (want.empty()) {
         want = std::move(got);
         continue;
@@ -383,6 +394,52 @@ TEST(Layouts, BatchNormKeepsTheBlockedLayoutBetweenConvolutions) {
   }
   const auto want = plain.run(ir::Backend::Native);
   const auto got = propagated.run(ir::Backend::OneDnn);
+  ASSERT_EQ(want.size(), got.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    for (std::int64_t j = 0; j < want[i].numel(); ++j) {
+      const float a = want[i].at(j), b = got[i].at(j);
+      EXPECT_NEAR(a, b, 2e-4f * (1.0f + std::abs(a))) << "output " << i << " element " << j;
+    }
+  }
+}
+
+// The same network with BatchNorm's backward fused (ops::FuseBatchNormBackward): the fused data
+// op's values stay blocked, and the loss and gradients are the plain unfused graph's.
+TEST(Layouts, FusedBatchNormBackwardKeepsTheBlockedLayout) {
+  const std::string& blocked = ops::blocked_layout();
+  if (blocked.empty()) GTEST_SKIP() << "oneDNN uses no channel-blocked layout on this CPU";
+  const Dataset batch = minidl::testing::blobs(8, 3);
+  auto model = std::make_unique<nn::Sequential>();
+  model->emplace<nn::Conv2d>("conv1", 1, 16, 3, 1, 1, nn::Init::He);
+  model->emplace<nn::BatchNorm2d>("bn1", 16);
+  model->emplace<nn::ReLU>("relu1");
+  model->emplace<nn::Conv2d>("conv2", 16, 16, 3, 1, 1, nn::Init::He);
+  model->emplace<nn::BatchNorm2d>("bn2", 16);
+  model->emplace<nn::ReLU>("relu2");
+  model->emplace<nn::MaxPool2d>("pool", 4);
+  model->emplace<nn::Flatten>("flatten");
+  model->emplace<nn::Linear>("fc", 16 * 2 * 2, 10, nn::Init::Xavier);
+  model->reset(5);
+  TrainingGraph plain(*model, batch);
+  TrainingGraph fused(*model, batch);
+  ops::FuseBiasActivation().run(plain.g);
+  ops::FuseBiasActivation().run(fused.g);
+  ASSERT_TRUE(ops::FuseBatchNormBackward().run(fused.g));
+  ASSERT_TRUE(ops::PropagateLayouts(ir::Backend::OneDnn).run(fused.g));
+  const ir::Graph& g = fused.g;
+  int seen = 0;
+  for (const ir::Node* n : g.nodes()) {
+    ASSERT_NE(n->op(), "batch_norm_bwd");
+    ASSERT_NE(n->op(), "bn_stats_bwd");
+    if (n->op() != "batch_norm_bwd_data") continue;
+    ++seen;
+    EXPECT_EQ(n->input(0)->layout(), blocked) << n->describe() << "\n" << ir::to_text(g);
+    EXPECT_EQ(n->input(1)->layout(), blocked) << n->describe();
+    EXPECT_EQ(n->output(0)->layout(), blocked) << n->describe();
+  }
+  EXPECT_EQ(seen, 2);
+  const auto want = plain.run(ir::Backend::Native);
+  const auto got = fused.run(ir::Backend::OneDnn);
   ASSERT_EQ(want.size(), got.size());
   for (std::size_t i = 0; i < want.size(); ++i) {
     for (std::int64_t j = 0; j < want[i].numel(); ++j) {

@@ -30,12 +30,13 @@ struct TrainingGraph {
     for (ir::Value* v : grads) g.add_output(v);
   }
 
-  /// Compiles for backend, runs once, and returns copies of the loss and the gradients.
+  /// Compiles for backend, runs once, and returns copies of the loss and the gradients: the
+  /// graph's outputs, whose values a pass may have replaced (keeping their places).
   std::vector<Tensor> run(ir::Backend backend) const {
     runtime::Executable exe(g, {.backend = backend});
     exe.run();
-    std::vector<Tensor> out{exe.value(loss).clone()};
-    for (ir::Value* v : grads) out.push_back(exe.value(v).clone());
+    std::vector<Tensor> out;
+    for (ir::Value* v : g.outputs()) out.push_back(exe.value(v).clone());
     return out;
   }
 };

@@ -11,6 +11,14 @@
 // With mean and var from bn_moments(bn_stats(x)), autograd adds the paths through
 // bn_moments_bwd and bn_stats_bwd, which together give PyTorch's BatchNorm gradient.
 //
+// After autograd, ops::FuseBatchNormBackward splits that composition differently: the add of
+// batch_norm_bwd's dx and bn_stats_bwd's becomes batch_norm_bwd_data (one pass writing dx), and
+// batch_norm_bwd becomes batch_norm_bwd_reduce (the per-channel outputs only, summed in double in
+// an order independent of the thread count):
+//   batch_norm_bwd_reduce(dy, x, mean, var, weight?) -> dweight, dbias, dmean, dvar
+//   batch_norm_bwd_data(dy, x, var, dstats, weight?) -> dx = dy w invstd + dstats[1,c]
+//                                                           + 2 x dstats[2,c]
+//
 // The native kernels and oneDNN's (batch_normalization_forward / _backward with
 // use_global_stats) read and write every activation (x, y, dy, dx) in its layout, plain or
 // channel-blocked, so a BatchNorm between convolutions keeps their blocked layout.
@@ -74,6 +82,32 @@ void infer_bwd(ir::InferCtx& c) {
   for (int o = 1; o < 5; ++o) c.set_output(o, Shape{ch});
 }
 
+// dy, x, mean, var, weight? -> dweight, dbias, dmean, dvar
+void infer_bwd_reduce(ir::InferCtx& c) {
+  const std::int64_t ch = check_x(c, 0, "dy");
+  check_x(c, 1, "x");
+  MINIDL_CHECK_NODE(c, c.input(0) == c.input(1), "dy ", c.input(0), " and x ", c.input(1),
+                    " must have one shape");
+  check_channel_vectors(c, 2, ch, {"mean", "var", "weight"});
+  check_eps(c);
+  for (int o = 0; o < 4; ++o) c.set_output(o, Shape{ch});
+}
+
+// dy, x, var, dstats, weight? -> dx
+void infer_bwd_data(ir::InferCtx& c) {
+  const std::int64_t ch = check_x(c, 0, "dy");
+  check_x(c, 1, "x");
+  MINIDL_CHECK_NODE(c, c.input(0) == c.input(1), "dy ", c.input(0), " and x ", c.input(1),
+                    " must have one shape");
+  check_channel_vectors(c, 2, ch, {"var"});
+  MINIDL_CHECK_NODE(c, c.dtype(3) == DType::F32, "expected f32 dstats, got ", c.dtype(3));
+  MINIDL_CHECK_NODE(c, c.input(3) == (Shape{3, ch}), "dstats must be [3,", ch,
+                    "] to match x, got ", c.input(3));
+  check_channel_vectors(c, 4, ch, {"weight"});
+  check_eps(c);
+  c.set_output(0, c.input(1));
+}
+
 /// 1 / sqrt(var + eps) in float, as oneDNN computes it.
 inline float inv_std(float var, float eps) { return 1.0f / std::sqrt(var + eps); }
 
@@ -105,21 +139,100 @@ ir::Kernel make_batch_norm(const ir::Node& node) {
   };
 }
 
-/// dmean and dvar from dweight, dbias (outputs 1..4 of a batch_norm_bwd kernel).
-void batch_norm_mean_var_grads(const ir::KernelArgs& k) {
-  const std::int64_t ch = k.out[1].numel();
-  const float eps = k.attrs().get<float>("eps");
-  const float* var = k.in[3].data<float>();
-  const float* w = k.in.size() > 4 ? k.in[4].data<float>() : nullptr;
-  const float* dweight = k.out[1].data<float>();
-  const float* dbias = k.out[2].data<float>();
-  float* dmean = k.out[3].data<float>();
-  float* dvar = k.out[4].data<float>();
+/// dmean and dvar from dweight and dbias, per channel.
+void mean_var_grads(std::int64_t ch, float eps, const float* var, const float* w,
+                    const float* dweight, const float* dbias, float* dmean, float* dvar) {
   for (std::int64_t c = 0; c < ch; ++c) {
     const float is = inv_std(var[c], eps), wc = w ? w[c] : 1.0f;
     dmean[c] = -wc * is * dbias[c];
     dvar[c] = -0.5f * wc * is * is * dweight[c];
   }
+}
+
+/// dmean and dvar from dweight, dbias (outputs 1..4 of a batch_norm_bwd kernel).
+void batch_norm_mean_var_grads(const ir::KernelArgs& k) {
+  mean_var_grads(k.out[1].numel(), k.attrs().get<float>("eps"), k.in[3].data<float>(),
+                 k.in.size() > 4 ? k.in[4].data<float>() : nullptr, k.out[1].data<float>(),
+                 k.out[2].data<float>(), k.out[3].data<float>(), k.out[4].data<float>());
+}
+
+/// One (n, channel block) group of bwd_sums in a blocked layout of block B: count positions of
+/// B channels side by side, added to acc[ci * 2] (sum dy) and acc[ci * 2 + 1] (sum dy (x - mean)).
+/// The accumulators stay in registers, and each channel's additions keep their order, so the
+/// vectorised clones differ from the scalar loop only where they contract into an FMA.
+template <int B>
+inline void block_bwd_sums(const float* dy, const float* x, const float* mean, std::int64_t count,
+                           double* acc) {
+  double s0[B], s1[B], m[B];
+  for (int ci = 0; ci < B; ++ci) {
+    s0[ci] = acc[ci * 2];
+    s1[ci] = acc[ci * 2 + 1];
+    m[ci] = mean[ci];
+  }
+  for (std::int64_t e = 0; e < count; ++e) {
+    const float* d = dy + e * B;
+    const float* v = x + e * B;
+#pragma omp simd
+    for (int ci = 0; ci < B; ++ci) {
+      const double dd = d[ci];
+      s0[ci] += dd;
+      s1[ci] += dd * (double{v[ci]} - m[ci]);
+    }
+  }
+  for (int ci = 0; ci < B; ++ci) {
+    acc[ci * 2] = s0[ci];
+    acc[ci * 2 + 1] = s1[ci];
+  }
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void block16_bwd_sums(
+    const float* dy, const float* x, const float* mean, std::int64_t count, double* acc) {
+  block_bwd_sums<16>(dy, x, mean, count, acc);
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void block8_bwd_sums(
+    const float* dy, const float* x, const float* mean, std::int64_t count, double* acc) {
+  block_bwd_sums<8>(dy, x, mean, count, acc);
+}
+
+/// s[c] = sum dy and s[C + c] = sum dy (x - mean), per channel, in double and in an order that
+/// does not depend on the threads. dy and x usually share a layout; where they do not, both are
+/// copied to plain first.
+void bwd_sums(const ir::KernelArgs& k, const ChannelGeom& gdy, const ChannelGeom& gx,
+              std::vector<double>& scratch, double* s) {
+  const float* dy = k.in[0].data<float>();
+  const float* x = k.in[1].data<float>();
+  const float* mean = k.in[2].data<float>();
+  if (gdy == gx && (gx.B == 16 || gx.B == 8)) {
+    const ChannelGeom g = gx;
+    auto* sums = g.B == 16 ? block16_bwd_sums : block8_bwd_sums;
+    channel_block_sums<2>(g, scratch, s, [=](std::int64_t n, std::int64_t cb, double* acc) {
+      const std::int64_t base = g.group(n, cb);
+      sums(dy + base, x + base, mean + cb * g.B, g.S, acc);
+    });
+    return;
+  }
+  if (gdy == gx) {
+    channel_sums<2>(gx, scratch, s, [=](std::int64_t e, std::int64_t c, double* acc) {
+      const double d = dy[e];
+      acc[0] += d;
+      acc[1] += d * (double{x[e]} - mean[c]);
+    });
+    return;
+  }
+  const Tensor plain = Tensor::empty(k.in[0].shape());
+  float* p = plain.data<float>();
+  const ChannelGeom gp = channel_geom_plain(k.in[0].shape());
+  for_each_element([=](std::int64_t, std::int64_t ep, std::int64_t ed) { p[ep] = dy[ed]; }, gp,
+                   gdy);
+  const Tensor xp = Tensor::empty(k.in[1].shape());
+  float* q = xp.data<float>();
+  for_each_element([=](std::int64_t, std::int64_t ep, std::int64_t ex) { q[ep] = x[ex]; }, gp, gx);
+  channel_sums<2>(gp, scratch, s, [=](std::int64_t e, std::int64_t c, double* acc) {
+    const double d = p[e];
+    acc[0] += d;
+    acc[1] += d * (double{q[e]} - mean[c]);
+  });
 }
 
 // diff_dst, src, mean, variance, scale? -> diff_src, diff_scale, diff_shift, dmean, dvar
@@ -134,38 +247,13 @@ ir::Kernel make_batch_norm_bwd(const ir::Node& node) {
   return [gdy, gx, gdx, ch, has_w, scratch, sums, scale](const ir::KernelArgs& k) {
     const float eps = k.attrs().get<float>("eps");
     const float* dy = k.in[0].data<float>();
-    const float* x = k.in[1].data<float>();
-    const float* mean = k.in[2].data<float>();
     const float* var = k.in[3].data<float>();
     const float* w = has_w ? k.in[4].data<float>() : nullptr;
     float* dx = k.out[0].data<float>();
     float* dweight = k.out[1].data<float>();
     float* dbias = k.out[2].data<float>();
-    // sum dy and sum dy (x - mean), per channel. dy and x usually share a layout; where they do
-    // not, the sums walk x's and read dy by position.
     double* s = sums->data();
-    if (gdy == gx) {
-      channel_sums<2>(gx, *scratch, s, [=](std::int64_t e, std::int64_t c, double* acc) {
-        const double d = dy[e];
-        acc[0] += d;
-        acc[1] += d * (double{x[e]} - mean[c]);
-      });
-    } else {
-      const Tensor plain = Tensor::empty(k.in[0].shape());
-      float* p = plain.data<float>();
-      const ChannelGeom gp = channel_geom_plain(k.in[0].shape());
-      for_each_element([=](std::int64_t, std::int64_t ep, std::int64_t ed) { p[ep] = dy[ed]; }, gp,
-                       gdy);
-      const Tensor xp = Tensor::empty(k.in[1].shape());
-      float* q = xp.data<float>();
-      for_each_element([=](std::int64_t, std::int64_t ep, std::int64_t ex) { q[ep] = x[ex]; }, gp,
-                       gx);
-      channel_sums<2>(gp, *scratch, s, [=](std::int64_t e, std::int64_t c, double* acc) {
-        const double d = p[e];
-        acc[0] += d;
-        acc[1] += d * (double{q[e]} - mean[c]);
-      });
-    }
+    bwd_sums(k, gdy, gx, *scratch, s);
     float* a = scale->data();
     for (std::int64_t c = 0; c < ch; ++c) {
       const float is = inv_std(var[c], eps);
@@ -177,6 +265,59 @@ ir::Kernel make_batch_norm_bwd(const ir::Node& node) {
         [=](std::int64_t c, std::int64_t edx, std::int64_t edy) { dx[edx] = dy[edy] * a[c]; }, gdx,
         gdy);
     batch_norm_mean_var_grads(k);
+  };
+}
+
+// diff_dst, src, mean, variance, scale? -> diff_scale, diff_shift, dmean, dvar
+ir::Kernel make_batch_norm_bwd_reduce(const ir::Node& node) {
+  const ChannelGeom gdy = channel_geom(node.input(0)), gx = channel_geom(node.input(1));
+  const std::int64_t ch = gx.channels();
+  const bool has_w = node.inputs().size() > 4;
+  auto scratch = std::make_shared<std::vector<double>>();
+  auto sums = std::make_shared<std::vector<double>>(2 * ch);
+  return [gdy, gx, ch, has_w, scratch, sums](const ir::KernelArgs& k) {
+    const float eps = k.attrs().get<float>("eps");
+    const float* var = k.in[3].data<float>();
+    const float* w = has_w ? k.in[4].data<float>() : nullptr;
+    float* dweight = k.out[0].data<float>();
+    float* dbias = k.out[1].data<float>();
+    double* s = sums->data();
+    bwd_sums(k, gdy, gx, *scratch, s);
+    for (std::int64_t c = 0; c < ch; ++c) {
+      dbias[c] = static_cast<float>(s[c]);
+      dweight[c] = static_cast<float>(s[ch + c] * inv_std(var[c], eps));
+    }
+    mean_var_grads(ch, eps, var, w, dweight, dbias, k.out[2].data<float>(),
+                   k.out[3].data<float>());
+  };
+}
+
+// diff_dst, src, variance, diff_stats [3,C], scale? -> diff_src
+ir::Kernel make_batch_norm_bwd_data(const ir::Node& node) {
+  const ChannelGeom gdy = channel_geom(node.input(0)), gx = channel_geom(node.input(1));
+  const ChannelGeom gdx = channel_geom(node.output(0));
+  const std::int64_t ch = gx.channels();
+  const bool has_w = node.inputs().size() > 4;
+  auto scale = std::make_shared<std::vector<float>>(ch);
+  return [gdy, gx, gdx, ch, has_w, scale](const ir::KernelArgs& k) {
+    const float eps = k.attrs().get<float>("eps");
+    const float* dy = k.in[0].data<float>();
+    const float* x = k.in[1].data<float>();
+    const float* var = k.in[2].data<float>();
+    const float* dsum = k.in[3].data<float>() + ch;
+    const float* dsq = k.in[3].data<float>() + 2 * ch;
+    const float* w = has_w ? k.in[4].data<float>() : nullptr;
+    float* dx = k.out[0].data<float>();
+    float* a = scale->data();
+    for (std::int64_t c = 0; c < ch; ++c) a[c] = inv_std(var[c], eps) * (w ? w[c] : 1.0f);
+    // The unfused graph's roundings: dy a and dsum + 2 x dsq in f32, then their sum.
+    for_each_element(
+        [=](std::int64_t c, std::int64_t edx, std::int64_t edy, std::int64_t ex) {
+          const float direct = dy[edy] * a[c];
+          const float through_stats = dsum[c] + 2.0f * x[ex] * dsq[c];
+          dx[edx] = direct + through_stats;
+        },
+        gdx, gdy, gx);
   };
 }
 
@@ -218,6 +359,24 @@ MINIDL_OP(batch_norm_bwd)
     .layout_aware()
 #endif
     .kernel_factory(ir::Backend::Native, "native", make_batch_norm_bwd)
+    .layout_aware()
+    .no_grad("backward-only op; second derivatives are not supported");
+
+MINIDL_OP(batch_norm_bwd_reduce)
+    .inputs({"dy", "x", "mean", "var", "weight?"})
+    .outputs({"dweight", "dbias", "dmean", "dvar"})
+    .attr<float>("eps", 1e-5f)
+    .infer(infer_bwd_reduce)
+    .kernel_factory(ir::Backend::Native, "native", make_batch_norm_bwd_reduce)
+    .layout_aware()
+    .no_grad("backward-only op; second derivatives are not supported");
+
+MINIDL_OP(batch_norm_bwd_data)
+    .inputs({"dy", "x", "var", "dstats", "weight?"})
+    .outputs({"dx"})
+    .attr<float>("eps", 1e-5f)
+    .infer(infer_bwd_data)
+    .kernel_factory(ir::Backend::Native, "native", make_batch_norm_bwd_data)
     .layout_aware()
     .no_grad("backward-only op; second derivatives are not supported");
 

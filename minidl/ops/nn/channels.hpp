@@ -58,6 +58,7 @@ inline std::int64_t sample_chunks(const ChannelGeom& g) {
 /// fixed order by one thread into `partial` (resized here), then the chunks are added in order.
 template <int terms, typename Term>
 void channel_sums(const ChannelGeom& g, std::vector<double>& partial, double* out, Term term) {
+  constexpr std::int64_t kMaxLocalBlock = 16;
   const std::int64_t C = g.channels(), chunks = sample_chunks(g);
   partial.assign(static_cast<std::size_t>(chunks * C * terms), 0.0);  // [chunk][C][terms]
   const std::int64_t cost = g.N / chunks * g.S * g.B;
@@ -66,6 +67,21 @@ void channel_sums(const ChannelGeom& g, std::vector<double>& partial, double* ou
       const std::int64_t j = i / g.CB, cb = i % g.CB;
       const std::int64_t n0 = g.N * j / chunks, n1 = g.N * (j + 1) / chunks;
       double* acc = partial.data() + (j * C + cb * g.B) * terms;
+      if (g.B > 1 && g.B <= kMaxLocalBlock) {
+        // A channel block: its accumulators in a local array the compiler can keep in
+        // registers, walked in the same order as below (the same bits).
+        double local[kMaxLocalBlock * terms] = {};
+        for (std::int64_t n = n0; n < n1; ++n) {
+          const std::int64_t base = g.group(n, cb);
+          for (std::int64_t s = 0; s < g.S; ++s) {
+            const std::int64_t e = base + s * g.B;
+            for (std::int64_t ci = 0; ci < g.B; ++ci)
+              term(e + ci, cb * g.B + ci, local + ci * terms);
+          }
+        }
+        std::copy(local, local + g.B * terms, acc);
+        continue;
+      }
       for (std::int64_t n = n0; n < n1; ++n) {
         const std::int64_t base = g.group(n, cb);
         if (g.B == 1) {
@@ -80,6 +96,33 @@ void channel_sums(const ChannelGeom& g, std::vector<double>& partial, double* ou
           for (std::int64_t ci = 0; ci < g.B; ++ci) term(e + ci, cb * g.B + ci, acc + ci * terms);
         }
       }
+    }
+  });
+  for (std::int64_t c = 0; c < C; ++c) {
+    for (int k = 0; k < terms; ++k) {
+      double s = 0.0;
+      for (std::int64_t j = 0; j < chunks; ++j) s += partial[(j * C + c) * terms + k];
+      out[k * C + c] = s;
+    }
+  }
+}
+
+/// channel_sums for a blocked geometry (B > 1) where `group(n, cb, acc)` adds the S * B elements
+/// of (n, cb) to acc[ci * terms + k] (ci < B), walking s in order: the same chunks, order and
+/// bits as channel_sums with the matching term, but a whole group per call, which a kernel can
+/// vectorise across the block's channels.
+template <int terms, typename Group>
+void channel_block_sums(const ChannelGeom& g, std::vector<double>& partial, double* out,
+                        Group group) {
+  const std::int64_t C = g.channels(), chunks = sample_chunks(g);
+  partial.assign(static_cast<std::size_t>(chunks * C * terms), 0.0);  // [chunk][C][terms]
+  const std::int64_t cost = g.N / chunks * g.S * g.B;
+  parallel_for(chunks * g.CB, cost, [&](std::int64_t i0, std::int64_t i1) {
+    for (std::int64_t i = i0; i < i1; ++i) {
+      const std::int64_t j = i / g.CB, cb = i % g.CB;
+      const std::int64_t n0 = g.N * j / chunks, n1 = g.N * (j + 1) / chunks;
+      double* acc = partial.data() + (j * C + cb * g.B) * terms;
+      for (std::int64_t n = n0; n < n1; ++n) group(n, cb, acc);
     }
   });
   for (std::int64_t c = 0; c < C; ++c) {
