@@ -47,15 +47,6 @@ void check_channel_vectors(ir::InferCtx& c, int first, std::int64_t ch,
   }
 }
 
-std::int64_t check_x(ir::InferCtx& c, int i, const char* what) {
-  const Shape& x = c.input(i);
-  MINIDL_CHECK_NODE(c, x.rank() == 2 || x.rank() == 4, "expected ", what,
-                    " [N,C] or [N,C,H,W], got rank ", x.rank());
-  MINIDL_CHECK_NODE(c, c.dtype(i) == DType::F32, "expected f32 ", what, ", got ", c.dtype(i));
-  MINIDL_CHECK_NODE(c, x.numel() > 0, "expected a non-empty ", what);
-  return x[1];
-}
-
 float check_eps(ir::InferCtx& c) {
   const auto eps = c.attr<float>("eps");
   MINIDL_CHECK_NODE(c, eps >= 0.0f && std::isfinite(eps), "eps must be finite and >= 0, got ", eps);
@@ -64,7 +55,7 @@ float check_eps(ir::InferCtx& c) {
 
 // x [N,C(,H,W)], mean [C], var [C], weight [C]?, bias [C]? -> y
 void infer(ir::InferCtx& c) {
-  const std::int64_t ch = check_x(c, 0, "x");
+  const std::int64_t ch = check_activation(c, 0, "x");
   check_channel_vectors(c, 1, ch, {"mean", "var", "weight", "bias"});
   check_eps(c);
   c.set_output(0, c.input(0));
@@ -72,8 +63,8 @@ void infer(ir::InferCtx& c) {
 
 // dy, x, mean, var, weight? -> dx, dweight, dbias, dmean, dvar
 void infer_bwd(ir::InferCtx& c) {
-  const std::int64_t ch = check_x(c, 0, "dy");
-  check_x(c, 1, "x");
+  const std::int64_t ch = check_activation(c, 0, "dy");
+  check_activation(c, 1, "x");
   MINIDL_CHECK_NODE(c, c.input(0) == c.input(1), "dy ", c.input(0), " and x ", c.input(1),
                     " must have one shape");
   check_channel_vectors(c, 2, ch, {"mean", "var", "weight"});
@@ -84,8 +75,8 @@ void infer_bwd(ir::InferCtx& c) {
 
 // dy, x, mean, var, weight? -> dweight, dbias, dmean, dvar
 void infer_bwd_reduce(ir::InferCtx& c) {
-  const std::int64_t ch = check_x(c, 0, "dy");
-  check_x(c, 1, "x");
+  const std::int64_t ch = check_activation(c, 0, "dy");
+  check_activation(c, 1, "x");
   MINIDL_CHECK_NODE(c, c.input(0) == c.input(1), "dy ", c.input(0), " and x ", c.input(1),
                     " must have one shape");
   check_channel_vectors(c, 2, ch, {"mean", "var", "weight"});
@@ -95,14 +86,14 @@ void infer_bwd_reduce(ir::InferCtx& c) {
 
 // dy, x, var, dstats, weight? -> dx
 void infer_bwd_data(ir::InferCtx& c) {
-  const std::int64_t ch = check_x(c, 0, "dy");
-  check_x(c, 1, "x");
+  const std::int64_t ch = check_activation(c, 0, "dy");
+  check_activation(c, 1, "x");
   MINIDL_CHECK_NODE(c, c.input(0) == c.input(1), "dy ", c.input(0), " and x ", c.input(1),
                     " must have one shape");
   check_channel_vectors(c, 2, ch, {"var"});
   MINIDL_CHECK_NODE(c, c.dtype(3) == DType::F32, "expected f32 dstats, got ", c.dtype(3));
-  MINIDL_CHECK_NODE(c, c.input(3) == (Shape{3, ch}), "dstats must be [3,", ch,
-                    "] to match x, got ", c.input(3));
+  MINIDL_CHECK_NODE(c, c.input(3) == (Shape{3, ch}), "dstats must be [3,", ch, "] to match x, got ",
+                    c.input(3));
   check_channel_vectors(c, 4, ch, {"weight"});
   check_eps(c);
   c.set_output(0, c.input(1));
@@ -287,8 +278,7 @@ ir::Kernel make_batch_norm_bwd_reduce(const ir::Node& node) {
       dbias[c] = static_cast<float>(s[c]);
       dweight[c] = static_cast<float>(s[ch + c] * inv_std(var[c], eps));
     }
-    mean_var_grads(ch, eps, var, w, dweight, dbias, k.out[2].data<float>(),
-                   k.out[3].data<float>());
+    mean_var_grads(ch, eps, var, w, dweight, dbias, k.out[2].data<float>(), k.out[3].data<float>());
   };
 }
 

@@ -19,16 +19,6 @@
 namespace minidl::ops {
 namespace {
 
-/// x must be an f32 [N,C] or [N,C,H,W] activation; returns C.
-std::int64_t check_activation(ir::InferCtx& c, int i, const char* what) {
-  const Shape& x = c.input(i);
-  MINIDL_CHECK_NODE(c, x.rank() == 2 || x.rank() == 4, "expected ", what,
-                    " [N,C] or [N,C,H,W], got rank ", x.rank());
-  MINIDL_CHECK_NODE(c, c.dtype(i) == DType::F32, "expected f32 ", what, ", got ", c.dtype(i));
-  MINIDL_CHECK_NODE(c, x.numel() > 0, "expected a non-empty ", what);
-  return x[1];
-}
-
 void infer(ir::InferCtx& c) {
   const std::int64_t ch = check_activation(c, 0, "x");
   c.set_output(0, Shape{3, ch});

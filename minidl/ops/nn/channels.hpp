@@ -11,6 +11,17 @@
 
 namespace minidl::ops {
 
+/// In a shape rule: input i (called `what` in errors) is a non-empty f32 activation [N,C] or
+/// [N,C,H,W]; returns C.
+inline std::int64_t check_activation(ir::InferCtx& c, int i, const char* what) {
+  const Shape& x = c.input(i);
+  MINIDL_CHECK_NODE(c, x.rank() == 2 || x.rank() == 4, "expected ", what,
+                    " [N,C] or [N,C,H,W], got rank ", x.rank());
+  MINIDL_CHECK_NODE(c, c.dtype(i) == DType::F32, "expected f32 ", what, ", got ", c.dtype(i));
+  MINIDL_CHECK_NODE(c, x.numel() > 0, "expected a non-empty ", what);
+  return x[1];
+}
+
 /// x seen as [N, CB, S, B]: channel c = cb * B + ci, element (n, c, s) at ((n * CB + cb) * S + s)
 /// * B + ci. One formula for the three cases:
 ///   plain [N,C,H,W]:  CB = C,     S = H*W, B = 1

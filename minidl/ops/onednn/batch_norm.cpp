@@ -48,16 +48,7 @@ dnnl::batch_normalization_backward::primitive_desc backward_pd(const ir::Node& n
 
 template <typename Make>
 bool supports(const ir::Node& n, std::string* why, Make&& make) {
-  std::string reason = check_f32_nonempty(n);
-  if (reason.empty()) {
-    try {
-      (void)make();
-    } catch (const dnnl::error& e) {
-      reason = describe(e);
-    }
-  }
-  if (why != nullptr) *why = reason;
-  return reason.empty();
+  return supported(check_f32_nonempty(n), why, std::forward<Make>(make));
 }
 
 /// A constant [C] vector owned by the kernel: the scale of a BatchNorm without weight (ones), or

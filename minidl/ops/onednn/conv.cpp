@@ -126,16 +126,7 @@ Problem bwd_weights_problem(const ir::Node& n) {
 /// A supports function: f32 and non-empty, and oneDNN creates the primitive.
 template <typename Make>
 bool supports(const ir::Node& n, std::string* why, Make&& make) {
-  std::string reason = check_f32_nonempty(n);
-  if (reason.empty()) {
-    try {
-      (void)make();
-    } catch (const dnnl::error& e) {
-      reason = describe(e);
-    }
-  }
-  if (why != nullptr) *why = reason;
-  return reason.empty();
+  return supported(check_f32_nonempty(n), why, std::forward<Make>(make));
 }
 
 }  // namespace

@@ -32,16 +32,7 @@ dnnl::matmul::primitive_desc matmul_pd(const ir::Node& n) {
 }  // namespace
 
 bool matmul_supports(const ir::Node& n, std::string* why) {
-  std::string reason = check_f32_nonempty(n);
-  if (reason.empty()) {
-    try {
-      (void)matmul_pd(n);
-    } catch (const dnnl::error& e) {
-      reason = describe(e);
-    }
-  }
-  if (why != nullptr) *why = reason;
-  return reason.empty();
+  return supported(check_f32_nonempty(n), why, [&] { return matmul_pd(n); });
 }
 
 ir::Kernel matmul_kernel(const ir::Node& n) {

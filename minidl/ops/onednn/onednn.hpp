@@ -7,6 +7,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "minidl/ir/graph.hpp"
@@ -41,6 +42,22 @@ std::string check_f32_nonempty(const ir::Node& n);
 
 /// "oneDNN: could not create ... (unimplemented)", for errors and declined-kernel reasons.
 std::string describe(const dnnl::error& e);
+
+/// A kernel's supports check: `reason` holds what the caller's own checks found ("" when none
+/// failed); then oneDNN must create the primitive descriptor make() builds. Sets why (when not
+/// null) to the reason it cannot, "" when it can; returns whether it can.
+template <typename Make>
+bool supported(std::string reason, std::string* why, Make&& make) {
+  if (reason.empty()) {
+    try {
+      (void)make();
+    } catch (const dnnl::error& e) {
+      reason = describe(e);
+    }
+  }
+  if (why != nullptr) *why = reason;
+  return reason.empty();
+}
 /// Throws minidl::Error naming node n and what failed.
 [[noreturn]] void fail(const ir::Node& n, const dnnl::error& e);
 

@@ -186,15 +186,7 @@ bool supports(const ir::Node& n, std::string* why, const ir::Value* data, Make&&
   for (const ir::Value* v : n.outputs()) {
     if (reason.empty() && v->shape().numel() == 0) reason = fmt::format("{} is empty", v->ref());
   }
-  if (reason.empty()) {
-    try {
-      (void)make();
-    } catch (const dnnl::error& e) {
-      reason = describe(e);
-    }
-  }
-  if (why != nullptr) *why = reason;
-  return reason.empty();
+  return supported(std::move(reason), why, std::forward<Make>(make));
 }
 
 // max_pool2d, avg_pool2d: x -> y[, argmax]
