@@ -228,8 +228,10 @@ CompiledStep compile_step(Model& model, const Loss& loss, optim::Optimizer* opti
       log_verbose("dispatch",
                   "deterministic mode: {} micro-shard(s) of this rank's {} samples; their "
                   "forward and backward kernels run on one thread each (any kernel then gives "
-                  "the same bits whatever --threads is); outside them only elementwise kernels "
-                  "run (the tree's adds, the updates)",
+                  "the same bits whatever --threads is); outside them run the tree's adds, "
+                  "the cross-replica sums and what reads only them (BatchNorm's moments under "
+                  "--sync-bn), and the updates: kernels whose bits do not depend on the thread "
+                  "count",
                   replicas, local);
     }
     // Passes may replace an output value (a fused node, a rebuilt sum) but keep its place in
