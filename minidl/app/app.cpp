@@ -22,6 +22,7 @@
 #include "minidl/frontend/trainer.hpp"
 #include "minidl/io/file.hpp"
 #include "minidl/ir/printer.hpp"
+#include "minidl/ops/precision.hpp"
 #include "minidl/parallel/communicator.hpp"
 #include "minidl/train/loss.hpp"
 #include "minidl/train/optimizer.hpp"
@@ -224,6 +225,7 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
   topt.seed = c.seed;
   topt.shuffle = !c.no_shuffle;
   topt.compile.backend = c.backend == "onednn" ? ir::Backend::OneDnn : ir::Backend::Native;
+  topt.compile.precision = ops::parse_precision(c.precision);
   topt.compile.profile = c.profile;
   topt.compile.trace = !c.trace.empty();
   topt.compile.check_numerics = c.check_numerics;
@@ -314,12 +316,12 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
   if (talk) {
     fmt::print(
         "{}: {} on {}{} ({} train, {} test samples), {} parameters, {} rank(s) x {} "
-        "thread(s) ({}), {} kernels{}\n",
+        "thread(s) ({}), {} kernels{}{}\n",
         program, model->describe(), c.dataset, c.normalize ? " (normalised per channel)" : "",
         train_set.size(), test_set.size(), n_params, comm.size(), max_threads(),
         c.deterministic ? fmt::format("deterministic, micro-batch {}", c.micro_batch)
                         : c.thread_mode,
-        c.backend,
+        c.backend, c.precision == "f32" ? "" : ", " + c.precision + " products",
         topt.augment.any() ? ", training images augmented: " + topt.augment.describe() : "");
     fmt::print("{}", resumed);
     std::fflush(stdout);

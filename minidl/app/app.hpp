@@ -48,6 +48,7 @@ struct AppConfig {
   std::uint64_t seed = 42;
   int threads = 0;                 // 0: OpenMP's default
   std::string backend = "native";  // preferred kernels: native or onednn (native is the fallback)
+  std::string precision = "f32";  // the convolutions' and products' arithmetic: f32 or bf16
   // How a rank uses its --threads: "replicas" (one data-parallel replica of the forward and
   // backward per thread) or "intra-op" (one graph, kernels parallel inside). Each example sets
   // the one measured faster for its model.

@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "minidl/core/error.hpp"
+#include "minidl/ops/precision.hpp"
 #include "minidl/train/batch.hpp"
 
 namespace minidl {
@@ -99,6 +100,26 @@ Check backends() {
             return CLI::IsMember(b);
           },
           [](const AppConfig&) { return std::string("`native`, `onednn` (builds with oneDNN)"); }};
+}
+
+/// The values --precision accepts; bf16 only where kernels can compute in it
+/// (ops::bf16_unavailable says why not: the CPU, or a build without oneDNN).
+Check precisions() {
+  return {[](const AppConfig&) -> CLI::Validator {
+            return CLI::Validator(
+                [](std::string& v) -> std::string {
+                  if (v != "f32" && v != "bf16") return "expected f32 or bf16";
+                  if (v == "f32") return "";
+                  if (std::string why = ops::bf16_unavailable(); !why.empty()) return "bf16 " + why;
+                  return "";
+                },
+                "");
+          },
+          [](const AppConfig&) {
+            return std::string(
+                "`f32`, `bf16` (oneDNN kernels on a CPU with AVX512-BF16 or "
+                "AMX-BF16)");
+          }};
 }
 
 /// The values --augment accepts (train::Augment::parse, whose message names them).
@@ -354,6 +375,14 @@ std::vector<Flag> make_table() {
        .check = backends(),
        .resume = {"backend"},
        .metric = {"backend"}},
+      {.name = "--precision",
+       .field = &AppConfig::precision,
+       .help = "arithmetic of the convolutions and matrix products: f32, or bf16 (mixed precision: "
+               "bf16 factors on the CPU's AMX or AVX512-BF16 units, f32 results; parameters, "
+               "gradients, their reduction and the loss stay f32)",
+       .check = precisions(),
+       .resume = {"precision"},
+       .metric = {"precision"}},
       {.name = "--train-limit",
        .field = &AppConfig::train_limit,
        .help = "use the first N training samples (0: all)",

@@ -1,5 +1,7 @@
 #include "minidl/ir/op_def.hpp"
 
+#include <algorithm>
+
 #include "minidl/ir/graph.hpp"
 
 namespace minidl::ir {
@@ -80,6 +82,11 @@ OpDef& OpDef::layout_aware() {
   kernels_.back().layouts = true;
   return *this;
 }
+OpDef& OpDef::mixed_precision() {
+  MINIDL_ASSERT(!kernels_.empty(), name_, ": mixed_precision() must follow a kernel");
+  kernels_.back().bf16 = true;
+  return *this;
+}
 OpDef& OpDef::update(int param, int grad, int grad_scale) {
   MINIDL_ASSERT(param >= 0 && grad >= 0 && param != grad, name_, ": update(", param, ", ", grad,
                 ") needs two different inputs");
@@ -102,13 +109,38 @@ Backend node_backend(const Node& n, Backend preferred) {
   MINIDL_FAIL(n.describe(), ": unknown backend '", s, "' (expected native or onednn)");
 }
 
+std::string_view precision_name(Precision p) { return p == Precision::BF16 ? "bf16" : "f32"; }
+
+Precision node_precision(const Node& n) {
+  const AttrValue* a = n.annotations().find("precision");
+  if (a == nullptr) return Precision::F32;
+  const auto& s = std::get<std::string>(*a);
+  if (s == "f32") return Precision::F32;
+  if (s == "bf16") return Precision::BF16;
+  MINIDL_FAIL(n.describe(), ": unknown precision '", s, "' (expected f32 or bf16)");
+}
+
+std::string kernel_label(const Node& n, const KernelDef& k) {
+  return k.bf16 && node_precision(n) == Precision::BF16 ? k.name + " bf16" : k.name;
+}
+
+bool has_bf16_kernel(const OpDef& def) {
+  return std::any_of(def.kernels().begin(), def.kernels().end(),
+                     [](const KernelDef& k) { return k.bf16; });
+}
+
 std::vector<const KernelDef*> kernel_order(const Node& n, Backend preferred) {
   const Backend want = node_backend(n, preferred);
+  const bool bf16_first =
+      node_precision(n) == Precision::BF16 && n.annotations().find("backend") == nullptr;
+  const auto rank = [&](const KernelDef& k) {
+    if (bf16_first && k.bf16) return 0;
+    return k.backend == want ? 1 : 2;
+  };
   std::vector<const KernelDef*> order;
-  for (const auto& k : n.def().kernels())
-    if (k.backend == want) order.push_back(&k);
-  for (const auto& k : n.def().kernels())
-    if (k.backend != want) order.push_back(&k);
+  for (int r = 0; r < 3; ++r)
+    for (const auto& k : n.def().kernels())
+      if (rank(k) == r) order.push_back(&k);
   return order;
 }
 

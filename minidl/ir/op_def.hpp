@@ -22,6 +22,13 @@ class GradCtx;
 enum class Backend { Native, OneDnn };
 std::string_view backend_name(Backend b);
 
+/// The arithmetic a node asks its kernel for: f32, or mixed bf16 (products of bf16-rounded
+/// inputs accumulated and stored in f32; every value of the graph stays f32). Set by the
+/// node's "precision" annotation (f32|bf16, see ops::MixedPrecision); a kernel without a bf16
+/// path (KernelDef::bf16) computes in f32 whatever the node asks.
+enum class Precision { F32, BF16 };
+std::string_view precision_name(Precision p);
+
 /// Shape and dtype inference for one node: reads input shapes and attributes, sets outputs.
 class InferCtx {
  public:
@@ -69,6 +76,8 @@ struct KernelDef {
   /// (Value::layout); other kernels take plain values only (or, for an elementwise op, values
   /// that all share one layout).
   bool layouts = false;
+  /// The kernel computes in bf16 when its node's precision is BF16 (node_precision).
+  bool bf16 = false;
 };
 
 /// An optimizer update's inputs: which is the parameter it writes in place and which the
@@ -143,6 +152,8 @@ class OpDef {
   OpDef& elementwise();
   /// The kernel declared last takes values in any layout (KernelDef::layouts).
   OpDef& layout_aware();
+  /// The kernel declared last computes in bf16 when its node asks (KernelDef::bf16).
+  OpDef& mixed_precision();
   /// The op is an optimizer update of input `param` (in place) by gradient input `grad`;
   /// grad_scale, when the op has one, is the optional input that multiplies the gradient.
   OpDef& update(int param, int grad, int grad_scale = -1);
@@ -193,8 +204,16 @@ class OpDef {
 /// The backend whose kernels n tries first: its "backend" annotation (native|onednn), else
 /// `preferred`.
 Backend node_backend(const Node& n, Backend preferred);
+/// The precision n asks for: its "precision" annotation (f32|bf16), else F32.
+Precision node_precision(const Node& n);
+/// Kernel k's name as the dispatch log and the profile show it: with " bf16" when k computes n
+/// in bf16.
+std::string kernel_label(const Node& n, const KernelDef& k);
+/// Whether op `def` has a kernel that computes in bf16 (KernelDef::bf16).
+bool has_bf16_kernel(const OpDef& def);
 /// The kernels of n's op in the order the runtime tries them: those of node_backend(n,
-/// preferred) first, then the others, each in declaration order.
+/// preferred) first, then the others, each in declaration order; except that a node whose
+/// precision is BF16 and that names no backend tries the kernels with a bf16 path first.
 std::vector<const KernelDef*> kernel_order(const Node& n, Backend preferred);
 /// Why kernel k cannot take the layouts of n's values, or "" when it can.
 std::string layout_refusal(const Node& n, const KernelDef& k);

@@ -94,6 +94,10 @@ bool FuseUpdateIntoProduct::run(ir::Graph& g) {
     if (mm->op() != "matmul" || mm->inputs().size() != 2 ||
         mm->attrs().get<std::string>("activation") != "none" || !read_once(g, grad))
       continue;
+    // A product that computes in bf16 keeps its bf16 kernel: the fused op has none.
+    if (ir::node_precision(*mm) == ir::Precision::BF16 &&
+        !ir::has_bf16_kernel(ops::op("matmul_accumulate")))
+      continue;
     // The GEMM writes the parameter while it reads its operands: never one of them.
     ir::Value* param = n->input(0);
     if (mm->input(0) == param || mm->input(1) == param) continue;

@@ -33,7 +33,9 @@ class FuseBiasActivation final : public ir::Pass {
 /// gradient on one replica; data-parallel graphs reduce it first and do not match) becomes one
 /// matmul_accumulate node that adds -lr times the product into the parameter: the gradient is
 /// never written and read back: two passes over weight-sized memory instead of four. Only updates
-/// without weight decay fuse, and only gradients with no other reader that are not graph outputs.
+/// without weight decay fuse, and only gradients with no other reader that are not graph outputs;
+/// a product that computes in bf16 (ir::node_precision) stays unfused, since matmul_accumulate
+/// has no bf16 kernel.
 /// The fused node takes the update's place and annotations, is named "<matmul>+sgd", and records
 /// the update in the annotation "fused". The result changes only by rounding: the GEMM's store
 /// computes p + (-1 * lr) * acc, the update p - lr * g; lr stays the graph's learning-rate input.

@@ -23,7 +23,7 @@ class PropagateLayouts final : public ir::Pass {
   /// It chooses and records every node's kernel (ir::choose_kernels), which the runtime then
   /// runs: after every pass that changes nodes' ops.
   std::vector<std::string> needs() const override {
-    return {"bias-activation-fused", "updates-fused"};
+    return {"bias-activation-fused", "updates-fused", "precision-assigned"};
   }
   std::vector<std::string> provides() const override { return {"layouts-assigned"}; }
   bool run(ir::Graph& g) override;

@@ -231,8 +231,12 @@ void Executable::make_steps(const ir::Graph& g) {
     const ir::KernelDef* chosen = choice.kernel;
     MINIDL_CHECK(chosen != nullptr, n->describe(), ": no kernel accepts this node",
                  choice.declined);
+    const std::string label = ir::kernel_label(*n, *chosen);
     log_verbose(
-        "dispatch", "{} -> {}{}{}", n->describe(), chosen->name,
+        "dispatch", "{} -> {}{}{}{}", n->describe(), label,
+        ir::node_precision(*n) == ir::Precision::BF16 && !chosen->bf16
+            ? " (in f32: this kernel has no bf16 path)"
+            : "",
         n->replica() >= 0 ? fmt::format(" (replica {}: one thread)", n->replica()) : std::string(),
         choice.declined);
     // A node of a parallel section runs on one thread: its kernel is made for one thread too
@@ -252,7 +256,7 @@ void Executable::make_steps(const ir::Graph& g) {
     } else {
       kernel = chosen->make(*n);
     }
-    Step s{n, std::move(kernel), {}, {}, {}, chosen->name};
+    Step s{n, std::move(kernel), {}, {}, {}, label};
     for (const ir::Value* v : n->inputs()) s.in.push_back(view.at(v));
     for (const ir::Value* v : n->outputs()) s.out.push_back(view.at(v));
     steps_.push_back(std::move(s));

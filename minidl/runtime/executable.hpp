@@ -24,6 +24,10 @@ struct CompileOptions {
   /// Preferred backend; others are the fallback when it declines a node. A node annotation
   /// "backend" (native|onednn) overrides this for that node.
   ir::Backend backend = ir::Backend::Native;
+  /// The arithmetic of kernels that have a bf16 path. Like backend, it is read by the passes
+  /// that prepare a graph (ops::MixedPrecision marks the nodes); the runtime runs what they
+  /// marked.
+  ir::Precision precision = ir::Precision::F32;
   /// Reuse buffers of values that are dead (off: every value gets its own buffer).
   bool reuse_memory = true;
   /// Measure each kernel's time (see Executable::profile()).

@@ -4,6 +4,7 @@
 #include "minidl/ops/fusion.hpp"
 #include "minidl/ops/layouts.hpp"
 #include "minidl/ops/ops.hpp"
+#include "minidl/ops/precision.hpp"
 #include "minidl/train/step.hpp"
 
 namespace minidl::train {
@@ -13,6 +14,7 @@ Tensor predict(Model& model, const Tensor& samples, const runtime::CompileOption
       samples.dtype() == DType::F32 && samples.shape().rank() >= 1 && samples.shape()[0] >= 1,
       "predict: expected f32 samples [N, ...] with N >= 1, got ", samples.dtype(), " ",
       samples.shape());
+  ops::check_precision(options.precision);
   ir::Graph g;
   model.train(false);
   ir::Value* out = model.forward(ops::input(g, "x", samples.shape()));
@@ -20,6 +22,7 @@ Tensor predict(Model& model, const Tensor& samples, const runtime::CompileOption
   // An evaluation program's passes (step.cpp): nothing to differentiate, reduce or update.
   ir::PassManager pm({"gradients-reduced", "gradients-clipped", "updates-fused"});
   pm.add(std::make_unique<ir::DeadCodeElimination>());
+  pm.add(std::make_unique<ops::MixedPrecision>(options.precision));
   pm.add(std::make_unique<ops::FuseBiasActivation>());
   pm.add(std::make_unique<ops::FoldBatchNorm>());
   pm.add(std::make_unique<ops::PropagateLayouts>(options.backend));

@@ -11,6 +11,7 @@
 #include "minidl/ops/fusion.hpp"
 #include "minidl/ops/layouts.hpp"
 #include "minidl/ops/ops.hpp"
+#include "minidl/ops/precision.hpp"
 #include "minidl/parallel/cross_replica_sums.hpp"
 #include "minidl/parallel/thread_replicas.hpp"
 #include "minidl/train/clip.hpp"
@@ -50,6 +51,7 @@ ir::PassManager pipeline(Job job, const StepOptions& o, parallel::Communicator& 
     facts.insert(facts.end(), {"gradients-clipped", "updates-fused"});
   ir::PassManager pm(facts);
   pm.add(std::make_unique<ir::DeadCodeElimination>());
+  pm.add(std::make_unique<ops::MixedPrecision>(o.compile.precision));
   pm.add(std::make_unique<ops::FuseBiasActivation>(o.fuse));
   if (job != Job::Evaluate) pm.add(std::make_unique<ops::FuseBatchNormBackward>(o.fuse));
   if (job == Job::Evaluate) pm.add(std::make_unique<ops::FoldBatchNorm>(o.fuse));
@@ -123,6 +125,7 @@ CompiledStep compile_step(Model& model, const Loss& loss, optim::Optimizer* opti
   MINIDL_CHECK(spec.batch >= 1, "compile_step: the batch must hold at least one sample, got ",
                spec.batch);
   MINIDL_CHECK(!spec.train || optimizer != nullptr, "compile_step: training needs an optimizer");
+  ops::check_precision(o.compile.precision);
   // Programs find parameters by name, and the optimizer names its state after them.
   check_names(model);
   parallel::Communicator& comm = o.comm ? *o.comm : parallel::world();

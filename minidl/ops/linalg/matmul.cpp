@@ -115,6 +115,7 @@ MINIDL_OP(matmul)
     .flops(flops)
 #if MINIDL_WITH_ONEDNN
     .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::matmul_kernel, onednn::matmul_supports)
+    .mixed_precision()
 #endif
     .kernel(ir::Backend::Native, matmul_native)
     .grad(grad);

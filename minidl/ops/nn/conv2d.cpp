@@ -309,6 +309,7 @@ MINIDL_OP(conv2d)
 #if MINIDL_WITH_ONEDNN
     .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::conv2d_kernel, onednn::conv2d_supports)
     .layout_aware()
+    .mixed_precision()
 #endif
     .kernel_factory(ir::Backend::Native, "native", make_conv2d_fwd)
     .grad(grad);
@@ -325,6 +326,7 @@ MINIDL_OP(conv2d_bwd_data)
     .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::conv2d_bwd_data_kernel,
                     onednn::conv2d_bwd_data_supports)
     .layout_aware()
+    .mixed_precision()
 #endif
     .kernel(ir::Backend::Native, conv2d_bwd_data)
     .no_grad("backward-only op; second derivatives are not supported");
@@ -341,6 +343,7 @@ MINIDL_OP(conv2d_bwd_weights)
     .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::conv2d_bwd_weights_kernel,
                     onednn::conv2d_bwd_weights_supports)
     .layout_aware()
+    .mixed_precision()
 #endif
     .kernel_factory(ir::Backend::Native, "native", make_conv2d_bwd_weights)
     .no_grad("backward-only op; second derivatives are not supported");

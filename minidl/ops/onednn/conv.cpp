@@ -1,10 +1,11 @@
 // oneDNN convolution for conv2d (its optional bias is the primitive's, its ReLU an eltwise
-// post-op), conv2d_bwd_data and conv2d_bwd_weights. Our tensors are plain NCHW / OIHW between ops;
-// inside a kernel the primitive mostly runs in the layouts oneDNN picks for format `any` (its
-// blocked nChw16c / OIhw16i16o direct convolution; see descs() for the exceptions), with the
-// reorders around it created once at compile time (see Staged): the weights' every step, since
-// SGD changes them, and the activations'. Arguments whose layout is the plain one are not
-// reordered.
+// post-op), conv2d_bwd_data and conv2d_bwd_weights, in f32 or, for a node whose precision is
+// bf16, on bf16 factors with f32 results (the reorders below convert). Our tensors are plain NCHW /
+// OIHW between ops; inside a kernel the primitive mostly runs in the layouts oneDNN picks for
+// format `any` (its blocked nChw16c / OIhw16i16o direct convolution; see descs() for the
+// exceptions), with the reorders around it created once at compile time (see Staged): the weights'
+// every step, since SGD changes them, and the activations'. Arguments whose layout is the plain one
+// are not reordered.
 #include "minidl/ops/common.hpp"
 #include "minidl/ops/onednn/kernels.hpp"
 #include "minidl/ops/onednn/onednn.hpp"
@@ -22,12 +23,14 @@ struct Problem {
   memory::dims strides, pad_l, pad_r;
   bool bias = false;
   bool relu = false;
+  bool bf16 = false;  // mixed precision: bf16 activations and weights, f32 results
 };
 
-Problem problem(Shape x, Shape w, Shape y, const ir::Attrs& a) {
+Problem problem(const ir::Node& n, Shape x, Shape w, Shape y) {
   Problem p{std::move(x), std::move(w), std::move(y), {}, {}, {}};
-  const auto& stride = a.get<ir::Ints>("stride");
-  const auto& pad = a.get<ir::Ints>("pad");
+  p.bf16 = ir::node_precision(n) == ir::Precision::BF16;
+  const auto& stride = n.attrs().get<ir::Ints>("stride");
+  const auto& pad = n.attrs().get<ir::Ints>("pad");
   for (int i = 0; i < 2; ++i) {
     p.strides.push_back(stride[i]);
     p.pad_l.push_back(pad[i]);
@@ -38,28 +41,62 @@ Problem problem(Shape x, Shape w, Shape y, const ir::Attrs& a) {
   return p;
 }
 
-memory::desc any_desc(const Shape& s) {
-  return memory::desc(dims_of(s), memory::data_type::f32, memory::format_tag::any);
-}
-
 enum class Pass { Forward, BwdData, BwdWeights };
+
+/// Every convolution owns its scratch memory (a buffer of its kernel). oneDNN's default shares
+/// one process-wide scratchpad that grows on demand, which primitives run at once by thread
+/// replicas cannot share: the GEMM-based bf16 weight gradient crashed in a parallel section.
+dnnl::primitive_attr own_scratchpad() {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return attr;
+}
 
 struct Descs {
   memory::desc x, w, y;
 };
+
+/// The element types of x, w and y a pass's primitive works in: f32, or in mixed precision bf16
+/// for the two factors of its product and f32 for what it computes (y forward, x's gradient,
+/// w's gradient), which the kernel stores straight into our f32 tensors.
+struct Types {
+  memory::data_type x, w, y;
+};
+Types types(const Problem& p, Pass pass) {
+  using dt = memory::data_type;
+  if (!p.bf16) return {dt::f32, dt::f32, dt::f32};
+  switch (pass) {
+    case Pass::Forward:
+      return {dt::bf16, dt::bf16, dt::f32};
+    case Pass::BwdData:
+      return {dt::f32, dt::bf16, dt::bf16};
+    case Pass::BwdWeights:
+      return {dt::bf16, dt::f32, dt::bf16};
+  }
+  return {dt::f32, dt::f32, dt::f32};
+}
+
+memory::desc any_desc(const Shape& s, memory::data_type t) {
+  return memory::desc(dims_of(s), t, memory::format_tag::any);
+}
+memory::desc plain_typed(const Shape& s, memory::data_type t) {
+  return memory::desc(dims_of(s), t, memory::format_tag::abcd);
+}
 /// The descriptors a primitive is created with. Measured on the CIFAR and MNIST CNNs' layers:
 /// oneDNN's blocked direct convolutions (format `any`, 16-channel blocks) beat its plain-layout
 /// GEMM convolution by about 1.7x even with the reorders around them, except where the input has
 /// fewer channels than a block (a first layer). There the forward and weight-gradient kernels
 /// read our plain NCHW input directly (no reorder into a mostly padded block), and the data
-/// gradient, whose blocked output would be mostly padding, runs in plain layouts.
-Descs descs(const Problem& p, Pass pass) {
+/// gradient, whose blocked output would be mostly padding, runs in plain layouts. The types are
+/// those of `t` (types(p, pass), or the forward's for a backward primitive's hint).
+Descs descs(const Problem& p, Pass pass, Types t) {
   constexpr std::int64_t kBlock = 16;
   const bool few_channels = p.x[1] < kBlock;
   if (pass == Pass::BwdData && few_channels) {
-    return {plain_desc(p.x), plain_desc(p.w), plain_desc(p.y)};
+    return {plain_typed(p.x, t.x), plain_typed(p.w, t.w), plain_typed(p.y, t.y)};
   }
-  return {few_channels ? plain_desc(p.x) : any_desc(p.x), any_desc(p.w), any_desc(p.y)};
+  return {few_channels ? plain_typed(p.x, t.x) : any_desc(p.x, t.x), any_desc(p.w, t.w),
+          any_desc(p.y, t.y)};
 }
 
 /// The forward primitive, also the backward ones' hint. Always a training one: for inference this
@@ -67,8 +104,8 @@ Descs descs(const Problem& p, Pass pass) {
 /// the convolution itself on the CIFAR CNN's first layer.
 dnnl::convolution_forward::primitive_desc forward_pd(const Problem& p, Pass pass) {
   const prop_kind kind = prop_kind::forward_training;
-  const Descs d = descs(p, pass);
-  dnnl::primitive_attr attr;
+  const Descs d = descs(p, pass, types(p, Pass::Forward));
+  dnnl::primitive_attr attr = own_scratchpad();
   if (p.relu) {
     dnnl::post_ops po;
     po.append_eltwise(1.0f, algorithm::eltwise_relu, 0.0f, 0.0f);
@@ -94,33 +131,33 @@ dnnl::convolution_forward::primitive_desc hint_pd(const Problem& p, Pass pass) {
 }
 
 dnnl::convolution_backward_data::primitive_desc bwd_data_pd(const Problem& p) {
-  const Descs d = descs(p, Pass::BwdData);
+  const Descs d = descs(p, Pass::BwdData, types(p, Pass::BwdData));
   const dnnl::convolution_backward_data::desc bd(algorithm::convolution_direct, d.x, d.w, d.y,
                                                  p.strides, p.pad_l, p.pad_r);
-  return {bd, engine(), hint_pd(p, Pass::BwdData)};
+  return {bd, own_scratchpad(), engine(), hint_pd(p, Pass::BwdData)};
 }
 
 dnnl::convolution_backward_weights::primitive_desc bwd_weights_pd(const Problem& p) {
-  const Descs d = descs(p, Pass::BwdWeights);
+  const Descs d = descs(p, Pass::BwdWeights, types(p, Pass::BwdWeights));
   const dnnl::convolution_backward_weights::desc bd(algorithm::convolution_direct, d.x, d.w, d.y,
                                                     p.strides, p.pad_l, p.pad_r);
-  return {bd, engine(), hint_pd(p, Pass::BwdWeights)};
+  return {bd, own_scratchpad(), engine(), hint_pd(p, Pass::BwdWeights)};
 }
 
 // conv2d: x, w[, bias] -> y
 Problem forward_problem(const ir::Node& n) {
-  Problem p = problem(n.input(0)->shape(), n.input(1)->shape(), n.output(0)->shape(), n.attrs());
+  Problem p = problem(n, n.input(0)->shape(), n.input(1)->shape(), n.output(0)->shape());
   p.bias = n.inputs().size() > 2;
   p.relu = activation_of(n.attrs()) == Activation::Relu;
   return p;
 }
 // conv2d_bwd_data: dy, w -> dx
 Problem bwd_data_problem(const ir::Node& n) {
-  return problem(n.output(0)->shape(), n.input(1)->shape(), n.input(0)->shape(), n.attrs());
+  return problem(n, n.output(0)->shape(), n.input(1)->shape(), n.input(0)->shape());
 }
 // conv2d_bwd_weights: dy, x -> dw
 Problem bwd_weights_problem(const ir::Node& n) {
-  return problem(n.input(1)->shape(), n.output(0)->shape(), n.input(0)->shape(), n.attrs());
+  return problem(n, n.input(1)->shape(), n.output(0)->shape(), n.input(0)->shape());
 }
 
 /// A supports function: f32 and non-empty, and oneDNN creates the primitive.
@@ -152,6 +189,7 @@ ir::Kernel conv2d_kernel(const ir::Node& n) {
     s.add(DNNL_ARG_WEIGHTS, plain_desc(p.w), pd.weights_desc(), Args::Side::In, 1);
     if (p.bias) s.add(DNNL_ARG_BIAS, plain_desc(Shape{p.w[0]}), pd.bias_desc(), Args::Side::In, 2);
     s.add(DNNL_ARG_DST, value_desc(n.output(0)), pd.dst_desc(), Args::Side::Out, 0);
+    s.buffer(DNNL_ARG_SCRATCHPAD, pd.scratchpad_desc());
     return staged_kernel(std::move(s));
   });
 }
@@ -164,6 +202,7 @@ ir::Kernel conv2d_bwd_data_kernel(const ir::Node& n) {
     s.add(DNNL_ARG_DIFF_DST, value_desc(n.input(0)), pd.diff_dst_desc(), Args::Side::In, 0);
     s.add(DNNL_ARG_WEIGHTS, plain_desc(p.w), pd.weights_desc(), Args::Side::In, 1);
     s.add(DNNL_ARG_DIFF_SRC, value_desc(n.output(0)), pd.diff_src_desc(), Args::Side::Out, 0);
+    s.buffer(DNNL_ARG_SCRATCHPAD, pd.scratchpad_desc());
     return staged_kernel(std::move(s));
   });
 }
@@ -177,6 +216,7 @@ ir::Kernel conv2d_bwd_weights_kernel(const ir::Node& n) {
     s.add(DNNL_ARG_SRC, value_desc(n.input(1)), pd.src_desc(), Args::Side::In, 1);
     s.add(DNNL_ARG_DIFF_WEIGHTS, value_desc(n.output(0)), pd.diff_weights_desc(), Args::Side::Out,
           0);
+    s.buffer(DNNL_ARG_SCRATCHPAD, pd.scratchpad_desc());
     return staged_kernel(std::move(s));
   });
 }

@@ -1,5 +1,11 @@
 #include "minidl/ops/onednn/onednn.hpp"
 
+#include <fmt/format.h>
+
+#include <cstdlib>
+
+#include "minidl/ops/onednn/kernels.hpp"
+
 namespace minidl::ops::onednn {
 
 using dnnl::memory;
@@ -45,6 +51,31 @@ memory::desc layout_desc(const Shape& s, const std::string& layout) {
 
 memory::desc value_desc(const ir::Value* v) { return layout_desc(v->shape(), v->layout()); }
 
+namespace {
+std::string isa_name(unsigned isa) {
+  switch (isa) {
+    case dnnl_cpu_isa_sse41:
+      return "sse41";
+    case dnnl_cpu_isa_avx:
+      return "avx";
+    case dnnl_cpu_isa_avx2:
+      return "avx2";
+    case dnnl_cpu_isa_avx2_vnni:
+      return "avx2_vnni";
+    case dnnl_cpu_isa_avx512_core:
+      return "avx512_core";
+    case dnnl_cpu_isa_avx512_core_vnni:
+      return "avx512_core_vnni";
+    case dnnl_cpu_isa_avx512_core_bf16:
+      return "avx512_core_bf16";
+    case dnnl_cpu_isa_avx512_core_amx:
+      return "avx512_core_amx";
+    default:
+      return fmt::format("0x{:x}", isa);
+  }
+}
+}  // namespace
+
 std::string blocked_conv_layout() {
   // A convolution with enough channels for any block, its output format left to oneDNN.
   const memory::dims x{1, 32, 8, 8}, w{32, 32, 3, 3};
@@ -61,6 +92,18 @@ std::string blocked_conv_layout() {
   } catch (const dnnl::error&) {
   }
   return {};
+}
+
+std::string bf16_unavailable() {
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  constexpr auto kBf16 = static_cast<unsigned>(dnnl_cpu_isa_avx512_core_bf16);
+  if ((isa & kBf16) == kBf16) return {};
+  const char* limit = std::getenv("DNNL_MAX_CPU_ISA");
+  return fmt::format(
+      "needs a CPU with AVX512-BF16 or AMX-BF16, and oneDNN finds neither here (its instruction "
+      "set: {}{})",
+      isa_name(isa),
+      limit != nullptr ? fmt::format(", limited by DNNL_MAX_CPU_ISA={}", limit) : "");
 }
 
 memory::desc matrix_desc(std::int64_t rows, std::int64_t cols, bool transposed) {

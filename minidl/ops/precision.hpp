@@ -1,0 +1,41 @@
+// Mixed precision (--precision bf16). Every value of a graph stays f32 (parameters, gradients,
+// activations, the loss); what changes is the arithmetic inside the kernels that have a bf16
+// path (KernelDef::bf16: oneDNN's convolutions and products): they round their inputs to bf16,
+// multiply on the CPU's bf16 units (AMX tiles or AVX512-BF16 dot products) and accumulate and
+// store in f32. The pass below marks which nodes may do so; the kernels read the mark
+// (ir::node_precision), and the dispatch log and the profile name the bf16 kernels
+// ("onednn bf16") and say which marked nodes ran in f32.
+#pragma once
+
+#include <string>
+
+#include "minidl/ir/op_def.hpp"
+#include "minidl/ir/pass.hpp"
+
+namespace minidl::ops {
+
+/// precision BF16: every node whose op has a kernel with a bf16 path gets the annotation
+/// precision=bf16 (a node that already carries one keeps it); F32 changes nothing. Such a node
+/// tries its bf16 kernels before those of the preferred backend (ir::kernel_order), so a graph
+/// of native kernels runs its products in oneDNN's bf16 ones. It runs first
+/// in a pipeline: fused and replicated nodes take the annotations of the nodes they replace.
+class MixedPrecision final : public ir::Pass {
+ public:
+  explicit MixedPrecision(ir::Precision precision) : precision_(precision) {}
+  std::string_view name() const override { return "mixed-precision"; }
+  std::vector<std::string> provides() const override { return {"precision-assigned"}; }
+  bool run(ir::Graph& g) override;
+
+ private:
+  ir::Precision precision_;
+};
+
+/// Why kernels cannot compute in bf16 here, or "" when they can: oneDNN must be built in and the
+/// CPU must have AVX512-BF16 or AMX-BF16 (as oneDNN sees it: DNNL_MAX_CPU_ISA may hide them).
+std::string bf16_unavailable();
+/// Throws minidl::Error saying why when precision is BF16 and bf16_unavailable() says so.
+void check_precision(ir::Precision precision);
+/// "f32" or "bf16" as a Precision; throws minidl::Error naming the allowed values otherwise.
+ir::Precision parse_precision(std::string_view name);
+
+}  // namespace minidl::ops

@@ -1,0 +1,232 @@
+// Mixed precision (--precision bf16): which nodes ops::MixedPrecision marks; that a marked
+// oneDNN kernel computes on bf16-rounded factors (its result matches f32 arithmetic on the
+// rounded inputs, and differs from it on the unrounded ones by bf16's rounding); what dispatch
+// reports; and the refusals.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <string>
+
+#include "minidl/core/rng.hpp"
+#include "minidl/ops/fusion.hpp"
+#include "minidl/ops/ops.hpp"
+#include "minidl/ops/precision.hpp"
+#include "minidl/ops/registry.hpp"
+#include "minidl/runtime/executable.hpp"
+#include "support/error_of.hpp"
+
+using namespace minidl;
+using minidl::testing::error_of;
+
+namespace {
+
+/// Rounds every element of t to the nearest bf16 (ties to even), as oneDNN's f32 -> bf16
+/// reorder does.
+Tensor rounded_to_bf16(const Tensor& t) {
+  Tensor r = t.clone();
+  float* p = r.data<float>();
+  for (std::int64_t i = 0; i < r.numel(); ++i) {
+    std::uint32_t u = 0;
+    std::memcpy(&u, &p[i], sizeof u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    u &= 0xffff0000u;
+    std::memcpy(&p[i], &u, sizeof u);
+  }
+  return r;
+}
+
+/// max |a - b| / max |b|.
+double relative_difference(const Tensor& a, const Tensor& b) {
+  EXPECT_EQ(a.shape(), b.shape());
+  double diff = 0.0, scale = 0.0;
+  for (std::int64_t i = 0; i < a.numel(); ++i) {
+    diff = std::max(diff, std::abs(double(a.data<float>()[i]) - b.data<float>()[i]));
+    scale = std::max(scale, std::abs(double(b.data<float>()[i])));
+  }
+  return diff / scale;
+}
+
+/// One node of `op` on inputs `ins`, compiled for `backend` after MixedPrecision(precision);
+/// returns its output, and in `kernels` the executable's kernel table.
+Tensor run_node(std::string_view op, const std::vector<Tensor>& ins, ir::Attrs attrs,
+                ir::Backend backend, ir::Precision precision, std::string* kernels = nullptr) {
+  ir::Graph g;
+  std::vector<ir::Value*> vs;
+  for (std::size_t i = 0; i < ins.size(); ++i)
+    vs.push_back(ops::input(g, "x" + std::to_string(i), ins[i].shape()));
+  ir::Node* n = ops::apply_node(op, vs, std::move(attrs));
+  g.add_output(n->output(0));
+  ops::MixedPrecision(precision).run(g);
+  runtime::Executable exe(g, {.backend = backend});
+  for (std::size_t i = 0; i < ins.size(); ++i) {
+    Tensor in = exe.input("x" + std::to_string(i));  // a handle on the executable's buffer
+    in.copy_from(ins[i]);
+  }
+  exe.run();
+  if (kernels != nullptr) *kernels = exe.kernel_table();
+  return exe.value(g.outputs()[0]).clone();
+}
+
+struct Bf16Case {
+  std::string name;
+  std::string op;
+  std::vector<Shape> shapes;
+  ir::Attrs attrs;
+  std::vector<int> factors;  // the inputs the kernel rounds to bf16 (a bias is not)
+};
+
+std::vector<Bf16Case> cases() {
+  return {
+      {"matmul", "matmul", {{32, 64}, {64, 48}}, {}, {0, 1}},
+      {"matmul trans_a", "matmul", {{64, 32}, {64, 48}}, {{"trans_a", true}}, {0, 1}},
+      {"matmul trans_b bias relu",
+       "matmul",
+       {{32, 64}, {48, 64}, {48}},
+       {{"trans_b", true}, {"activation", std::string("relu")}},
+       {0, 1}},
+      {"conv2d bias relu",
+       "conv2d",
+       {{4, 16, 10, 10}, {32, 16, 3, 3}, {32}},
+       {{"stride", ir::Ints{1, 1}}, {"pad", ir::Ints{1, 1}}, {"activation", std::string("relu")}},
+       {0, 1}},
+      {"conv2d first layer, stride 2",
+       "conv2d",
+       {{4, 3, 12, 12}, {16, 3, 3, 3}},
+       {{"stride", ir::Ints{2, 2}}, {"pad", ir::Ints{1, 1}}},
+       {0, 1}},
+      {"conv2d_bwd_data",
+       "conv2d_bwd_data",
+       {{4, 32, 10, 10}, {32, 16, 3, 3}},
+       {{"stride", ir::Ints{1, 1}}, {"pad", ir::Ints{1, 1}}, {"in_shape", ir::Ints{4, 16, 10, 10}}},
+       {0, 1}},
+      {"conv2d_bwd_weights",
+       "conv2d_bwd_weights",
+       {{4, 32, 10, 10}, {4, 16, 10, 10}},
+       {{"stride", ir::Ints{1, 1}}, {"pad", ir::Ints{1, 1}}, {"kernel", ir::Ints{3, 3}}},
+       {0, 1}},
+  };
+}
+
+}  // namespace
+
+TEST(Precision, MixedPrecisionMarksTheOpsWithABf16Kernel) {
+  ir::Graph g;
+  ir::Value* x = ops::input(g, "x", {2, 3, 8, 8});
+  ir::Value* w = ops::input(g, "w", {4, 3, 3, 3});
+  ir::Value* h = ops::relu(
+      ops::apply("conv2d", {x, w}, {{"stride", ir::Ints{1, 1}}, {"pad", ir::Ints{1, 1}}}));
+  ir::Value* y = ops::matmul(ops::reshape(h, {2, 4 * 8 * 8}), ops::input(g, "v", {256, 10}));
+  g.add_output(y);
+  EXPECT_FALSE(ops::MixedPrecision(ir::Precision::F32).run(g));
+  for (const ir::Node* n : g.nodes()) EXPECT_EQ(ir::node_precision(*n), ir::Precision::F32);
+  EXPECT_TRUE(ops::MixedPrecision(ir::Precision::BF16).run(g));
+  for (const ir::Node* n : g.nodes()) {
+    const bool marked = n->op() == "conv2d" || n->op() == "matmul";
+    EXPECT_EQ(ir::node_precision(*n), marked ? ir::Precision::BF16 : ir::Precision::F32)
+        << n->describe();
+    EXPECT_EQ(ir::has_bf16_kernel(n->def()), MINIDL_WITH_ONEDNN && marked) << n->describe();
+  }
+  // A node marked f32 by hand keeps its mark.
+  ir::Graph g2;
+  ir::Value* m = ops::matmul(ops::input(g2, "a", {2, 3}), ops::input(g2, "b", {3, 4}));
+  m->producer()->annotations().set("precision", std::string("f32"));
+  g2.add_output(m);
+  EXPECT_FALSE(ops::MixedPrecision(ir::Precision::BF16).run(g2));
+  EXPECT_EQ(ir::node_precision(*m->producer()), ir::Precision::F32);
+  // An unknown mark is an error naming the node.
+  m->producer()->annotations().set("precision", std::string("fp16"));
+  EXPECT_NE(
+      error_of([&] { (void)ir::node_precision(*m->producer()); }).find("unknown precision 'fp16'"),
+      std::string::npos);
+}
+
+TEST(Precision, Bf16KernelsMultiplyRoundedFactorsAndAccumulateInF32) {
+  if (std::string why = ops::bf16_unavailable(); !why.empty()) GTEST_SKIP() << "bf16 " << why;
+  for (const Bf16Case& c : cases()) {
+    SCOPED_TRACE(c.name);
+    std::vector<Tensor> ins, rounded;
+    for (std::size_t i = 0; i < c.shapes.size(); ++i) {
+      Tensor t = Tensor::empty(c.shapes[i]);
+      CounterRng(11 + i).fill_normal(t, 0, 0.0f, 1.0f);
+      ins.push_back(t);
+      const bool factor = std::find(c.factors.begin(), c.factors.end(), int(i)) != c.factors.end();
+      rounded.push_back(factor ? rounded_to_bf16(t) : t);
+    }
+    std::string kernels;
+    const Tensor bf16 =
+        run_node(c.op, ins, c.attrs, ir::Backend::OneDnn, ir::Precision::BF16, &kernels);
+    EXPECT_NE(kernels.find("-> onednn bf16"), std::string::npos) << kernels;
+    // The native f32 kernel on the rounded factors: exact products (8-bit significands), f32
+    // sums; only the order of the sums differs.
+    const Tensor reference =
+        run_node(c.op, rounded, c.attrs, ir::Backend::Native, ir::Precision::F32);
+    EXPECT_LT(relative_difference(bf16, reference), 1e-5);
+    // On the unrounded factors the f32 result differs by bf16's rounding (2^-9 relative per
+    // factor), not more.
+    const Tensor f32 = run_node(c.op, ins, c.attrs, ir::Backend::OneDnn, ir::Precision::F32);
+    const double rounding = relative_difference(bf16, f32);
+    EXPECT_GT(rounding, 1e-4);
+    EXPECT_LT(rounding, 2e-2);
+  }
+}
+
+TEST(Precision, MarkedNodesPreferBf16KernelsUnlessTheyNameABackend) {
+  Tensor a = Tensor::empty({8, 16}), b = Tensor::empty({16, 4});
+  CounterRng(3).fill_normal(a, 0, 0.0f, 1.0f);
+  CounterRng(4).fill_normal(b, 0, 0.0f, 1.0f);
+  ir::Graph g;
+  ir::Value* y = ops::matmul(ops::input(g, "a", {8, 16}), ops::input(g, "b", {16, 4}));
+  ir::Node* n = y->producer();
+  g.add_output(y);
+  ops::MixedPrecision(ir::Precision::BF16).run(g);
+  // With native kernels preferred, the marked product still takes oneDNN's bf16 one.
+  const std::vector<const ir::KernelDef*> order = ir::kernel_order(*n, ir::Backend::Native);
+  ASSERT_FALSE(order.empty());
+  EXPECT_EQ(order.front()->bf16, bool(MINIDL_WITH_ONEDNN));
+  // A backend annotation wins: the node then runs natively, in f32.
+  n->annotations().set("backend", std::string("native"));
+  EXPECT_EQ(ir::kernel_order(*n, ir::Backend::OneDnn).front()->backend, ir::Backend::Native);
+  runtime::Executable exe(g, {.backend = ir::Backend::OneDnn});
+  EXPECT_NE(exe.kernel_table().find("-> native\n"), std::string::npos) << exe.kernel_table();
+  Tensor in_a = exe.input("a"), in_b = exe.input("b");
+  in_a.copy_from(a);
+  in_b.copy_from(b);
+  exe.run();
+  const Tensor f32 = run_node("matmul", {a, b}, {}, ir::Backend::Native, ir::Precision::F32);
+  EXPECT_EQ(relative_difference(exe.value(g.outputs()[0]), f32), 0.0);
+}
+
+TEST(Precision, Refusals) {
+  EXPECT_NO_THROW(ops::check_precision(ir::Precision::F32));
+  if (const std::string why = ops::bf16_unavailable(); why.empty()) {
+    EXPECT_NO_THROW(ops::check_precision(ir::Precision::BF16));
+  } else {
+    // Without bf16 units (or oneDNN) the error names what is missing.
+    const std::string error = error_of([] { ops::check_precision(ir::Precision::BF16); });
+    EXPECT_NE(error.find(why), std::string::npos) << error;
+    EXPECT_NE(why.find(MINIDL_WITH_ONEDNN ? "AVX512-BF16" : "oneDNN"), std::string::npos) << why;
+  }
+  EXPECT_EQ(ops::parse_precision("bf16"), ir::Precision::BF16);
+  EXPECT_NE(error_of([] { (void)ops::parse_precision("fp16"); }).find("expected f32 or bf16"),
+            std::string::npos);
+}
+
+TEST(Precision, Bf16ProductsStayOutOfTheFusedUpdate) {
+  // matmul -> sgd fuses into matmul_accumulate in f32; a bf16 product keeps its own node, since
+  // matmul_accumulate has no bf16 kernel.
+  for (const ir::Precision p : {ir::Precision::F32, ir::Precision::BF16}) {
+    ir::Graph g;
+    ir::Value* x = ops::input(g, "x", {8, 4});
+    ir::Value* dy = ops::input(g, "dy", {8, 3});
+    ir::Value* w = ops::parameter(g, "w", Tensor::zeros({4, 3}));
+    ir::Value* grad = ops::matmul(x, dy, true, false);
+    ir::Value* lr = ops::input(g, "lr", {});
+    g.add_output(ops::apply("sgd", {w, grad, lr}));
+    ops::MixedPrecision(p).run(g);
+    EXPECT_TRUE(ops::FuseUpdateIntoProduct().run(g) ==
+                (p == ir::Precision::F32 || !MINIDL_WITH_ONEDNN));
+  }
+}
