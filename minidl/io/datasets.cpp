@@ -42,10 +42,6 @@ std::uint32_t read_be32(const std::uint8_t* p) {
   return std::uint32_t{p[0]} << 24 | std::uint32_t{p[1]} << 16 | std::uint32_t{p[2]} << 8 | p[3];
 }
 
-std::uint32_t read_le32(const std::uint8_t* p) {
-  return std::uint32_t{p[3]} << 24 | std::uint32_t{p[2]} << 16 | std::uint32_t{p[1]} << 8 | p[0];
-}
-
 /// deflate's best ratio is about 1032:1: a gzip file of n bytes cannot inflate to more.
 constexpr std::uint64_t kMaxInflateRatio = 1032;
 
