@@ -148,6 +148,7 @@ st_case "nested 100000 deep" "nests arrays and objects more than 32 deep"
 header='{"fc1.weight\n\u001b[2J":{"dtype":"F32","shape":[8,64],"data_offsets":[0,5]}}'
 { printf "$(printf '\\x%02x' ${#header} 0 0 0 0 0 0 0)"; printf '%s' "$header"; head -c 5 /dev/zero; } >"$tmp/bad.safetensors"
 st_case "control characters in a name" "tensor 'fc1.weight\x0A\x1B[2J'"
+rm -f "$tmp/bad.safetensors"
 st_case "missing" "does not exist"
 
 echo "$cases corrupt inputs, $fails failed"
