@@ -4,9 +4,8 @@
 // Xavier for the output layer. The same program as the classifiers: any rank x thread layout,
 // checkpoints, --deterministic; the loss's target is the image itself. --png FILE writes the
 // first 10 test images above their reconstructions after training.
-#include <filesystem>
-
 #include "minidl/app/app.hpp"
+#include "minidl/io/file.hpp"
 #include "minidl/io/png.hpp"
 #include "minidl/train/predict.hpp"
 
@@ -28,10 +27,14 @@ int main(int argc, char** argv) {
        "after training, write the first 10 test images above their reconstructions to "
        "FILE.png (grayscale)",
        &png, [](const std::string& path) {
-         const std::filesystem::path dir = std::filesystem::path(path).parent_path();
-         return dir.empty() || std::filesystem::is_directory(dir)
-                    ? std::string()
-                    : "the directory '" + dir.string() + "' does not exist";
+         // Checked now, not after training; nothing is created.
+         try {
+           check_writable(path, "--png");
+           return std::string();
+         } catch (const Error& e) {
+           return std::string(e.what()).substr(
+               std::string_view("--png: ").size());  // CLI11 adds it
+         }
        }});
   hooks.after_training = [&png](const AppConfig& c, nn::Module& model, const Dataset& test) {
     if (png.empty()) return;

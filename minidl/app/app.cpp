@@ -16,6 +16,7 @@
 
 #include "minidl/app/flags.hpp"
 #include "minidl/app/progress.hpp"
+#include "minidl/core/text.hpp"
 #include "minidl/core/threading.hpp"
 #include "minidl/frontend/checkpoint_shared.hpp"
 #include "minidl/frontend/trace.hpp"
@@ -55,23 +56,41 @@ std::vector<std::int64_t> AppConfig::hidden_sizes() const {
 namespace {
 
 /// Appends JSON lines to a file that is written whole at each epoch: a temporary file renamed
-/// over the target, so a reader never sees a half-written line.
+/// over the target, so a reader never sees a half-written line. Nothing is written before
+/// start(): a run refused before its first step leaves no file.
 class MetricsWriter {
  public:
-  explicit MetricsWriter(std::string path) : path_(std::move(path)) {
-    if (!path_.empty()) flush();  // fail early on an unwritable path
-  }
+  explicit MetricsWriter(std::string path) : path_(std::move(path)) {}
   void add(const nlohmann::json& record) {
     if (path_.empty()) return;
-    text_ += record.dump() + "\n";
-    flush();
+    // Text that is not UTF-8 is escaped where it enters (json_of); replace is the last resort
+    // that keeps a stray byte from ending the run.
+    text_ += record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+    if (started_) flush();
+  }
+  void start() {
+    started_ = true;
+    if (!path_.empty()) flush();
   }
 
  private:
   void flush() { write_file_atomically(path_, text_, "--metrics"); }
   std::string path_;
   std::string text_;
+  bool started_ = false;
 };
+
+/// Fails, before any work, unless every output of the run can be written: --save, --metrics,
+/// --trace, --dump-graph, --checkpoint-dir (which need not exist yet). Creates nothing.
+void check_outputs(const AppConfig& c) {
+  const std::pair<const std::string*, std::string_view> files[] = {{&c.save, "--save"},
+                                                                   {&c.metrics, "--metrics"},
+                                                                   {&c.trace, "--trace"},
+                                                                   {&c.dump_graph, "--dump-graph"}};
+  for (const auto& [path, flag] : files)
+    if (!path->empty()) check_writable(*path, flag);
+  if (!c.checkpoint_dir.empty()) check_writable_directory(c.checkpoint_dir, "--checkpoint-dir");
+}
 
 /// Writes the graph to path (--dump-graph), as DOT when it ends in ".dot", else as text.
 void write_graph(const ir::Graph& g, const std::string& path) {
@@ -168,14 +187,18 @@ std::int64_t test_hook(const char* variable, std::int64_t fallback, std::int64_t
   return x;
 }
 
+/// doing: what the run is doing, for the message of an error that does not say it itself.
 int run_training(const std::string& program, AppConfig& c, const ModelBuilder& build,
-                 const AppHooks& hooks) {
+                 const AppHooks& hooks, std::string& doing) {
   if (c.threads > 0) set_num_threads(c.threads);
   parallel::Communicator& comm = parallel::world();
   // Before the first collective (the parameters' broadcast below, the preflight).
   comm.set_timeout(c.collective_timeout);
   const bool root = comm.rank() == 0;
+  doing = "checking the output paths";
+  if (root) check_outputs(c);
   const std::string dir = c.data.empty() ? "data/" + c.dataset : c.data;
+  doing = fmt::format("loading the {} data from '{}'", c.dataset, printable(dir));
   auto [train_set, test_set] = [&] {
     const DatasetSplits all = load_dataset(c.dataset, dir);
     return DatasetSplits{take(all.train, c.train_limit), take(all.test, c.test_limit)};
@@ -190,9 +213,12 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
 
   const auto& dims = train_set.images.shape().dims();
   const Shape sample(std::vector<std::int64_t>(dims.begin() + 1, dims.end()));
+  doing = "building the model";
   std::unique_ptr<nn::Module> model = build(c, sample);
   model->reset(c.seed);
+  doing = fmt::format("loading --init '{}'", printable(c.init));
   if (!c.init.empty()) nn::load_state_dict(*model, c.init);
+  doing = "setting up the training";
   // Every rank starts from rank 0's parameters and buffers (they agree already when seeds agree;
   // this makes it so whatever the initialisation).
   for (auto& [name, t] : model->state_dict()) comm.broadcast(t.raw(), t.nbytes(), 0);
@@ -243,10 +269,8 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
   topt.augment = train::Augment::parse(c.augment);
   topt.prefetch = !c.no_prefetch;
   topt.fail_preparing_step = test_hook("MINIDL_TEST_FAIL_PREPARE_AT_STEP", 0, 1);
+  doing = "compiling the training graph";
   Trainer trainer(*model, *optimizer, topt);
-  if (!c.dump_graph.empty() && root) {
-    write_graph(trainer.training_graph(sample), c.dump_graph);
-  }
   const bool talk = root && !c.quiet;  // headers, per-epoch lines, notes
   if (talk) warn_if_spinning_oversubscribed(program);
   const std::int64_t kill_after = test_hook("MINIDL_TEST_KILL_AFTER_STEP", 0, 1);
@@ -254,6 +278,7 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
   const std::int64_t stall_after = test_hook("MINIDL_TEST_STALL_AFTER_STEP", 0, 1);
   const std::int64_t stall_rank = test_hook("MINIDL_TEST_STALL_RANK", 0, 0);
   const std::int64_t nan_after = test_hook("MINIDL_TEST_NAN_AFTER_STEP", 0, 1);
+  const std::int64_t throw_at = test_hook("MINIDL_TEST_THROW_AT_STEP", 0, 1);
   if (!c.checkpoint_dir.empty() && c.checkpoint_every == 0 && c.checkpoint_every_steps == 0)
     c.checkpoint_every = 1;
   std::int64_t n_params = 0;
@@ -273,6 +298,7 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
   std::int64_t first_sample = 0, first_epoch_step = 0;
   std::string resumed, resumed_from;  // what to say about it after the header; the file
   if (!c.resume.empty()) {
+    doing = fmt::format("resuming from '{}'", printable(c.resume));
     const checkpoint::Loaded ckpt =
         checkpoint::load_shared(comm, c.resume, checkpoint_tensors(*model, *optimizer));
     // Rank 0 judges; on an error it ends the job, the others waiting in their first step.
@@ -294,10 +320,9 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
       resumed += fmt::format("{}: nothing left to train with --epochs {}\n", program, c.epochs);
   }
 
-  if (!c.checkpoint_dir.empty() && root) {
-    std::error_code ec;
-    std::filesystem::create_directories(c.checkpoint_dir, ec);
-    MINIDL_CHECK(!ec, "--checkpoint-dir: cannot create '", c.checkpoint_dir, "': ", ec.message());
+  std::error_code exists_ec;
+  if (!c.checkpoint_dir.empty() && root && std::filesystem::exists(c.checkpoint_dir, exists_ec)) {
+    doing = fmt::format("checking --checkpoint-dir '{}'", printable(c.checkpoint_dir));
     // Checkpoints of another run, or of this one from further on, would mix with the new ones
     // (and --resume of the directory would take the newest).
     const std::vector<std::string> later =
@@ -312,6 +337,26 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
   facts.resumed_from = resumed_from;
   facts.first_epoch = first_epoch;
   metrics.add({{"config", nlohmann::json::parse(metrics_config(c, facts))}});
+  // The outputs come into being only once the run is known to work: its first step has run
+  // (the ranks agreed in the preflight), or there is nothing left to train. Rank 0 alone, and
+  // no collective.
+  bool outputs_started = false;
+  auto start_outputs = [&] {
+    if (outputs_started || !root) return;
+    outputs_started = true;
+    const std::string was = doing;
+    if (!c.checkpoint_dir.empty()) {
+      doing = fmt::format("creating --checkpoint-dir '{}'", printable(c.checkpoint_dir));
+      std::error_code ec;
+      std::filesystem::create_directories(c.checkpoint_dir, ec);
+      MINIDL_CHECK(!ec, "--checkpoint-dir: cannot create '", c.checkpoint_dir, "': ", ec.message());
+    }
+    doing = fmt::format("writing --dump-graph '{}'", printable(c.dump_graph));
+    if (!c.dump_graph.empty()) write_graph(trainer.training_graph(sample), c.dump_graph);
+    doing = fmt::format("writing --metrics '{}'", printable(c.metrics));
+    metrics.start();
+    doing = was;
+  };
 
   if (talk) {
     fmt::print(
@@ -345,6 +390,7 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
   };
   bool stopped = false;  // --max-steps reached
   auto on_step = [&](const StepInfo& info) {
+    start_outputs();
     progress.update(info.position, info.running_loss);
     if (c.max_steps > 0 && info.step >= c.max_steps) {
       trainer.request_stop();
@@ -358,6 +404,8 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
     }
     if (stall_after > 0 && info.step == stall_after && comm.rank() == stall_rank)
       std::this_thread::sleep_for(std::chrono::minutes(10));
+    // What std::stoll throws: an exception that is not minidl::Error must end the run cleanly.
+    if (throw_at > 0 && info.step == throw_at) throw std::out_of_range("stoll");
     if (nan_after > 0 && info.step == nan_after) {
       // The last parameter (the output layer's bias in the examples): no ReLU after it would
       // turn the NaN into 0. A Tensor is a handle: the copy writes the parameter's storage.
@@ -369,6 +417,7 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
   bool evaluated = false;
   double data_wait = 0.0, data_prepare = 0.0;  // over the epochs, for the --profile summary
   for (int epoch = first_epoch; epoch <= c.epochs; ++epoch) {
+    doing = fmt::format("training epoch {}", epoch);
     progress.start_epoch(epoch, train_set.size(), epoch == first_epoch ? first_sample : 0);
     const EpochStats s = trainer.train_epoch(train_set, epoch, on_step);
     data_wait += s.data_wait_seconds;
@@ -416,10 +465,13 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
       record["test_accuracy"] = e.accuracy;
     }
     if (c.clip_grad_norm > 0) record["grad_norm"] = s.grad_norm;
+    start_outputs();  // an epoch without a step (all of it done before a resume)
     metrics.add(record);
     if (c.checkpoint_every > 0 && epoch % c.checkpoint_every == 0 && !stopped) save_checkpoint();
     if (stopped) break;
   }
+  doing = "evaluating";
+  start_outputs();  // nothing was left to train
   if (c.quiet) {
     if (!evaluated) last = trainer.evaluate(test_set);
     if (root) {
@@ -453,12 +505,15 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
     }
   }
   if (!c.trace.empty()) {
+    doing = fmt::format("writing --trace '{}'", printable(c.trace));
     const std::size_t events = write_chrome_trace(c.trace, comm, trainer.trace_spans());
     if (talk) fmt::print("{}: wrote {} ({} kernel calls)\n", program, c.trace, events);
   }
   if (!c.save.empty() && root) {
+    doing = fmt::format("writing --save '{}'", printable(c.save));
     nn::save_state_dict(*model, c.save);
   }
+  doing = "writing the example's outputs after training";
   if (hooks.after_training && root) hooks.after_training(c, *model, test_set);
   return 0;
 }
@@ -500,15 +555,26 @@ int run_training_app(int argc, char** argv, const std::string& description, AppC
   } catch (const CLI::ParseError& e) {
     if (root) fmt::print(stderr, "{}: error: {}\n", program, e.what());
     return 2;
+  } catch (const std::exception& e) {  // from an example's own check of its flags
+    if (root)
+      fmt::print(stderr, "{}: error: reading the flags: {}\n", program, printable(e.what(), 1000));
+    return 2;
   }
+  // Every exception ends here as one line: minidl::Error says what is wrong itself; anything
+  // else (a library's exception) is named with what the run was doing.
   std::string error;
+  std::string doing = "reading the flags";
   try {
     (void)c.hidden_sizes();
-    return run_training(program, c, build, hooks);
+    return run_training(program, c, build, hooks, doing);
   } catch (const Error& e) {
     error = e.what();
   } catch (const std::bad_alloc&) {
-    error = "out of memory";
+    error = "out of memory while " + doing;
+  } catch (const std::exception& e) {
+    error = fmt::format("while {}: {}", doing, printable(e.what(), 1000));
+  } catch (...) {
+    error = fmt::format("while {}: an exception of an unknown type", doing);
   }
   if (comm.size() == 1) {
     fmt::print(stderr, "{}: error: {}\n", program, error);

@@ -122,7 +122,11 @@ struct AppHooks {
 
 /// Parses flags over the defaults in config (and the example's own, hooks.flags), trains, runs
 /// hooks.after_training, and returns the process exit code. Every error (bad flag, missing
-/// data, corrupt file) is one line on stderr and a non-zero exit.
+/// data, corrupt file) is one line on stderr and a non-zero exit; an exception other than
+/// minidl::Error (a library's) is named with what the run was doing ("error: while loading
+/// the mnist data from 'd': ..."). Every output (--save, --metrics, --trace, --dump-graph,
+/// --checkpoint-dir) is checked for writability before the data are read, and none is created
+/// before the first training step has run (or there is nothing left to train).
 ///
 /// Output of rank 0: a header line, one line per epoch and, when stdout is a terminal, a live
 /// progress bar (progress.hpp); --quiet prints one final line instead. --metrics FILE writes
@@ -137,7 +141,8 @@ struct AppHooks {
 /// the first element of the last parameter on every rank after step G (its checkpoint
 /// written), so tests can watch the numerics checks catch it. MINIDL_TEST_FAIL_PREPARE_AT_STEP=G
 /// makes preparing the batch of training step G fail on every rank (on the prefetch thread
-/// unless --no-prefetch; TrainerOptions::fail_preparing_step).
+/// unless --no-prefetch; TrainerOptions::fail_preparing_step). MINIDL_TEST_THROW_AT_STEP=G
+/// throws std::out_of_range (what std::stoll throws) after step G on every rank.
 int run_training_app(int argc, char** argv, const std::string& description, AppConfig config,
                      const ModelBuilder& build, const AppHooks& hooks = {});
 

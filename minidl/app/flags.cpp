@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "minidl/core/error.hpp"
+#include "minidl/core/text.hpp"
 #include "minidl/ops/precision.hpp"
 #include "minidl/train/batch.hpp"
 
@@ -19,6 +20,16 @@ namespace {
 
 using Json = nlohmann::json;
 using Rule = checkpoint::Rule;
+
+/// A value as JSON; text that is not valid UTF-8 (a path is bytes) escaped, not refused.
+template <typename T>
+Json json_of(const T& v) {
+  if constexpr (std::is_convertible_v<const T&, std::string_view>) {
+    return Json(utf8_escaped(v));
+  } else {
+    return Json(v);
+  }
+}
 
 /// A value's kind in the reference's words.
 template <typename T>
@@ -46,7 +57,7 @@ struct Field {
       }
     };
     text = [member](const AppConfig& c) { return fmt::format("{}", c.*member); };
-    json = [member](const AppConfig& c) { return Json(c.*member); };
+    json = [member](const AppConfig& c) { return json_of(c.*member); };
   }
   bool is_switch() const { return kind == "switch"; }
 
@@ -192,7 +203,7 @@ auto fact_text(T RunFacts::*m) {
 }
 template <typename T>
 auto fact_json(T RunFacts::*m) {
-  return [m](const AppConfig&, const RunFacts& r) { return Json(r.*m); };
+  return [m](const AppConfig&, const RunFacts& r) { return json_of(r.*m); };
 }
 
 /// The table. A new flag is one row: its AppConfig field, help, check, checkpoint key and rule,
@@ -440,7 +451,7 @@ std::vector<Flag> make_table() {
        .field = &AppConfig::resume,
        .help = "continue from a checkpoint FILE, or from the newest checkpoint in a directory",
        .metric = {"resume",
-                  [](C, F r) { return r.resumed_from.empty() ? Json() : Json(r.resumed_from); }},
+                  [](C, F r) { return r.resumed_from.empty() ? Json() : json_of(r.resumed_from); }},
        .excludes = {"--init"}},
       {.name = "--deterministic",
        .field = &AppConfig::deterministic,
@@ -678,7 +689,7 @@ std::string metrics_config(const AppConfig& config, const RunFacts& run) {
     record[std::string(f.metric.key)] =
         f.metric.value ? f.metric.value(config, run) : f.field.json(config);
   }
-  return record.dump();
+  return record.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
 std::string flags_markdown(const AppConfig& config, const std::vector<AppFlag>& own) {

@@ -3,6 +3,8 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 
+#include "minidl/core/text.hpp"
+
 namespace minidl::checkpoint {
 
 Loaded load_shared(parallel::Communicator& comm, const std::string& path, const Tensors& into) {
@@ -10,7 +12,8 @@ Loaded load_shared(parallel::Communicator& comm, const std::string& path, const 
   std::string text;
   if (comm.rank() == 0) {
     out = load(resolve(path), into);
-    text = nlohmann::json{{"path", out.path}, {"metadata", out.metadata}}.dump();
+    // The path may not be valid UTF-8, which JSON cannot hold: the other ranks name it escaped.
+    text = nlohmann::json{{"path", utf8_escaped(out.path)}, {"metadata", out.metadata}}.dump();
   }
   if (comm.size() == 1) return out;
   std::int64_t size = static_cast<std::int64_t>(text.size());

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -11,6 +12,7 @@
 #include <tuple>
 
 #include "minidl/core/error.hpp"
+#include "minidl/core/text.hpp"
 #include "minidl/io/safetensors.hpp"
 
 namespace minidl::checkpoint {
@@ -113,7 +115,14 @@ std::vector<std::tuple<std::int64_t, std::int64_t, std::string>> scan(const std:
     std::smatch m;
     if (!std::regex_match(name, m, name_pattern()) || !e.is_regular_file(ec)) continue;
     // Compared as numbers: the names sort as text only while the counts fit their widths.
-    found.emplace_back(std::stoll(m[1].str()), std::stoll(m[2].str()), e.path().string());
+    std::int64_t epochs = 0, steps = 0;
+    for (auto [text, value] : {std::pair(m[1].str(), &epochs), std::pair(m[2].str(), &steps)}) {
+      const auto [end, err] = std::from_chars(text.data(), text.data() + text.size(), *value);
+      MINIDL_CHECK(err == std::errc() && end == text.data() + text.size(), "checkpoint directory '",
+                   dir, "': the counts in the name of '", printable(name),
+                   "' are too large (at most ", INT64_MAX, "); remove or rename it");
+    }
+    found.emplace_back(epochs, steps, e.path().string());
   }
   std::sort(found.begin(), found.end());
   return found;
@@ -185,8 +194,11 @@ std::string save(const std::string& dir, const Position& pos, const Tensors& ten
   }
   for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
-    if (name.size() > 4 && name.ends_with(".tmp") &&
-        std::regex_match(name.substr(0, name.size() - 4), name_pattern())) {
+    // "<checkpoint>.tmp.XXXXXX" (write_file_atomically's), or "<checkpoint>.tmp" of older ones.
+    const std::size_t tmp = name.rfind(".tmp");
+    const std::size_t tail = tmp == std::string::npos ? 0 : name.size() - tmp;
+    if (tmp != std::string::npos && (tail == 4 || (tail == 11 && name[tmp + 4] == '.')) &&
+        std::regex_match(name.substr(0, tmp), name_pattern())) {
       fs::remove(e.path(), ec);
     }
   }

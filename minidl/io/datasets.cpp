@@ -17,6 +17,7 @@
 
 #include "minidl/core/error.hpp"
 #include "minidl/core/threading.hpp"
+#include "minidl/io/file.hpp"
 
 namespace minidl {
 
@@ -41,114 +42,124 @@ std::uint32_t read_be32(const std::uint8_t* p) {
   return std::uint32_t{p[0]} << 24 | std::uint32_t{p[1]} << 16 | std::uint32_t{p[2]} << 8 | p[3];
 }
 
-std::uint32_t read_le32(const std::uint8_t* p) {
-  return std::uint32_t{p[3]} << 24 | std::uint32_t{p[2]} << 16 | std::uint32_t{p[1]} << 8 | p[0];
-}
+/// deflate's best ratio is about 1032:1: a gzip file of n bytes cannot inflate to more.
+constexpr std::uint64_t kMaxInflateRatio = 1032;
 
-/// Fails with a message naming path unless it is an existing regular (or special) file.
-void check_is_file(const std::string& path, std::string_view what) {
-  std::error_code ec;
-  fs::file_status st = fs::status(path, ec);
-  if (ec && ec != std::errc::no_such_file_or_directory) {
-    MINIDL_FAIL("cannot access ", what, " '", path, "': ", ec.message());
+/// A data file read front to back as a stream of its content, decompressed on the way when it
+/// is gzip (one or more concatenated members; detected by the magic bytes, not the name). Only
+/// what is asked for is read or inflated, so a reader that knows the expected size from a header
+/// stops at that size + 1 byte however much the file holds or would inflate to.
+class DataSource {
+ public:
+  DataSource(const std::string& path, std::string_view what)
+      : path_(path), what_(what), file_(open_input(path, what)), in_(std::size_t{1} << 16) {
+    refill();
+    gz_ = in_end_ >= 2 && in_[0] == 0x1f && in_[1] == 0x8b;
+    if (gz_) {
+      MINIDL_CHECK(inflateInit2(&zs_, 16 + MAX_WBITS) == Z_OK, "cannot start zlib to decompress '",
+                   path, "'");
+      zlib_ = true;
+    }
   }
-  MINIDL_CHECK(fs::exists(st), "cannot open ", what, " '", path, "': it does not exist");
-  MINIDL_CHECK(!fs::is_directory(st), "cannot open ", what, " '", path,
-               "': it is a directory, expected a file");
-}
-
-/// The whole content of path.
-Bytes read_file(const std::string& path, std::string_view what) {
-  check_is_file(path, what);
-  std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
-  if (f == nullptr) MINIDL_FAIL("cannot read ", what, " '", path, "': ", std::strerror(errno));
-  std::error_code ec;
-  const std::uintmax_t expected = fs::file_size(path, ec);
-  Bytes bytes(ec ? std::size_t{1} << 16 : static_cast<std::size_t>(expected) + 1);
-  std::size_t n = 0;
-  // Read until EOF rather than trusting the size, which may change under us or be 0 (a pipe).
-  for (;;) {
-    if (n == bytes.size()) bytes.resize(bytes.size() * 2);
-    const std::size_t got = std::fread(bytes.data() + n, 1, bytes.size() - n, f.get());
-    n += got;
-    if (got == 0) break;
+  DataSource(const DataSource&) = delete;
+  DataSource& operator=(const DataSource&) = delete;
+  ~DataSource() {
+    if (zlib_) inflateEnd(&zs_);
   }
-  if (std::ferror(f.get())) {
-    MINIDL_FAIL("cannot read ", what, " '", path, "': ", std::strerror(errno), " after ", n,
-                " bytes");
+
+  bool gz() const { return gz_; }
+  /// The file's size on disk (compressed, for a gzip file).
+  std::uint64_t file_size() const { return file_.size; }
+  /// The most content the file can hold: its size, or what its size can inflate to.
+  std::uint64_t max_content() const {
+    return gz_ ? (file_.size > UINT64_MAX / kMaxInflateRatio ? UINT64_MAX
+                                                             : file_.size * kMaxInflateRatio)
+               : file_.size;
   }
-  bytes.resize(n);
-  return bytes;
-}
 
-bool is_gzip(const Bytes& b) { return b.size() >= 2 && b[0] == 0x1f && b[1] == 0x8b; }
+  /// Up to n bytes of the content, fewer only at its end.
+  std::size_t read(std::uint8_t* dst, std::size_t n) {
+    return gz_ ? inflate_into(dst, n) : copy_into(dst, n);
+  }
 
-/// Decompresses a gzip file (one or more concatenated members) read from path.
-Bytes gunzip(const Bytes& in, const std::string& path) {
-  // The trailer's ISIZE is the size mod 2^32 of the last member: a good first guess, capped by
-  // deflate's best ratio (about 1032:1) so a corrupt trailer cannot ask for a huge buffer.
-  std::size_t guess = in.size() >= 18 ? read_le32(in.data() + in.size() - 4) : 0;
-  guess = std::min(guess, in.size() * 1032);
-  Bytes out(std::max<std::size_t>(guess + 64, std::size_t{1} << 16));
+ private:
+  /// Moves what is left of the input buffer to its front and fills the rest from the file.
+  void refill() {
+    if (in_pos_ > 0) {
+      std::memmove(in_.data(), in_.data() + in_pos_, in_end_ - in_pos_);
+      in_end_ -= in_pos_;
+      in_pos_ = 0;
+    }
+    const std::size_t want = in_.size() - in_end_;
+    const std::size_t got = read_input(file_, in_.data() + in_end_, want, path_, what_);
+    in_end_ += got;
+    in_eof_ = got < want;
+  }
 
-  z_stream zs{};
-  MINIDL_CHECK(inflateInit2(&zs, 16 + MAX_WBITS) == Z_OK, "cannot start zlib to decompress '", path,
-               "'");
-  std::unique_ptr<z_stream, int (*)(z_stream*)> guard(&zs, &inflateEnd);
+  std::size_t copy_into(std::uint8_t* dst, std::size_t n) {
+    const std::size_t buffered = std::min(n, in_end_ - in_pos_);
+    std::memcpy(dst, in_.data() + in_pos_, buffered);
+    in_pos_ += buffered;
+    consumed_ += buffered;
+    return buffered + read_input(file_, dst + buffered, n - buffered, path_, what_);
+  }
 
-  constexpr std::size_t kChunk = std::size_t{1} << 30;  // avail_in/avail_out are 32-bit
-  std::size_t in_pos = 0;
-  std::size_t out_pos = 0;
-  for (;;) {
-    if (out_pos == out.size()) out.resize(out.size() * 2);
-    zs.next_in = const_cast<Bytef*>(in.data() + in_pos);
-    zs.avail_in = static_cast<uInt>(std::min(in.size() - in_pos, kChunk));
-    zs.next_out = out.data() + out_pos;
-    zs.avail_out = static_cast<uInt>(std::min(out.size() - out_pos, kChunk));
-    const uInt avail_in = zs.avail_in;
-    const uInt avail_out = zs.avail_out;
-    const int rc = inflate(&zs, Z_NO_FLUSH);
-    in_pos += avail_in - zs.avail_in;
-    out_pos += avail_out - zs.avail_out;
-    if (rc == Z_STREAM_END) {
-      if (in_pos == in.size()) break;
-      if (in.size() - in_pos >= 2 && in[in_pos] == 0x1f && in[in_pos + 1] == 0x8b) {
-        inflateReset(&zs);  // another gzip member follows
-        continue;
+  std::size_t inflate_into(std::uint8_t* dst, std::size_t n) {
+    std::size_t done = 0;
+    while (done < n && !finished_) {
+      if (in_pos_ == in_end_ && !in_eof_) refill();
+      zs_.next_in = in_.data() + in_pos_;
+      zs_.avail_in = static_cast<uInt>(in_end_ - in_pos_);
+      zs_.next_out = dst + done;
+      zs_.avail_out = static_cast<uInt>(std::min<std::size_t>(n - done, std::size_t{1} << 30));
+      const uInt avail_in = zs_.avail_in, avail_out = zs_.avail_out;
+      const int rc = inflate(&zs_, Z_NO_FLUSH);
+      in_pos_ += avail_in - zs_.avail_in;
+      consumed_ += avail_in - zs_.avail_in;
+      done += avail_out - zs_.avail_out;
+      if (rc == Z_STREAM_END) {
+        if (in_end_ - in_pos_ < 2 && !in_eof_) refill();
+        if (in_pos_ == in_end_) {
+          finished_ = true;
+          break;
+        }
+        if (in_end_ - in_pos_ >= 2 && in_[in_pos_] == 0x1f && in_[in_pos_ + 1] == 0x8b) {
+          inflateReset(&zs_);  // another gzip member follows
+          continue;
+        }
+        MINIDL_FAIL("corrupt gzip stream in '", path_, "': ", file_.size - consumed_,
+                    " bytes of trailing data at compressed byte offset ", consumed_,
+                    ", expected the end of the file or another gzip member");
       }
-      MINIDL_FAIL("corrupt gzip stream in '", path, "': ", in.size() - in_pos,
-                  " bytes of trailing data at compressed byte offset ", in_pos,
-                  ", expected the end of the file or another gzip member");
+      if (rc == Z_MEM_ERROR) throw std::bad_alloc();
+      if (rc != Z_OK && rc != Z_BUF_ERROR) {
+        MINIDL_FAIL("corrupt gzip stream in '", path_, "' near compressed byte offset ", consumed_,
+                    ": ", zs_.msg != nullptr ? zs_.msg : "invalid data");
+      }
+      if (in_pos_ == in_end_ && in_eof_ && zs_.avail_out > 0) {
+        MINIDL_FAIL("corrupt gzip stream in '", path_, "': the compressed data ends at byte ",
+                    consumed_, " before the end of the stream (truncated file?)");
+      }
     }
-    if (rc == Z_MEM_ERROR) throw std::bad_alloc();
-    if (rc != Z_OK && rc != Z_BUF_ERROR) {
-      MINIDL_FAIL("corrupt gzip stream in '", path, "' near compressed byte offset ", in_pos, ": ",
-                  zs.msg != nullptr ? zs.msg : "invalid data");
-    }
-    if (in_pos == in.size() && zs.avail_out > 0) {
-      MINIDL_FAIL("corrupt gzip stream in '", path, "': the compressed data ends at byte ",
-                  in.size(), " before the end of the stream (truncated file?)");
-    }
+    return done;
   }
-  out.resize(out_pos);
-  return out;
-}
 
-/// A data file's content, decompressed when it is gzip (detected by its magic bytes, not its
-/// name).
-struct DataFile {
-  Bytes bytes;
-  bool gz = false;
+  std::string path_;
+  std::string what_;
+  InputFile file_;
+  Bytes in_;  // compressed (or raw) bytes read ahead: [in_pos_, in_end_)
+  std::size_t in_pos_ = 0, in_end_ = 0;
+  bool in_eof_ = false;
+  std::uint64_t consumed_ = 0;  // bytes of the file used so far
+  bool gz_ = false, zlib_ = false, finished_ = false;
+  z_stream zs_{};
 };
 
-DataFile read_data_file(const std::string& path, std::string_view what) {
-  DataFile f;
-  f.bytes = read_file(path, what);
-  if (is_gzip(f.bytes)) {
-    f.gz = true;
-    f.bytes = gunzip(f.bytes, path);
-  }
-  return f;
+/// "the file holds S bytes" or, for gzip, what its compressed size allows.
+std::string content_limit(const DataSource& src) {
+  return src.gz() ? concat("a gzip file of ", src.file_size(), " bytes inflates to at most ",
+                           src.max_content())
+                  : concat("the file holds ", src.file_size());
 }
 
 /// One IDX file's content, its dimensions and where its elements start.
@@ -186,19 +197,23 @@ std::string_view idx_type_name(std::uint8_t code) {
   }
 }
 
-/// Reads and validates an IDX file of the given kind.
+/// Reads and validates an IDX file of the given kind: the header first, then exactly the
+/// elements it announces (checked against what the file can hold before they are allocated) and
+/// one byte more to find trailing bytes.
 IdxFile read_idx_file(const std::string& path, const IdxKind& k) {
   IdxFile f;
   f.path = path;
   f.kind = k.name;
-  DataFile content = read_data_file(path, concat("IDX ", k.name, " file"));
-  f.bytes = std::move(content.bytes);
-  f.gz = content.gz;
-  const Bytes& b = f.bytes;
+  DataSource src(path, concat("IDX ", k.name, " file"));
+  f.gz = src.gz();
   const int rank = static_cast<int>(k.magic & 0xff);
+  const std::size_t header = 4 + 4 * static_cast<std::size_t>(rank);
+  Bytes& b = f.bytes;
+  b.resize(header);
 
-  MINIDL_CHECK(b.size() >= 4, "truncated ", f.desc(),
-               ": expected a 4-byte magic number at offset 0, file has only ", b.size(), " bytes");
+  std::size_t got = src.read(b.data(), 4);
+  MINIDL_CHECK(got >= 4, "truncated ", f.desc(),
+               ": expected a 4-byte magic number at offset 0, file has only ", got, " bytes");
   const std::uint32_t found = read_be32(b.data());
   if (found != k.magic) {
     const std::uint32_t other = k.magic == kImages.magic ? kLabels.magic : kImages.magic;
@@ -221,11 +236,11 @@ IdxFile read_idx_file(const std::string& path, const IdxKind& k) {
                 " file");
   }
 
-  const std::size_t header = 4 + 4 * static_cast<std::size_t>(rank);
-  MINIDL_CHECK(b.size() >= header, "truncated ", f.desc(), ": expected the ", header,
+  got += src.read(b.data() + 4, header - 4);
+  MINIDL_CHECK(got >= header, "truncated ", f.desc(), ": expected the ", header,
                "-byte header (magic and ", rank,
                rank == 1 ? " dimension: " : " dimensions: ", k.dims,
-               ") at offset 0, file has only ", b.size(), " bytes");
+               ") at offset 0, file has only ", got, " bytes");
   std::uint64_t count = 1;
   bool overflow = false;
   for (std::size_t i = 0; i < static_cast<std::size_t>(rank); ++i) {
@@ -237,15 +252,41 @@ IdxFile read_idx_file(const std::string& path, const IdxKind& k) {
   MINIDL_CHECK(std::find(f.dims.begin(), f.dims.end(), 0) == f.dims.end(),
                "zero dimension in the header of ", f.desc(), ": ", dims_str, " (", k.dims,
                ") at offset 4, expected every dimension > 0");
-  const std::size_t available = b.size() - header;
-  MINIDL_CHECK(!overflow && count <= available, "truncated ", f.desc(), ": expected ",
-               overflow ? std::string("more than 2^64") : concat(count), " bytes of ", k.elements,
-               " at offset ", header, " (dimensions ", dims_str, "), file has only ", b.size(),
-               " bytes (", available, " after the header)");
-  MINIDL_CHECK(count == available, "trailing bytes in ", f.desc(), ": ", available - count,
-               " unexpected bytes at offset ", header + count, ": expected ", header + count,
+  // Before allocating the elements: the size the header announces against the file's.
+  if (!src.gz()) {
+    const std::uint64_t size = src.file_size();
+    const std::uint64_t available = size - header;
+    MINIDL_CHECK(!overflow && count <= available, "truncated ", f.desc(), ": expected ",
+                 overflow ? std::string("more than 2^64") : concat(count), " bytes of ", k.elements,
+                 " at offset ", header, " (dimensions ", dims_str, "), file has only ", size,
+                 " bytes (", available, " after the header)");
+    MINIDL_CHECK(count == available, "trailing bytes in ", f.desc(), ": ", available - count,
+                 " unexpected bytes at offset ", header + count, ": expected ", header + count,
+                 " bytes in all (", header, "-byte header and ", count, " bytes of ", k.elements,
+                 " for dimensions ", dims_str, "), found ", size);
+  } else {
+    MINIDL_CHECK(!overflow && count <= src.max_content() - header, "truncated ", f.desc(),
+                 ": expected ", overflow ? std::string("more than 2^64") : concat(count),
+                 " bytes of ", k.elements, " at offset ", header, " (dimensions ", dims_str,
+                 "), but ", content_limit(src));
+  }
+  // Grown as the bytes arrive: a gzip file's promise is only an upper bound until inflated.
+  const std::size_t total = header + static_cast<std::size_t>(count);
+  for (bool more = true; more && got < total;) {
+    b.resize(std::min(total, std::max(2 * got, std::size_t{1} << 20)));
+    const std::size_t r = src.read(b.data() + got, b.size() - got);
+    more = r == b.size() - got;
+    got += r;
+  }
+  MINIDL_CHECK(got == header + count, "truncated ", f.desc(), ": expected ", count, " bytes of ",
+               k.elements, " at offset ", header, " (dimensions ", dims_str, "), file has only ",
+               got, " bytes (", got - header, " after the header)");
+  // One byte more: a gzip stream is inflated no further than that.
+  std::uint8_t extra = 0;
+  MINIDL_CHECK(src.read(&extra, 1) == 0, "trailing bytes in ", f.desc(),
+               ": unexpected bytes from offset ", header + count, ": expected ", header + count,
                " bytes in all (", header, "-byte header and ", count, " bytes of ", k.elements,
-               " for dimensions ", dims_str, "), found ", b.size());
+               " for dimensions ", dims_str, "), found more (read no further)");
   f.data_offset = header;
   return f;
 }
@@ -361,16 +402,43 @@ Dataset load_mnist(const std::string& dir, const std::string& split, const std::
 Dataset read_cifar10(const std::vector<std::string>& paths, std::string name,
                      std::int64_t records_per_file) {
   MINIDL_CHECK(!paths.empty(), "read_cifar10: no batch files given for '", name, "'");
-  std::vector<DataFile> files;
+  std::vector<Bytes> files;
   std::vector<std::int64_t> counts;
   std::int64_t n = 0;
   for (const std::string& path : paths) {
-    files.push_back(read_data_file(path, "CIFAR-10 batch file"));
-    const std::string desc =
-        concat("CIFAR-10 batch file '", path, "'",
-               files.back().gz ? " (gzip; offsets count decompressed bytes)" : "");
-    counts.push_back(cifar_records(desc, files.back().bytes.size(), records_per_file));
-    const std::uint8_t* b = files.back().bytes.data();
+    DataSource src(path, "CIFAR-10 batch file");
+    const std::string desc = concat("CIFAR-10 batch file '", path, "'",
+                                    src.gz() ? " (gzip; offsets count decompressed bytes)" : "");
+    Bytes& b = files.emplace_back();
+    if (!src.gz()) {
+      // The size says everything before anything is allocated.
+      counts.push_back(cifar_records(desc, src.file_size(), records_per_file));
+      b.resize(static_cast<std::size_t>(counts.back() * kCifarRecord));
+      const std::size_t got = src.read(b.data(), b.size());
+      MINIDL_CHECK(got == b.size(), "truncated ", desc, ": it ended at byte offset ", got,
+                   " while being read, expected ", b.size(), " bytes (did it change?)");
+    } else {
+      // Inflated up to the expected size + 1 byte (or what the compressed size allows).
+      const std::uint64_t limit = records_per_file > 0
+                                      ? static_cast<std::uint64_t>(records_per_file * kCifarRecord)
+                                      : src.max_content();
+      std::size_t got = 0;
+      for (bool more = true; more;) {
+        if (got == b.size()) {
+          b.resize(static_cast<std::size_t>(
+              std::min<std::uint64_t>(limit + 1, std::max<std::size_t>(2 * b.size(), 1 << 16))));
+        }
+        const std::size_t want = b.size() - got;
+        const std::size_t r = want == 0 ? 0 : src.read(b.data() + got, want);
+        got += r;
+        more = r == want && want > 0 && got <= limit;
+      }
+      MINIDL_CHECK(got <= limit, "trailing bytes in ", desc, ": unexpected bytes from offset ",
+                   limit, "; expected ", limit, " bytes (", records_per_file, " ", kCifarRecord,
+                   "-byte records), found more (read no further)");
+      b.resize(got);
+      counts.push_back(cifar_records(desc, got, records_per_file));
+    }
     for (std::int64_t r = 0; r < counts.back(); ++r) {
       const std::uint8_t label = b[r * kCifarRecord];
       if (label > 9) {
@@ -390,7 +458,7 @@ Dataset read_cifar10(const std::vector<std::string>& paths, std::string name,
   std::int32_t* labels = d.labels.data<std::int32_t>();
   std::int64_t first = 0;
   for (std::size_t f = 0; f < files.size(); ++f) {
-    const std::uint8_t* b = files[f].bytes.data();
+    const std::uint8_t* b = files[f].data();
     // A record is its label and the R, G and B planes, row-major: exactly [3, 32, 32].
     parallel_for(counts[f], kCifarPixels, [&](std::int64_t r0, std::int64_t r1) {
       for (std::int64_t r = r0; r < r1; ++r) {
@@ -479,7 +547,18 @@ void normalize_channels(Dataset& d, const ChannelStats& stats) {
 namespace {
 
 DatasetSplits load_mnist_like(const std::string& dir, const std::string& name) {
-  return {load_mnist(dir, "train", name), load_mnist(dir, "test", name)};
+  DatasetSplits s{load_mnist(dir, "train", name), load_mnist(dir, "test", name)};
+  // A model built for the training images could not take test images of another size: say so
+  // now, naming the files, not after the first epoch.
+  const auto sample = [](const Dataset& d) {
+    const auto& dims = d.images.shape().dims();
+    return Shape(std::vector<std::int64_t>(dims.begin() + 1, dims.end()));
+  };
+  MINIDL_CHECK(sample(s.train) == sample(s.test), "test images ", sample(s.test), " in '",
+               pick_file(dir, "t10k-images-idx3-ubyte", name), "' differ from the training images ",
+               sample(s.train), " in '", pick_file(dir, "train-images-idx3-ubyte", name),
+               "'; expected one sample shape");
+  return s;
 }
 
 /// The datasets load_dataset knows: a name and how to load a directory of its files.

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "minidl/core/error.hpp"
+#include "minidl/core/text.hpp"
 #include "minidl/io/file.hpp"
 
 namespace minidl {
@@ -48,6 +49,56 @@ std::string_view json_kind(const Json& j) {
   return j.type_name();
 }
 
+// Deeper than any header needs (a tensor's entry is two levels down): the JSON value and its
+// dump are recursive, so a deeper one could overflow the stack.
+constexpr int kMaxNesting = 32;
+
+/// Fails unless the JSON text nests its arrays and objects at most kMaxNesting deep (strings,
+/// escapes included, are skipped; the parser judges the rest).
+void check_nesting(std::string_view text, const std::string& file) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char ch = text[i];
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (ch == '\\') {
+        escaped = true;
+      } else if (ch == '"') {
+        in_string = false;
+      }
+    } else if (ch == '"') {
+      in_string = true;
+    } else if (ch == '[' || ch == '{') {
+      MINIDL_CHECK(++depth <= kMaxNesting, file, ": the JSON header nests arrays and objects more ",
+                   "than ", kMaxNesting, " deep (at header byte ", i, ", file offset ", 8 + i,
+                   "); a safetensors header needs 3");
+    } else if (ch == ']' || ch == '}') {
+      --depth;
+    }
+  }
+}
+
+/// A JSON value for a message: at most about 80 characters of it, never the whole of a large
+/// one, strings escaped to one printable line.
+std::string brief(const Json& j, std::size_t budget = 80) {
+  if (j.is_string()) return concat('"', printable(j.get_ref<const std::string&>(), budget), '"');
+  if (!j.is_structured()) return j.dump();
+  std::string out = j.is_array() ? "[" : "{";
+  std::size_t shown = 0;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (out.size() >= budget) {
+      out += concat(shown > 0 ? "," : "", "... (", j.size(), " elements)");
+      break;
+    }
+    if (shown++ > 0) out += ",";
+    if (j.is_object()) out += concat('"', printable(it.key(), budget), "\":");
+    out += brief(*it, budget > out.size() ? budget - out.size() : 1);
+  }
+  return out + (j.is_array() ? "]" : "}");
+}
+
 /// What the header says about one tensor.
 struct Entry {
   std::string name;
@@ -69,10 +120,10 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
   for (const auto& [name, t] : tensors) {
     MINIDL_CHECK(name != kMetadataKey, "cannot write ", file, ": '", kMetadataKey,
                  "' is reserved for the metadata, not a tensor name");
-    MINIDL_CHECK(names.insert(name).second, "cannot write ", file, ": tensor name '", name,
-                 "' appears twice");
-    MINIDL_CHECK(t.raw() != nullptr || t.numel() == 0, "cannot write ", file, ": tensor '", name,
-                 "' has no data");
+    MINIDL_CHECK(names.insert(name).second, "cannot write ", file, ": tensor name '",
+                 printable(name), "' appears twice");
+    MINIDL_CHECK(t.raw() != nullptr || t.numel() == 0, "cannot write ", file, ": tensor '",
+                 printable(name), "' has no data");
     header[name] = Json{{"dtype", dtype_safetensors_name(t.dtype())},
                         {"shape", t.shape().dims()},
                         {"data_offsets", {offset, offset + t.nbytes()}}};
@@ -99,23 +150,14 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
 
 SafetensorsFile load_safetensors(const std::string& path) {
   const std::string file = concat("safetensors file '", path, "'");
-  std::error_code ec;
-  const fs::file_status st = fs::status(path, ec);
-  if (ec && ec != std::errc::no_such_file_or_directory) {
-    MINIDL_FAIL("cannot access ", file, ": ", ec.message());
-  }
-  MINIDL_CHECK(fs::exists(st), "cannot open ", file, ": it does not exist");
-  MINIDL_CHECK(!fs::is_directory(st), "cannot open ", file, ": it is a directory, expected a file");
-  File f(std::fopen(path.c_str(), "rb"), &std::fclose);
-  if (f == nullptr) MINIDL_FAIL("cannot read ", file, ": ", std::strerror(errno));
-  const std::uint64_t size = fs::file_size(path, ec);
-  if (ec) MINIDL_FAIL("cannot read ", file, ": ", ec.message());
+  InputFile f = open_input(path, "safetensors file");
+  const std::uint64_t size = f.size;
 
   auto read_exact = [&](void* dst, std::uint64_t n, std::uint64_t at, std::string_view what) {
     if (n == 0) return;
-    if (std::fread(dst, 1, n, f.get()) != n) {
-      MINIDL_FAIL("cannot read ", file, ": ", what, " at offset ", at, " ends early (",
-                  std::ferror(f.get()) ? std::strerror(errno) : "unexpected end of file", ")");
+    if (read_input(f, dst, n, path, "safetensors file") != n) {
+      MINIDL_FAIL("cannot read ", file, ": ", what, " at offset ", at,
+                  " ends early (unexpected end of file)");
     }
   };
 
@@ -133,6 +175,7 @@ SafetensorsFile load_safetensors(const std::string& path) {
   std::string text(header_len, '\0');
   read_exact(text.data(), header_len, 8, "the JSON header");
 
+  check_nesting(text, file);
   Json header;
   try {
     header = Json::parse(text);
@@ -157,13 +200,13 @@ SafetensorsFile load_safetensors(const std::string& path) {
       MINIDL_CHECK(value.is_object(), file, ": field '", kMetadataKey,
                    "' must be an object of strings, found ", value.type_name());
       for (const auto& [k, v] : value.items()) {
-        MINIDL_CHECK(v.is_string(), file, ": field '", kMetadataKey, "' entry '", k,
+        MINIDL_CHECK(v.is_string(), file, ": field '", kMetadataKey, "' entry '", printable(k),
                      "' must be a string, found ", v.type_name());
         out.metadata[k] = v.get<std::string>();
       }
       continue;
     }
-    const std::string tensor = concat(file, ": tensor '", key, "'");
+    const std::string tensor = concat(file, ": tensor '", printable(key), "'");
     MINIDL_CHECK(value.is_object(), tensor, " must be an object with fields dtype, shape and ",
                  "data_offsets, found ", value.type_name());
     auto field = [&](const char* name) -> const Json& {
@@ -178,7 +221,7 @@ SafetensorsFile load_safetensors(const std::string& path) {
       for (const Json& x : j) {
         MINIDL_CHECK(x.is_number_unsigned(), tensor, " field '", name,
                      "' must be an array of non-negative integers, found ", json_kind(x), " in ",
-                     j.dump());
+                     brief(j));
         v.push_back(x.get<std::uint64_t>());
       }
       return v;
@@ -190,7 +233,7 @@ SafetensorsFile load_safetensors(const std::string& path) {
     MINIDL_CHECK(dtype.is_string(), tensor, " field 'dtype' must be a string, found ",
                  dtype.type_name());
     const std::optional<DType> dt = parse_dtype(dtype.get<std::string>());
-    MINIDL_CHECK(dt.has_value(), tensor, " field 'dtype' is '", dtype.get<std::string>(),
+    MINIDL_CHECK(dt.has_value(), tensor, " field 'dtype' is '", printable(dtype.get<std::string>()),
                  "', expected one of F32, I32, I64");
     e.dtype = *dt;
 
@@ -208,18 +251,18 @@ SafetensorsFile load_safetensors(const std::string& path) {
     const std::vector<std::uint64_t> offsets = uint_array("data_offsets", offsets_json);
     MINIDL_CHECK(offsets.size() == 2, tensor,
                  " field 'data_offsets' must hold 2 integers [begin, end], found ",
-                 offsets_json.dump());
+                 brief(offsets_json));
     e.begin = offsets[0];
     e.end = offsets[1];
     const std::uint64_t data_size = size - 8 - header_len;
-    MINIDL_CHECK(e.begin <= e.end, tensor, " field 'data_offsets' ", offsets_json.dump(),
+    MINIDL_CHECK(e.begin <= e.end, tensor, " field 'data_offsets' ", brief(offsets_json),
                  " has begin > end");
-    MINIDL_CHECK(e.end <= data_size, tensor, " field 'data_offsets' ", offsets_json.dump(),
+    MINIDL_CHECK(e.end <= data_size, tensor, " field 'data_offsets' ", brief(offsets_json),
                  " runs past the end of the data section, which holds ", data_size,
                  " bytes (file of ", size, " bytes, data from offset ", 8 + header_len,
                  "); truncated file?");
     MINIDL_CHECK(!overflow && e.end - e.begin == nbytes, tensor, " field 'data_offsets' ",
-                 offsets_json.dump(), " spans ", e.end - e.begin, " bytes, but field 'shape' ",
+                 brief(offsets_json), " spans ", e.end - e.begin, " bytes, but field 'shape' ",
                  e.shape, " of ", dtype_safetensors_name(e.dtype), " needs ",
                  overflow ? std::string("more than 2^64") : concat(nbytes));
     entries.push_back(std::move(e));
@@ -234,12 +277,14 @@ SafetensorsFile load_safetensors(const std::string& path) {
   std::uint64_t pos = 0;
   const Entry* prev = nullptr;
   for (const Entry& e : entries) {
-    MINIDL_CHECK(e.begin >= pos, file, ": tensor '", e.name, "' field 'data_offsets' [", e.begin,
-                 ",", e.end, "] overlaps tensor '", prev != nullptr ? prev->name : "", "' [",
+    MINIDL_CHECK(e.begin >= pos, file, ": tensor '", printable(e.name), "' field 'data_offsets' [",
+                 e.begin, ",", e.end, "] overlaps tensor '",
+                 prev != nullptr ? printable(prev->name) : "", "' [",
                  prev != nullptr ? prev->begin : 0, ",", pos, "]");
     MINIDL_CHECK(e.begin == pos, file, ": data bytes [", pos, ",", e.begin,
-                 ") belong to no tensor (before tensor '", e.name, "' field 'data_offsets' [",
-                 e.begin, ",", e.end, "]); expected the tensors packed without gaps");
+                 ") belong to no tensor (before tensor '", printable(e.name),
+                 "' field 'data_offsets' [", e.begin, ",", e.end,
+                 "]); expected the tensors packed without gaps");
     pos = e.end;
     prev = &e;
   }
@@ -251,7 +296,7 @@ SafetensorsFile load_safetensors(const std::string& path) {
   for (const Entry& e : entries) {
     Tensor t = Tensor::empty(e.shape, e.dtype);
     read_exact(t.raw(), e.end - e.begin, 8 + header_len + e.begin,
-               concat("the data of tensor '", e.name, "'"));
+               concat("the data of tensor '", printable(e.name), "'"));
     out.tensors.emplace_back(e.name, std::move(t));
   }
   return out;

@@ -60,7 +60,7 @@ run --png "$tmp/ae.png" >"$tmp/out" 2>&1 || fail "the run with --png: $(cat "$tm
 grep -q "^mnist_autoencoder: wrote $tmp/ae.png: 10 test images above their reconstructions$" \
   "$tmp/out" || fail "no line saying the PNG was written: $(cat "$tmp/out")"
 check_png "$tmp/ae.png" 10 "$tmp/data/t10k-images-idx3-ubyte" || fail "the PNG of 10 images"
-[ ! -e "$tmp/ae.png.tmp" ] || fail "temporary file left behind"
+! ls "$tmp" | grep -q '\.tmp' || fail "temporary file left behind"
 
 # Fewer test images than 10: the grid is as wide as they are; --quiet prints only its line.
 run --test-limit 4 --png "$tmp/four.png" --quiet >"$tmp/out" 2>&1 || fail "--test-limit 4"
@@ -70,7 +70,7 @@ check_png "$tmp/four.png" 4 "$tmp/data/t10k-images-idx3-ubyte" || fail "the PNG 
 # A missing directory: a bad flag (exit 2), before any training.
 run --png "$tmp/nowhere/ae.png" >"$tmp/out" 2>&1
 code=$?
-{ [ $code -eq 2 ] && grep -q "^mnist_autoencoder: error: --png: the directory '$tmp/nowhere' does not exist$" "$tmp/out" &&
+{ [ $code -eq 2 ] && grep -q "^mnist_autoencoder: error: --png: cannot write '$tmp/nowhere/ae.png': the directory '$tmp/nowhere' does not exist$" "$tmp/out" &&
   ! grep -q "^epoch" "$tmp/out"; } || fail "--png in a missing directory: exit $code, $(cat "$tmp/out")"
 # Without --png, no PNG anywhere.
 (cd "$tmp" && run >/dev/null 2>&1) || fail "the run without --png"

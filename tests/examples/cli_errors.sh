@@ -64,7 +64,10 @@ mkdir -p "$tmp/tiny"
 { printf '\x00\x00\x08\x03\x00\x00\xea\x60\x00\x00\x00\x01\x00\x00\x00\x01'; head -c 60000 /dev/zero; } \
   >"$tmp/tiny/train-images-idx3-ubyte"
 { printf '\x00\x00\x08\x01\x00\x00\xea\x60'; head -c 60000 /dev/zero; } >"$tmp/tiny/train-labels-idx1-ubyte"
-cp "$tmp/good/t10k-"* "$tmp/tiny/"
+# The test set holds images of the same size (1x1): a test set of another size is refused first.
+{ printf '\x00\x00\x08\x03\x00\x00\x00\x04\x00\x00\x00\x01\x00\x00\x00\x01'; head -c 4 /dev/zero; } \
+  >"$tmp/tiny/t10k-images-idx3-ubyte"
+cp "$tmp/good/t10k-labels-idx1-ubyte" "$tmp/tiny/"
 expect huge-batch "compiling the training graph for 60000 samples: the graph (" \
   "$bin" --data "$tmp/tiny" --hidden 1000000 --batch-size 60000 --threads 1
 

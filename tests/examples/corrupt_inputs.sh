@@ -71,6 +71,20 @@ gzip -c "$images" | head -c 40 >"$tmp/bad"
 idx_case "gzip cut short" train-images-idx3-ubyte "corrupt gzip stream"
 rm -rf "$tmp/bad" && mkdir "$tmp/bad"
 idx_case "directory" train-images-idx3-ubyte "it is a directory, expected a file"
+# Inputs without a size to check a header against, or far larger than the header says: each
+# ends at once (the test's TIMEOUT bounds it), naming the file, without reading the body.
+rm -rf "$tmp/bad" && mkfifo "$tmp/bad"
+idx_case "FIFO without a writer" train-images-idx3-ubyte "it is a FIFO (named pipe), expected a regular file"
+rm -rf "$tmp/bad" && ln -s /dev/zero "$tmp/bad"
+idx_case "/dev/zero" train-images-idx3-ubyte "it is a character device, expected a regular file"
+rm -rf "$tmp/bad" && cp "$images" "$tmp/bad" && truncate -s 1T "$tmp/bad"
+idx_case "1 TiB sparse file" train-images-idx3-ubyte "trailing bytes in IDX image file" \
+  "unexpected bytes at offset $isize" "found 1099511627776"
+# A gzip bomb: the good images, then 256 MiB of zeros in about 250 KiB; inflated to the header's
+# size + 1 byte only.
+rm -rf "$tmp/bad" && { cat "$images"; head -c 256M /dev/zero; } | gzip -9 >"$tmp/bad"
+idx_case "gzip bomb" train-images-idx3-ubyte "(gzip; offsets count decompressed bytes): unexpected bytes from offset $isize" \
+  "found more (read no further)"
 
 # CIFAR-10: data_batch_1.bin of 10000 records (a sparse file of zeros, then patched).
 cifar_case() {
@@ -120,6 +134,21 @@ st_case "another model" "fc1.weight" "[8,64]" "[4,64]"
 rm -f "$tmp/bad.safetensors" && mkdir "$tmp/bad.safetensors"
 st_case "directory" "it is a directory"
 rmdir "$tmp/bad.safetensors"
+ln -s /dev/zero "$tmp/bad.safetensors"
+st_case "/dev/zero" "it is a character device"
+rm -f "$tmp/bad.safetensors" && mkfifo "$tmp/bad.safetensors"
+st_case "FIFO without a writer" "it is a FIFO (named pipe)"
+rm -f "$tmp/bad.safetensors"
+# A header nested 100000 deep (would overflow the stack of a recursive parser), and a tensor
+# name with a newline and a terminal escape (the message stays one printable line).
+deep=$(printf '%*s' 100000 '' | tr ' ' '[')$(printf '%*s' 100000 '' | tr ' ' ']')
+header="{\"__metadata__\":$deep}"
+{ printf "$(printf '\\x%02x' $((${#header} & 255)) $((${#header} >> 8 & 255)) $((${#header} >> 16 & 255)) 0 0 0 0 0)"; printf '%s' "$header"; } >"$tmp/bad.safetensors"
+st_case "nested 100000 deep" "nests arrays and objects more than 32 deep"
+header='{"fc1.weight\n\u001b[2J":{"dtype":"F32","shape":[8,64],"data_offsets":[0,5]}}'
+{ printf "$(printf '\\x%02x' ${#header} 0 0 0 0 0 0 0)"; printf '%s' "$header"; head -c 5 /dev/zero; } >"$tmp/bad.safetensors"
+st_case "control characters in a name" "tensor 'fc1.weight\x0A\x1B[2J'"
+rm -f "$tmp/bad.safetensors"
 st_case "missing" "does not exist"
 
 echo "$cases corrupt inputs, $fails failed"

@@ -44,7 +44,7 @@ read -ra p <<<"$reloaded"
 read -ra t <<<"$truth"
 for i in "${!t[@]}"; do [ "${p[$i]:-}" = "${t[$i]}" ] && agree=$((agree + 1)); done
 [ "$agree" -ge 8 ] || fail "only $agree of 10 predictions are the true labels"
-[ ! -e "$tmp/mlp.safetensors.tmp" ] || fail "temporary file left behind"
+! ls "$tmp" | grep -q '\.tmp' || fail "temporary file left behind"
 /usr/bin/python3 - "$tmp/mlp.safetensors" <<'PY' || fail "the saved parameters"
 import json, struct, sys
 with open(sys.argv[1], "rb") as f:

@@ -45,6 +45,7 @@ TEST(Checkpoint, KeepsTheNewestKAndResolvesTheNewest) {
   const std::vector<std::pair<int, std::int64_t>> at = {{0, 5}, {0, 123}, {1, 0}, {2, 0}, {2, 7}};
   // A temporary file a killed writer left behind.
   std::fclose(std::fopen((dir.path / "ckpt-e0000-s000001.safetensors.tmp").c_str(), "w"));
+  std::fclose(std::fopen((dir.path / "ckpt-e0000-s000002.safetensors.tmp.aB3dE9").c_str(), "w"));
   for (const auto& [epochs, steps] : at) {
     checkpoint::Position p{.epoch = epochs + 1, .epoch_step = steps, .next_sample = steps * 32};
     p.samples = p.next_sample;
@@ -58,6 +59,7 @@ TEST(Checkpoint, KeepsTheNewestKAndResolvesTheNewest) {
                                            "ckpt-e0002-s000000.safetensors",
                                            "ckpt-e0002-s000007.safetensors"));
   EXPECT_FALSE(fs::exists(dir.path / "ckpt-e0000-s000001.safetensors.tmp"));
+  EXPECT_FALSE(fs::exists(dir.path / "ckpt-e0000-s000002.safetensors.tmp.aB3dE9"));
   EXPECT_EQ(checkpoint::resolve(dir.str()), (dir.path / "ckpt-e0002-s000007.safetensors").string());
   TempDir empty_dir_holder;
   const fs::path empty = empty_dir_holder.path / "empty";
