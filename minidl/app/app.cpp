@@ -150,9 +150,10 @@ void warn_if_spinning_oversubscribed(const std::string& program) {
   }
 }
 
-/// What a checkpoint of this model and optimizer holds.
-checkpoint::Tensors checkpoint_tensors(nn::Module& model, const optim::Optimizer& optimizer) {
-  return {model.parameters(), model.buffers(), optimizer.state()};
+/// What a checkpoint of this model and optimizer holds (a collective with ZeRO, which gathers
+/// the optimizer state's pieces).
+checkpoint::Tensors checkpoint_tensors(nn::Module& model, Trainer& trainer) {
+  return {model.parameters(), model.buffers(), trainer.optimizer_state()};
 }
 
 /// A testing hook's value (see run_training_app): fallback when the variable is unset, else an
@@ -235,6 +236,7 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
   topt.sync_batch_stats = c.sync_bn;
   topt.micro_batch = c.deterministic ? c.micro_batch : 0;
   topt.clip_grad_norm = c.clip_grad_norm;
+  topt.zero = c.zero;
   topt.loss = loss.get();
   topt.targets = c.reconstruct ? TrainerOptions::Targets::Inputs : TrainerOptions::Targets::Labels;
   topt.schedule = &schedule;
@@ -271,8 +273,9 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
   std::int64_t first_sample = 0, first_epoch_step = 0;
   std::string resumed, resumed_from;  // what to say about it after the header; the file
   if (!c.resume.empty()) {
-    const checkpoint::Loaded ckpt =
-        checkpoint::load_shared(comm, c.resume, checkpoint_tensors(*model, *optimizer));
+    const checkpoint::Tensors into = checkpoint_tensors(*model, trainer);
+    const checkpoint::Loaded ckpt = checkpoint::load_shared(comm, c.resume, into);
+    trainer.set_optimizer_state(into.optimizer_state);
     // Rank 0 judges; on an error it ends the job, the others waiting in their first step.
     if (root) {
       for (const std::string& note : checkpoint::check_settings(ckpt, settings))
@@ -329,10 +332,11 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
   // others wait until the file is in place.
   auto save_checkpoint = [&] {
     const TrainerPosition pos = trainer.position();
+    const checkpoint::Tensors tensors = checkpoint_tensors(*model, trainer);
     if (root) {
       const std::string path =
-          checkpoint::save(c.checkpoint_dir, pos, checkpoint_tensors(*model, *optimizer),
-                           checkpoint::settings_metadata(settings), c.checkpoint_keep);
+          checkpoint::save(c.checkpoint_dir, pos, tensors, checkpoint::settings_metadata(settings),
+                           c.checkpoint_keep);
       if (talk) {
         progress.clear();
         fmt::print("           checkpoint {}\n", path);

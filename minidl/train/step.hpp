@@ -19,6 +19,7 @@
 #include "minidl/parallel/communicator.hpp"
 #include "minidl/parallel/data_parallel.hpp"
 #include "minidl/parallel/layout.hpp"
+#include "minidl/parallel/zero.hpp"
 #include "minidl/runtime/executable.hpp"
 #include "minidl/train/loss.hpp"
 #include "minidl/train/model.hpp"
@@ -44,7 +45,18 @@ struct StepOptions {
   /// over the global batch everywhere, not only for its running statistics (--sync-bn;
   /// parallel::use_global_statistics).
   bool sync_batch_stats = false;
+  /// ZeRO over the ranks (parallel/zero.hpp): 1 shards the optimizer state, 2 also the reduced
+  /// gradients; 0: every rank updates the whole model. The optimizer's state must then be
+  /// initialised for this rank's pieces (zero_state_shapes).
+  int zero = 0;
 };
+
+/// The flat space of model's parameters (in its order) cut into one shard per rank.
+parallel::ZeroPlan zero_plan(Model& model, int ranks);
+/// The pieces of the parameters that `rank` owns under plan, named after their parameters: what
+/// Optimizer::init_state takes with ZeRO.
+std::vector<std::pair<std::string, Shape>> zero_state_shapes(const parallel::ZeroPlan& plan,
+                                                             int rank);
 
 /// What one compiled step computes: training steps on global batches of `batch` samples, or
 /// evaluation of `batch` samples on this rank (train false: no gradients, no updates, no
