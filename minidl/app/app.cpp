@@ -16,6 +16,7 @@
 
 #include "minidl/app/flags.hpp"
 #include "minidl/app/progress.hpp"
+#include "minidl/core/log.hpp"
 #include "minidl/core/threading.hpp"
 #include "minidl/frontend/checkpoint_shared.hpp"
 #include "minidl/frontend/trace.hpp"
@@ -312,7 +313,28 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
   MetricsWriter metrics(root ? c.metrics : std::string());
   facts.resumed_from = resumed_from;
   facts.first_epoch = first_epoch;
-  metrics.add({{"config", nlohmann::json::parse(metrics_config(c, facts))}});
+  nlohmann::json config = nlohmann::json::parse(metrics_config(c, facts));
+  {
+    // Every rank's bytes of parameters, reduced gradients, optimizer state and activations.
+    const train::MemoryUse m = trainer.memory(sample);
+    log_verbose("memory",
+                "rank {}: parameters {} B, gradients {} B, optimizer state {} B, activations {} B",
+                comm.rank(), m.parameters, m.gradients, m.optimizer_state, m.activations);
+    const std::int64_t mine[4] = {m.parameters, m.gradients, m.optimizer_state, m.activations};
+    std::vector<std::int64_t> all(4 * static_cast<std::size_t>(comm.size()));
+    comm.allgather(mine, all.data(), sizeof mine);
+    nlohmann::json ranks = nlohmann::json::array();
+    for (int r = 0; r < comm.size(); ++r) {
+      const std::int64_t* x = all.data() + 4 * r;
+      ranks.push_back({{"rank", r},
+                       {"parameters", x[0]},
+                       {"gradients", x[1]},
+                       {"optimizer_state", x[2]},
+                       {"activations", x[3]}});
+    }
+    config["memory_bytes"] = ranks;
+  }
+  metrics.add({{"config", config}});
 
   if (talk) {
     fmt::print(

@@ -234,6 +234,10 @@ train::CompiledStep& Trainer::program(bool train, std::int64_t n, const Shape& s
   return *slot;
 }
 
+train::MemoryUse Trainer::memory(const Shape& sample) {
+  return program(true, step_batch(), sample).memory();
+}
+
 const ir::Graph& Trainer::training_graph(const Shape& sample) {
   return program(true, step_batch(), sample).graph();
 }

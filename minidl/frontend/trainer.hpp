@@ -181,6 +181,10 @@ class Trainer {
   /// keeps its pieces; without, nothing to do when they are the optimizer's own).
   void set_optimizer_state(const NamedTensors& state);
 
+  /// What this rank's training step for a full batch of `sample`s holds, by kind (compiles it
+  /// when not yet compiled: every rank calls it at the same point).
+  train::MemoryUse memory(const Shape& sample);
+
   /// The layout every training step is compiled for.
   const parallel::Layout& layout() const { return step_options_.layout; }
   const train::Loss& loss() const { return *loss_; }

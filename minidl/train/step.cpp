@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <set>
 
 #include "minidl/autograd/autograd.hpp"
 #include "minidl/core/log.hpp"
@@ -486,6 +487,35 @@ void CompiledStep::push_gradients(std::size_t j) {
     });
     --depth_;
   }
+}
+
+MemoryUse CompiledStep::memory() const {
+  MemoryUse m;
+  std::set<const void*> params, state;
+  std::set<const ir::Value*> grads;
+  auto bytes = [](const ir::Value* v) {
+    return v->shape().numel() * static_cast<std::int64_t>(dtype_size(v->dtype()));
+  };
+  for (const ir::Graph* g : graphs()) {
+    for (const ir::Node* n : g->nodes()) {
+      if (n->op() == "parameter" && params.insert(n->bound().raw()).second)
+        m.parameters += bytes(n->output());
+      const std::optional<ir::UpdateRole>& role = n->def().update_role();
+      if (!role) continue;
+      // The gradient as the reduction handed it over: before the copies out of its bucket.
+      const ir::Value* v = n->input(role->grad);
+      while (v->producer()->op() == "bucket_unpack") v = v->producer()->input(0);
+      if (grads.insert(v).second) m.gradients += bytes(v);
+      for (const ir::Value* in : n->inputs()) {
+        if (in != nullptr && in->producer()->op() == "state" &&
+            state.insert(in->producer()->bound().raw()).second)
+          m.optimizer_state += bytes(in);
+      }
+    }
+  }
+  for (const runtime::Executable* exe : executables())
+    m.activations += static_cast<std::int64_t>(exe->memory().planned_bytes);
+  return m;
 }
 
 std::int64_t CompiledStep::correct() const {

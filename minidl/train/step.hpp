@@ -79,6 +79,19 @@ struct StepFeed {
                           // sample's place in the batch, it keys dropout's masks)
 };
 
+/// The bytes one rank's training step holds, by what they hold (MINIDL_VERBOSE=memory, the
+/// metrics' config record).
+struct MemoryUse {
+  std::int64_t parameters = 0;  // the parameters the step binds (every rank holds them whole)
+  /// The reduced gradients: the values the gradients' reduction hands the updates (the whole
+  /// model's, or with --zero 2 this rank's shard).
+  std::int64_t gradients = 0;
+  std::int64_t optimizer_state = 0;  // the state the updates read and write
+  /// The executables' planned buffers after reuse: activations, the backward's gradients
+  /// before their reduction, temporaries.
+  std::int64_t activations = 0;
+};
+
 /// One optimizer step, compiled. Without gradient accumulation one program runs the forward,
 /// backward, gradient reduction and update of this rank's share of the batch. With it (the
 /// layout's micro_steps), a program per micro-step size runs the forward and backward of one
@@ -121,6 +134,9 @@ class CompiledStep {
   /// After run() with clipping: the global gradient norm before clipping (the same on every
   /// rank); nullopt without clipping.
   std::optional<double> grad_norm() const;
+
+  /// What this rank's programs hold, by kind.
+  MemoryUse memory() const;
 
   /// The first micro-step's graph (the whole step's without accumulation).
   const ir::Graph& graph() const { return *programs_.front().graph; }

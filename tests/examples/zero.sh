@@ -4,6 +4,7 @@
 # bitwise identical to the one-process run without --zero, on 2, 3 (uneven shards) and 4 ranks;
 # a --zero 2 checkpoint of 4 ranks (its optimizer state gathered into the usual single file)
 # resumes on 2 ranks with --zero 2, and on 1 rank without --zero, continuing with the same bits;
+# the metrics' per-rank memory figures show the state (and with --zero 2 the gradients) sharded;
 # combinations that do not apply are refused with one line naming the flags.
 # Usage: zero.sh path/to/mnist_mlp path/to/mpirun
 set -u
@@ -88,6 +89,34 @@ if [ "$(header "$tmp/ck-plain/ckpt-e0001-s000002.safetensors")" = \
   echo "ok   a --zero 2 checkpoint holds the same tensors as one without --zero"
 else
   fail "a --zero 2 checkpoint's tensors differ from a plain one's"
+fi
+
+# Memory accounting: the metrics' config record gives every rank's bytes; with --zero 1 on 4
+# ranks each rank's optimizer state is at most 30% of the whole (the shards are near-equal), the
+# ranks' pieces add up to the whole, and --zero 2 gives each rank only its shard of the reduced
+# gradients.
+mem=(--data "$tmp/data" --hidden 2048,16 --optimizer adamw --max-steps 1 --quiet)
+for z in 0 1 2; do
+  launch 4 "$mlp" "${mem[@]}" --zero "$z" --metrics "$tmp/mem-$z.jsonl" >"$tmp/mem-$z.out" 2>&1 ||
+    fail "memory run --zero $z failed: $(cat "$tmp/mem-$z.out")"
+done
+if python3 - "$tmp" <<'PY'; then
+import json, sys
+d = sys.argv[1]
+mem = {z: json.loads(open(f"{d}/mem-{z}.jsonl").readline())["config"]["memory_bytes"] for z in "012"}
+whole = mem["0"][0]
+same = lambda a, b: {k: v for k, v in a.items() if k != "rank"} == {k: v for k, v in b.items() if k != "rank"}
+assert len(mem["1"]) == 4 and all(same(r, whole) for r in mem["0"]), mem["0"]
+assert sum(r["optimizer_state"] for r in mem["1"]) == whole["optimizer_state"], mem["1"]
+assert all(r["optimizer_state"] <= 0.3 * whole["optimizer_state"] for r in mem["1"]), mem["1"]
+assert all(r["parameters"] == whole["parameters"] for r in mem["1"] + mem["2"])
+assert all(r["gradients"] == whole["gradients"] for r in mem["1"]), mem["1"]
+assert sum(r["gradients"] for r in mem["2"]) == whole["gradients"], mem["2"]
+assert all(r["gradients"] <= 0.3 * whole["gradients"] for r in mem["2"]), mem["2"]
+PY
+  echo "ok   memory: --zero 1 shards the optimizer state over 4 ranks, --zero 2 the gradients too"
+else
+  fail "memory figures of the metrics' config record"
 fi
 
 # Bad uses end in one line naming the problem.
