@@ -36,7 +36,7 @@ ZeroPlan ZeroPlan::make(const std::vector<std::pair<std::string, Shape>>& params
   std::size_t next = 0;
   for (int r = 1; r < ranks; ++r) {
     const std::int64_t target = total * r / ranks;
-    const std::size_t last = cuts.size() - static_cast<std::size_t>(ranks - r);
+    const std::size_t last = cuts.size() - 1 - static_cast<std::size_t>(ranks - r);
     while (next < last && (cuts[next] < target || cuts[next] <= p.bounds.back())) ++next;
     p.bounds.push_back(cuts[next++]);
   }

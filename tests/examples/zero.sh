@@ -6,9 +6,11 @@
 # resumes on 2 ranks with --zero 2, and on 1 rank without --zero, continuing with the same bits;
 # the metrics' per-rank memory figures show the state (and with --zero 2 the gradients) sharded;
 # combinations that do not apply are refused with one line naming the flags.
-# Usage: zero.sh path/to/mnist_mlp path/to/mpirun
+# The MNIST CNN (convolutions, its micro-shards on 2 threads per rank) with --zero 2 on 3 ranks
+# gives the one-process bits too.
+# Usage: zero.sh path/to/mnist_mlp path/to/mnist_cnn path/to/mpirun
 set -u
-mlp=$1 mpirun=$2
+mlp=$1 cnn=$2 mpirun=$3
 # shellcheck source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 synthetic_idx "$tmp/data" 300 40 # batches of 64: 4 full, then 44 (6 micro-shards of 8)
@@ -49,6 +51,19 @@ check() {
 }
 check adamw "${adamw[@]}"
 check sgd "${sgd[@]}"
+synthetic_idx "$tmp/cnn-data" 304 40
+cnn_flags=(--data "$tmp/cnn-data" --epochs 1 --lr 0.05 --momentum 0.9 --clip-grad-norm 1 --seed 3
+  --deterministic --micro-batch 4)
+if ! launch 1 "$cnn" "${cnn_flags[@]}" --save "$tmp/cnn-ref.safetensors" >"$tmp/cnn.out" 2>&1 ||
+  ! on_layout 3 2 "$cnn" --threads 2 "${cnn_flags[@]}" --zero 2 --save "$tmp/cnn-z2.safetensors" \
+    >>"$tmp/cnn.out" 2>&1; then
+  fail "cnn: a run failed: $(cat "$tmp/cnn.out")"
+elif cmp -s "$tmp/cnn-ref.safetensors" "$tmp/cnn-z2.safetensors"; then
+  echo "ok   cnn --zero 2 on 3 ranks x 2 threads: bitwise identical to 1 rank without --zero"
+else
+  fail "cnn --zero 2 on 3 ranks x 2 threads: parameters differ from 1 rank without --zero"
+fi
+
 # The printed gradient norm (from the shards) is the replicated run's.
 norms() { grep -o "grad norm [0-9.]*" "$1"; }
 if [ -n "$(norms "$tmp/adamw-ref.out")" ] &&

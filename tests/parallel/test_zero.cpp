@@ -121,6 +121,14 @@ TEST(ZeroPlan, ShardsAtChunkBoundaries) {
   EXPECT_NE(three.shard_size(0), three.shard_size(2));  // uneven: 40960, 40960, 38180
 }
 
+// A shard target that falls inside the first, large parameter still leaves every later rank a
+// cut of its own: the small parameters after it.
+TEST(ZeroPlan, EveryRankGetsAChunk) {
+  const parallel::ZeroPlan p =
+      parallel::ZeroPlan::make({{"w", Shape{800}}, {"b", Shape{10}}, {"c", Shape{5}}}, 3);
+  EXPECT_EQ(p.bounds, (std::vector<std::int64_t>{0, 800, 810, 815}));
+}
+
 TEST(ZeroPlan, TooFewChunks) {
   EXPECT_THAT(
       [] {
