@@ -16,6 +16,7 @@
 
 #include "minidl/app/flags.hpp"
 #include "minidl/app/progress.hpp"
+#include "minidl/core/log.hpp"
 #include "minidl/core/text.hpp"
 #include "minidl/core/threading.hpp"
 #include "minidl/frontend/checkpoint_shared.hpp"
@@ -170,9 +171,10 @@ void warn_if_spinning_oversubscribed(const std::string& program) {
   }
 }
 
-/// What a checkpoint of this model and optimizer holds.
-checkpoint::Tensors checkpoint_tensors(nn::Module& model, const optim::Optimizer& optimizer) {
-  return {model.parameters(), model.buffers(), optimizer.state()};
+/// What a checkpoint of this model and optimizer holds (a collective with ZeRO, which gathers
+/// the optimizer state's pieces).
+checkpoint::Tensors checkpoint_tensors(nn::Module& model, Trainer& trainer) {
+  return {model.parameters(), model.buffers(), trainer.optimizer_state()};
 }
 
 /// A testing hook's value (see run_training_app): fallback when the variable is unset, else an
@@ -263,6 +265,7 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
   topt.sync_batch_stats = c.sync_bn;
   topt.micro_batch = c.deterministic ? c.micro_batch : 0;
   topt.clip_grad_norm = c.clip_grad_norm;
+  topt.zero = c.zero;
   topt.loss = loss.get();
   topt.targets = c.reconstruct ? TrainerOptions::Targets::Inputs : TrainerOptions::Targets::Labels;
   topt.schedule = &schedule;
@@ -299,8 +302,9 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
   std::string resumed, resumed_from;  // what to say about it after the header; the file
   if (!c.resume.empty()) {
     doing = fmt::format("resuming from '{}'", printable(c.resume));
-    const checkpoint::Loaded ckpt =
-        checkpoint::load_shared(comm, c.resume, checkpoint_tensors(*model, *optimizer));
+    const checkpoint::Tensors into = checkpoint_tensors(*model, trainer);
+    const checkpoint::Loaded ckpt = checkpoint::load_shared(comm, c.resume, into);
+    trainer.set_optimizer_state(into.optimizer_state);
     // Rank 0 judges; on an error it ends the job, the others waiting in their first step.
     if (root) {
       for (const std::string& note : checkpoint::check_settings(ckpt, settings))
@@ -336,7 +340,28 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
   MetricsWriter metrics(root ? c.metrics : std::string());
   facts.resumed_from = resumed_from;
   facts.first_epoch = first_epoch;
-  metrics.add({{"config", nlohmann::json::parse(metrics_config(c, facts))}});
+  nlohmann::json config = nlohmann::json::parse(metrics_config(c, facts));
+  {
+    // Every rank's bytes of parameters, reduced gradients, optimizer state and activations.
+    const train::MemoryUse m = trainer.memory(sample);
+    log_verbose("memory",
+                "rank {}: parameters {} B, gradients {} B, optimizer state {} B, activations {} B",
+                comm.rank(), m.parameters, m.gradients, m.optimizer_state, m.activations);
+    const std::int64_t mine[4] = {m.parameters, m.gradients, m.optimizer_state, m.activations};
+    std::vector<std::int64_t> all(4 * static_cast<std::size_t>(comm.size()));
+    comm.allgather(mine, all.data(), sizeof mine);
+    nlohmann::json ranks = nlohmann::json::array();
+    for (int r = 0; r < comm.size(); ++r) {
+      const std::int64_t* x = all.data() + 4 * r;
+      ranks.push_back({{"rank", r},
+                       {"parameters", x[0]},
+                       {"gradients", x[1]},
+                       {"optimizer_state", x[2]},
+                       {"activations", x[3]}});
+    }
+    config["memory_bytes"] = ranks;
+  }
+  metrics.add({{"config", config}});
   // The outputs come into being only once the run is known to work: its first step has run
   // (the ranks agreed in the preflight), or there is nothing left to train. Rank 0 alone, and
   // no collective.
@@ -376,10 +401,11 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
   // others wait until the file is in place.
   auto save_checkpoint = [&] {
     const TrainerPosition pos = trainer.position();
+    const checkpoint::Tensors tensors = checkpoint_tensors(*model, trainer);
     if (root) {
       const std::string path =
-          checkpoint::save(c.checkpoint_dir, pos, checkpoint_tensors(*model, *optimizer),
-                           checkpoint::settings_metadata(settings), c.checkpoint_keep);
+          checkpoint::save(c.checkpoint_dir, pos, tensors, checkpoint::settings_metadata(settings),
+                           c.checkpoint_keep);
       if (talk) {
         progress.clear();
         fmt::print("           checkpoint {}\n", path);

@@ -63,6 +63,7 @@ struct AppConfig {
   // ranks x threads, with micro-shards of micro_batch samples.
   bool deterministic = false;
   std::int64_t micro_batch = 8;
+  int zero = 0;  // ZeRO stage (TrainerOptions::zero): 1 optimizer state sharded, 2 gradients too
   bool no_fuse = false;      // keep bias_add and relu as separate nodes
   std::int64_t upscale = 1;  // images enlarged k times per side (granularity studies)
   // Random transforms of the training images (train::Augment::parse): none, crop, flip or

@@ -496,6 +496,14 @@ std::vector<Flag> make_table() {
        .resume = {"overlap"},
        .metric = {"overlap"},
        .excludes = {"--deterministic"}},
+      {.name = "--zero",
+       .field = &AppConfig::zero,
+       .help = "ZeRO over the ranks: 1 shards the optimizer state, 2 also the reduced gradients "
+               "(0: every rank updates the whole model)",
+       .check = range(0, 2),
+       .resume = {"zero", Rule::Note},
+       .metric = {"zero"},
+       .excludes = {"--overlap", "--accumulate"}},
       {.name = "--sync-bn",
        .field = &AppConfig::sync_bn,
        .help = "normalise with the statistics of the whole global batch, summed over thread "

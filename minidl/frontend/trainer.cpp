@@ -33,7 +33,8 @@ train::StepOptions step_options(const TrainerOptions& o, parallel::Communicator&
           .bucket_bytes = o.bucket_bytes,
           .overlap = o.overlap,
           .clip_grad_norm = o.clip_grad_norm,
-          .sync_batch_stats = o.sync_batch_stats};
+          .sync_batch_stats = o.sync_batch_stats,
+          .zero = o.zero};
 }
 
 Shape sample_shape(const Dataset& d) {
@@ -129,8 +130,76 @@ Trainer::Trainer(train::Model& model, optim::Optimizer& optimizer, TrainerOption
   if (options.loss == nullptr) own_loss_ = std::make_unique<train::CrossEntropy>();
   loss_ = options.loss ? options.loss : own_loss_.get();
   train::check_names(model_);
-  // The optimizer's state exists before any graph is built, so a checkpoint can fill it.
-  optimizer_.init_state(model_.parameters());
+  MINIDL_CHECK(options.zero >= 0 && options.zero <= 2, "--zero ", options.zero,
+               " (expected 0: off, 1: optimizer state sharded, 2: gradients too)");
+  if (options.zero > 0) {
+    MINIDL_CHECK(options.accumulate == 1,
+                 "--zero does not combine with --accumulate (gradient accumulation) yet");
+    MINIDL_CHECK(
+        options.micro_batch > 0 || options.reduce_strategy == parallel::ReduceStrategy::Allreduce,
+        "--zero reduces the gradients its own way (reduce-scatter): --reduce ",
+        parallel::reduce_strategy_name(options.reduce_strategy), " does not apply");
+    MINIDL_CHECK(options.micro_batch > 0 || !options.overlap,
+                 "--zero reduces the gradients after the backward: --overlap does not apply");
+  }
+  // The optimizer's state exists before any graph is built, so a checkpoint can fill it; with
+  // ZeRO only for the pieces of the parameters in this rank's shard.
+  if (options.zero > 0)
+    optimizer_.init_state(
+        train::zero_state_shapes(train::zero_plan(model_, comm_.size()), comm_.rank()));
+  else
+    optimizer_.init_state(model_.parameters());
+}
+
+NamedTensors Trainer::optimizer_state() {
+  if (options_.zero == 0) return optimizer_.state();
+  const parallel::ZeroPlan plan = train::zero_plan(model_, comm_.size());
+  const NamedTensors own = optimizer_.state();
+  auto find = [&](const std::string& key) -> const Tensor* {
+    for (const auto& [name, t] : own)
+      if (name == key) return &t;
+    return nullptr;
+  };
+  NamedTensors out;
+  std::vector<float> pieces;
+  for (std::size_t i = 0; i < plan.names.size(); ++i) {
+    std::vector<std::int64_t> bytes;
+    for (int r = 0; r < comm_.size(); ++r)
+      bytes.push_back(plan.piece(i, r).size() * static_cast<std::int64_t>(sizeof(float)));
+    for (const std::string& kind : optimizer_.state_kinds()) {
+      const std::string key = plan.names[i] + "." + kind;
+      Tensor full = Tensor::zeros(plan.shapes[i]);
+      const Tensor* mine = find(key);
+      MINIDL_CHECK(mine != nullptr || plan.piece(i, comm_.rank()).size() == 0,
+                   "--zero: the optimizer has no state '", key, "' for this rank's piece");
+      const void* in = mine ? mine->raw() : full.raw();
+      comm_.allgatherv(in, full.raw(), bytes);
+      out.emplace_back(key, full);
+    }
+  }
+  return out;
+}
+
+void Trainer::set_optimizer_state(const NamedTensors& state) {
+  if (options_.zero == 0) {
+    for (const auto& [key, t] : state) {
+      for (const auto& [name, own] : optimizer_.state())
+        if (name == key && own.raw() != t.raw()) Tensor(own).copy_from(t);
+    }
+    return;
+  }
+  const parallel::ZeroPlan plan = train::zero_plan(model_, comm_.size());
+  for (const auto& [name, own] : optimizer_.state()) {
+    const std::size_t dot = name.rfind('.');
+    const int i = plan.index(name.substr(0, dot));
+    MINIDL_CHECK(i >= 0, "--zero: optimizer state '", name, "' of no parameter");
+    const parallel::Slice p = plan.piece(static_cast<std::size_t>(i), comm_.rank());
+    const auto it =
+        std::find_if(state.begin(), state.end(), [&](const auto& s) { return s.first == name; });
+    MINIDL_CHECK(it != state.end(), "--zero: no optimizer state '", name, "' to load");
+    std::memcpy(own.raw(), it->second.data<float>() + p.begin,
+                static_cast<std::size_t>(p.size()) * sizeof(float));
+  }
 }
 
 Trainer::~Trainer() = default;
@@ -163,6 +232,10 @@ train::CompiledStep& Trainer::program(bool train, std::int64_t n, const Shape& s
                  " each): the model's output must have as many values per sample");
   }
   return *slot;
+}
+
+train::MemoryUse Trainer::memory(const Shape& sample) {
+  return program(true, step_batch(), sample).memory();
 }
 
 const ir::Graph& Trainer::training_graph(const Shape& sample) {
@@ -201,9 +274,12 @@ void Trainer::check_ranks_agree(const Dataset& d, const Shape& sample) {
                   sample, step_batch(), options_.seed, options_.shuffle, layout().describe());
   // Ranks may own subtrees of different sizes (3 ranks: 4, 2 and 2 of 8 micro-shards), so their
   // graphs differ in the number of replicas: every rank compares rank 0's.
-  const int as = layout().deterministic() && comm_.rank() != 0 ? 0 : -1;
+  // So do their shards with ZeRO.
+  const int as = (layout().deterministic() || options_.zero > 0) && comm_.rank() != 0 ? 0 : -1;
   for (const ir::Graph* g : program(true, step_batch(), sample, as).graphs())
     description += parallel::fingerprint(*g);
+  // Rank 0's program is not run here: only its description was needed.
+  if (as >= 0) programs_.erase(std::make_tuple(true, step_batch(), sample.dims(), as));
   parallel::preflight(comm_, description);
   preflight_done_ = true;
 }

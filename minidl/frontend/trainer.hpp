@@ -58,6 +58,9 @@ struct TrainerOptions {
   double clip_grad_norm = 0.0;
   /// Batch statistics summed over the global batch (train::StepOptions::sync_batch_stats).
   bool sync_batch_stats = false;
+  /// ZeRO (train::StepOptions::zero): 1 shards the optimizer state over the ranks, 2 also the
+  /// reduced gradients; 0: off. Not with accumulation, another reduce strategy or overlap.
+  int zero = 0;
   /// The loss; null: softmax cross-entropy against the labels.
   const train::Loss* loss = nullptr;
   /// What the loss's targets are: the dataset's labels, or the samples themselves (an
@@ -169,6 +172,18 @@ class Trainer {
   /// Training steps in an epoch of `samples`: every batch (of batch_size * accumulate) but a
   /// last one smaller than the rank count, which every rank skips.
   static std::int64_t steps_per_epoch(std::int64_t samples, std::int64_t batch, int ranks);
+
+  /// The optimizer's state as a checkpoint holds it: whole tensors, "<param>.<kind>". Without
+  /// ZeRO the optimizer's own tensors (copying into them sets the state); with it a collective
+  /// that gathers the ranks' pieces into new tensors.
+  NamedTensors optimizer_state();
+  /// Sets the state from whole tensors as optimizer_state() returns them (with ZeRO, each rank
+  /// keeps its pieces; without, nothing to do when they are the optimizer's own).
+  void set_optimizer_state(const NamedTensors& state);
+
+  /// What this rank's training step for a full batch of `sample`s holds, by kind (compiles it
+  /// when not yet compiled: every rank calls it at the same point).
+  train::MemoryUse memory(const Shape& sample);
 
   /// The layout every training step is compiled for.
   const parallel::Layout& layout() const { return step_options_.layout; }

@@ -34,13 +34,20 @@ void elementwise(std::int64_t n, Fn&& fn) {
   parallel_for(n, 1, std::forward<Fn>(fn));
 }
 
-/// The sum of term(i) over [0, n) in double: fixed chunks (4096 terms, more past 256 chunks)
-/// summed in parallel and combined in order, so the result has the same bits whatever the
-/// thread count (reductions, losses, norms).
+/// The chunk length of fixed_order_sum over n terms: 4096, more past 256 chunks.
+inline std::int64_t fixed_order_chunk(std::int64_t n) {
+  constexpr std::int64_t kChunk = 4096, kMaxChunks = 256;
+  return std::max(kChunk, (n + kMaxChunks - 1) / kMaxChunks);
+}
+
+/// The sum of term(i) over [0, n) in double: fixed chunks (fixed_order_chunk) each summed in
+/// order, in parallel, and combined in order, so the result has the same bits whatever the
+/// thread count (reductions, losses, norms). A sum split at chunk boundaries (ZeRO's shards of
+/// a gradient) gives the same bits when its chunks' partial sums are combined in this order.
 template <typename Term>
 double fixed_order_sum(std::int64_t n, Term term) {
-  constexpr std::int64_t kChunk = 4096, kMaxChunks = 256;
-  const std::int64_t chunk = std::max(kChunk, (n + kMaxChunks - 1) / kMaxChunks);
+  constexpr std::int64_t kMaxChunks = 256;
+  const std::int64_t chunk = fixed_order_chunk(n);
   const std::int64_t chunks = (n + chunk - 1) / chunk;
   double partial[kMaxChunks];
   parallel_for(chunks, chunk, [&](std::int64_t c0, std::int64_t c1) {

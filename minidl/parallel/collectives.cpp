@@ -259,12 +259,13 @@ void pack_native(const ir::KernelArgs& k) {
   std::memcpy(k.out[0].data<float>() + offset, k.in[1].raw(), k.in[1].nbytes());
 }
 
-// bucket [n] -> y [shape], the elements [offset, offset + numel) of the bucket.
+// bucket [...] -> y [shape], the elements [offset, offset + numel) of the bucket, read flat (a
+// bucket, or any f32 value: ZeRO's piece of a parameter).
 void infer_unpack(ir::InferCtx& c) {
   const Shape& b = c.input(0);
   const Shape y(c.attr<ir::Ints>("shape"));
   const auto offset = c.attr<std::int64_t>("offset");
-  MINIDL_CHECK_NODE(c, b.rank() == 1 && c.dtype(0) == DType::F32, "expected a flat f32 bucket");
+  MINIDL_CHECK_NODE(c, c.dtype(0) == DType::F32, "expected an f32 bucket");
   MINIDL_CHECK_NODE(c, offset >= 0 && offset + y.numel() <= b.numel(), "offset ", offset, " + ", y,
                     " exceeds the bucket's ", b.numel(), " elements");
   c.set_output(0, y);

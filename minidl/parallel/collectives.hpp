@@ -13,7 +13,7 @@
 //   allreduce_wait(..)      wait may read them. The wait's output, in place, is the sum.
 //   send(x) / recv()        point to point, blocking; recv's shape and dtype are attributes
 //   bucket_pack(b, x)       copies x into the flat bucket b at `offset`, in place
-//   bucket_unpack(b)        copies `shape` elements from `offset` of b out
+//   bucket_unpack(b)        copies `shape` elements from `offset` of b (read flat) out
 //   comm_progress()         lets pending non-blocking collectives of the group advance
 #pragma once
 

@@ -47,6 +47,15 @@ class LocalCommunicator final : public Communicator {
   void allgather(const void* in, void* out, std::int64_t bytes) override {
     std::memcpy(out, in, static_cast<std::size_t>(bytes));
   }
+  void allgatherv(const void* in, void* out, const std::vector<std::int64_t>& bytes) override {
+    MINIDL_CHECK(bytes.size() == 1, "allgatherv: ", bytes.size(), " counts for 1 rank");
+    std::memcpy(out, in, static_cast<std::size_t>(bytes[0]));
+  }
+  void reduce_scatter_sum(const float* data, float* out,
+                          const std::vector<std::int64_t>& counts) override {
+    MINIDL_CHECK(counts.size() == 1, "reduce_scatter: ", counts.size(), " counts for 1 rank");
+    std::memcpy(out, data, static_cast<std::size_t>(counts[0]) * sizeof(float));
+  }
   void barrier() override {}
   Request start_allreduce_sum(float*, std::int64_t) override {
     pending_.push_back(next_id_);
@@ -190,6 +199,52 @@ class MpiCommunicator final : public Communicator {
         [&](MPI_Request* r) {
           check_mpi(MPI_Iallgather(in, count, MPI_BYTE, out, count, MPI_BYTE, comm_, r),
                     "MPI_Iallgather");
+        });
+  }
+  void allgatherv(const void* in, void* out, const std::vector<std::int64_t>& bytes) override {
+    MINIDL_CHECK(static_cast<int>(bytes.size()) == size_, "allgatherv: ", bytes.size(),
+                 " counts for ", size_, " ranks");
+    std::vector<int> counts, displs;
+    std::int64_t total = 0;
+    for (const std::int64_t b : bytes) {
+      counts.push_back(checked_count(b, "allgatherv"));
+      displs.push_back(checked_count(total, "allgatherv"));
+      total += b;
+    }
+    const int mine = counts[static_cast<std::size_t>(rank_)];
+    collective(
+        "allgatherv", total,
+        [&] {
+          check_mpi(MPI_Allgatherv(in, mine, MPI_BYTE, out, counts.data(), displs.data(), MPI_BYTE,
+                                   comm_),
+                    "MPI_Allgatherv");
+        },
+        [&](MPI_Request* r) {
+          check_mpi(MPI_Iallgatherv(in, mine, MPI_BYTE, out, counts.data(), displs.data(), MPI_BYTE,
+                                    comm_, r),
+                    "MPI_Iallgatherv");
+        });
+  }
+  void reduce_scatter_sum(const float* data, float* out,
+                          const std::vector<std::int64_t>& counts) override {
+    MINIDL_CHECK(static_cast<int>(counts.size()) == size_, "reduce_scatter: ", counts.size(),
+                 " counts for ", size_, " ranks");
+    std::vector<int> c;
+    std::int64_t total = 0;
+    for (const std::int64_t n : counts) {
+      c.push_back(checked_count(n, "reduce_scatter"));
+      total += n;
+    }
+    checked_count(total, "reduce_scatter");
+    collective(
+        "reduce_scatter", total * 4,
+        [&] {
+          check_mpi(MPI_Reduce_scatter(data, out, c.data(), MPI_FLOAT, MPI_SUM, comm_),
+                    "MPI_Reduce_scatter");
+        },
+        [&](MPI_Request* r) {
+          check_mpi(MPI_Ireduce_scatter(data, out, c.data(), MPI_FLOAT, MPI_SUM, comm_, r),
+                    "MPI_Ireduce_scatter");
         });
   }
   void barrier() override {

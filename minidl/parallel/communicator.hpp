@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace minidl::parallel {
 
@@ -44,6 +45,12 @@ class Communicator {
   virtual void broadcast(void* data, std::int64_t bytes, int root) = 0;
   /// Every rank contributes `bytes` bytes; out gets size() * bytes, rank order.
   virtual void allgather(const void* in, void* out, std::int64_t bytes) = 0;
+  /// Rank r contributes bytes[r] bytes (its own from in); out gets them all, in rank order.
+  virtual void allgatherv(const void* in, void* out, const std::vector<std::int64_t>& bytes) = 0;
+  /// The element-wise sum over ranks of data (sum(counts) floats), cut in rank order: rank r's
+  /// out gets the counts[r] floats of its part (MPI_Reduce_scatter).
+  virtual void reduce_scatter_sum(const float* data, float* out,
+                                  const std::vector<std::int64_t>& counts) = 0;
   virtual void barrier() = 0;
 
   /// Starts an in-place allreduce (sum) of data (MPI_Iallreduce). data must stay untouched until

@@ -24,8 +24,9 @@ bool ClipGradNorm::run(ir::Graph& g) {
   // The total: one sum_squares per distinct gradient, added in update order.
   std::vector<ir::Value*> seen;
   std::unordered_set<ir::Node*> clipping;  // the nodes made here, up to the factor
-  ir::Value* total = nullptr;
+  ir::Value* total = given_total_;
   for (ir::Node* u : updates) {
+    if (given_total_ != nullptr) break;
     ir::Value* grad = u->input(u->def().update_role()->grad);
     if (std::find(seen.begin(), seen.end(), grad) != seen.end()) continue;
     seen.push_back(grad);
@@ -60,6 +61,7 @@ bool ClipGradNorm::run(ir::Graph& g) {
     inputs.push_back(coef->output(0));
     ir::Node* scaled = g.add_node(u->def(), inputs, u->attrs(), u->name() + "+clip");
     scaled->take_marks(*u);
+    g.move_before(scaled, u);  // in u's place: what reads u's outputs may follow it already
     for (std::size_t o = 0; o < u->outputs().size(); ++o)
       g.replace_uses(u->output(static_cast<int>(o)), scaled->output(static_cast<int>(o)));
     g.remove({u});

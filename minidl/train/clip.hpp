@@ -13,7 +13,10 @@ namespace minidl::train {
 class ClipGradNorm final : public ir::Pass {
  public:
   /// max_norm <= 0: the pass does nothing (and still provides "gradients-clipped").
-  explicit ClipGradNorm(double max_norm) : max_norm_(max_norm) {}
+  /// total: the gradients' summed squared norms, already in the graph (ZeRO computes it from
+  /// the ranks' shards); null: the pass sums the squared norms of the gradients the updates read.
+  explicit ClipGradNorm(double max_norm, ir::Value* total = nullptr)
+      : max_norm_(max_norm), given_total_(total) {}
   std::string_view name() const override { return "clip-grad-norm"; }
   std::vector<std::string> needs() const override { return {"gradients-reduced"}; }
   std::vector<std::string> provides() const override { return {"gradients-clipped"}; }
@@ -23,6 +26,7 @@ class ClipGradNorm final : public ir::Pass {
 
  private:
   double max_norm_;
+  ir::Value* given_total_;
   ir::Value* norm_ = nullptr;
 };
 

@@ -18,6 +18,19 @@ const Tensor& Optimizer::state_for(const std::string& param, const std::string& 
   return it->second;
 }
 
+void Optimizer::apply(ir::Graph& g, const std::vector<ir::Value*>& params,
+                      const std::vector<ir::Value*>& grads, const StepInputs& in) {
+  std::vector<std::string> names;
+  for (ir::Value* p : params) names.push_back(p->producer()->name());
+  apply(g, names, params, grads, in);
+}
+
+void Optimizer::init_state(const NamedTensors& params) {
+  std::vector<std::pair<std::string, Shape>> shapes;
+  for (const auto& [name, t] : params) shapes.emplace_back(name, t.shape());
+  init_state(shapes);
+}
+
 namespace {
 ir::Node* mark_update(ir::Node* n) {
   n->set_phase(ir::Phase::Update);
@@ -45,12 +58,13 @@ std::string Sgd::describe() const {
   return s + ")";
 }
 
-void Sgd::apply(ir::Graph& g, const std::vector<ir::Value*>& params,
-                const std::vector<ir::Value*>& grads, const StepInputs& in) {
-  MINIDL_ASSERT(params.size() == grads.size());
+void Sgd::apply(ir::Graph& g, const std::vector<std::string>& names,
+                const std::vector<ir::Value*>& params, const std::vector<ir::Value*>& grads,
+                const StepInputs& in) {
+  MINIDL_ASSERT(params.size() == grads.size() && names.size() == params.size());
   for (std::size_t i = 0; i < params.size(); ++i) {
     ir::Value* p = params[i];
-    const std::string& name = p->producer()->name();
+    const std::string& name = names[i];
     if (options_.momentum == 0.0) {
       mark_update(g.add_node(ops::op("sgd"), {p, grads[i], in.lr},
                              {{"weight_decay", options_.weight_decay}}, name + ".sgd"));
@@ -66,9 +80,14 @@ void Sgd::apply(ir::Graph& g, const std::vector<ir::Value*>& params,
   }
 }
 
-void Sgd::init_state(const NamedTensors& params) {
-  if (options_.momentum == 0.0) return;
-  for (const auto& [name, t] : params) state_for(name, "momentum_buffer", t.shape());
+void Sgd::init_state(const std::vector<std::pair<std::string, Shape>>& params) {
+  for (const auto& [name, shape] : params)
+    for (const std::string& kind : state_kinds()) state_for(name, kind, shape);
+}
+
+std::vector<std::string> Sgd::state_kinds() const {
+  if (options_.momentum == 0.0) return {};
+  return {"momentum_buffer"};
 }
 
 AdamW::AdamW(AdamWOptions options) : options_(options) {
@@ -87,12 +106,13 @@ std::string AdamW::describe() const {
                      options_.eps, options_.weight_decay);
 }
 
-void AdamW::apply(ir::Graph& g, const std::vector<ir::Value*>& params,
-                  const std::vector<ir::Value*>& grads, const StepInputs& in) {
-  MINIDL_ASSERT(params.size() == grads.size());
+void AdamW::apply(ir::Graph& g, const std::vector<std::string>& names,
+                  const std::vector<ir::Value*>& params, const std::vector<ir::Value*>& grads,
+                  const StepInputs& in) {
+  MINIDL_ASSERT(params.size() == grads.size() && names.size() == params.size());
   for (std::size_t i = 0; i < params.size(); ++i) {
     ir::Value* p = params[i];
-    const std::string& name = p->producer()->name();
+    const std::string& name = names[i];
     ir::Value* m = ops::state(g, name + ".exp_avg", state_for(name, "exp_avg", p->shape()));
     ir::Value* v = ops::state(g, name + ".exp_avg_sq", state_for(name, "exp_avg_sq", p->shape()));
     mark_update(g.add_node(ops::op("adamw"), {p, grads[i], m, v, in.lr, in.step},
@@ -104,11 +124,11 @@ void AdamW::apply(ir::Graph& g, const std::vector<ir::Value*>& params,
   }
 }
 
-void AdamW::init_state(const NamedTensors& params) {
-  for (const auto& [name, t] : params) {
-    state_for(name, "exp_avg", t.shape());
-    state_for(name, "exp_avg_sq", t.shape());
-  }
+void AdamW::init_state(const std::vector<std::pair<std::string, Shape>>& params) {
+  for (const auto& [name, shape] : params)
+    for (const std::string& kind : state_kinds()) state_for(name, kind, shape);
 }
+
+std::vector<std::string> AdamW::state_kinds() const { return {"exp_avg", "exp_avg_sq"}; }
 
 }  // namespace minidl::optim

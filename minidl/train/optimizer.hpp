@@ -6,6 +6,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "minidl/ir/graph.hpp"
@@ -26,11 +27,23 @@ class Optimizer {
   /// The base learning rate (what a schedule scales).
   virtual double lr() const = 0;
   /// Appends one update node per parameter (phase Update, its op declaring OpDef::update).
-  virtual void apply(ir::Graph& g, const std::vector<ir::Value*>& params,
-                     const std::vector<ir::Value*>& grads, const StepInputs& in) = 0;
+  void apply(ir::Graph& g, const std::vector<ir::Value*>& params,
+             const std::vector<ir::Value*>& grads, const StepInputs& in);
+  /// The same, the state of params[i] named after names[i] ("<names[i]>.exp_avg") and shaped
+  /// like params[i]: with ZeRO, params[i] is this rank's piece of parameter names[i].
+  virtual void apply(ir::Graph& g, const std::vector<std::string>& names,
+                     const std::vector<ir::Value*>& params, const std::vector<ir::Value*>& grads,
+                     const StepInputs& in) = 0;
   /// Creates the state of every parameter (zeros) before any graph is built, so a checkpoint
   /// can be loaded into it; apply() uses these tensors.
-  virtual void init_state(const NamedTensors& params) = 0;
+  void init_state(const NamedTensors& params);
+  /// The same from the parameters' names and shapes (with ZeRO, of this rank's pieces).
+  virtual void init_state(const std::vector<std::pair<std::string, Shape>>& params) = 0;
+  /// The kinds of state kept per parameter, in the order they are created.
+  virtual std::vector<std::string> state_kinds() const = 0;
+  /// Replaces the state, returning the one before: a program compiled as another rank (the
+  /// preflight's, with ZeRO) binds state of its own, then the rank's own is put back.
+  NamedTensors exchange_state(NamedTensors s) { return std::exchange(state_, std::move(s)); }
   /// The state, named "<param>.<kind>" (PyTorch's kinds: momentum_buffer, exp_avg,
   /// exp_avg_sq), in parameter order. The tensors share the optimizer's storage: copying into
   /// them sets the state (checkpoint loading).
@@ -55,9 +68,13 @@ class Sgd final : public Optimizer {
   explicit Sgd(SgdOptions options);
   std::string describe() const override;
   double lr() const override { return options_.lr; }
-  void apply(ir::Graph& g, const std::vector<ir::Value*>& params,
-             const std::vector<ir::Value*>& grads, const StepInputs& in) override;
-  void init_state(const NamedTensors& params) override;
+  using Optimizer::apply;
+  using Optimizer::init_state;
+  void apply(ir::Graph& g, const std::vector<std::string>& names,
+             const std::vector<ir::Value*>& params, const std::vector<ir::Value*>& grads,
+             const StepInputs& in) override;
+  void init_state(const std::vector<std::pair<std::string, Shape>>& params) override;
+  std::vector<std::string> state_kinds() const override;
   const SgdOptions& options() const { return options_; }
 
  private:
@@ -78,9 +95,13 @@ class AdamW final : public Optimizer {
   explicit AdamW(AdamWOptions options);
   std::string describe() const override;
   double lr() const override { return options_.lr; }
-  void apply(ir::Graph& g, const std::vector<ir::Value*>& params,
-             const std::vector<ir::Value*>& grads, const StepInputs& in) override;
-  void init_state(const NamedTensors& params) override;
+  using Optimizer::apply;
+  using Optimizer::init_state;
+  void apply(ir::Graph& g, const std::vector<std::string>& names,
+             const std::vector<ir::Value*>& params, const std::vector<ir::Value*>& grads,
+             const StepInputs& in) override;
+  void init_state(const std::vector<std::pair<std::string, Shape>>& params) override;
+  std::vector<std::string> state_kinds() const override;
   const AdamWOptions& options() const { return options_; }
 
  private:

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <set>
 
 #include "minidl/autograd/autograd.hpp"
 #include "minidl/core/log.hpp"
@@ -42,7 +43,7 @@ enum class Job {
 // (one rank; a micro-step's, summed outside it).
 ir::PassManager pipeline(Job job, const StepOptions& o, parallel::Communicator& comm,
                          std::optional<double> reduce, std::int64_t tree_leaves,
-                         ClipGradNorm** clip) {
+                         ClipGradNorm** clip, ir::Value* clip_total = nullptr) {
   const parallel::Layout& layout = o.layout;
   std::vector<std::string> facts;
   if (job != Job::Evaluate) facts.push_back("differentiated");
@@ -69,7 +70,7 @@ ir::PassManager pipeline(Job job, const StepOptions& o, parallel::Communicator& 
     pm.add(std::make_unique<parallel::DataParallel>(comm, *reduce, dp));
   }
   if (job == Job::Step || job == Job::Apply) {
-    auto c = std::make_unique<ClipGradNorm>(o.clip_grad_norm);
+    auto c = std::make_unique<ClipGradNorm>(o.clip_grad_norm, clip_total);
     *clip = c.get();
     pm.add(std::move(c));
     // Deterministic mode keeps its updates elementwise, whatever the number of micro-shards.
@@ -118,7 +119,31 @@ Tensor role_tensor(const ir::Graph& g, const runtime::Executable& exe, ir::Role 
   return n != nullptr && n->op() == "input" ? exe.input(n->name()) : Tensor();
 }
 
+// The output of update node u that writes its param input.
+ir::Value* updated_param(ir::Node* u) {
+  const int slot = u->def().update_role()->param;
+  for (std::size_t o = 0; o < u->outputs().size(); ++o)
+    if (u->def().shares_input(static_cast<int>(o)) == slot) return u->output(static_cast<int>(o));
+  MINIDL_FAIL(u->describe(), ": no output writes the parameter");
+}
+
 }  // namespace
+
+parallel::ZeroPlan zero_plan(Model& model, int ranks) {
+  std::vector<std::pair<std::string, Shape>> params;
+  for (const auto& [name, t] : model.parameters()) params.emplace_back(name, t.shape());
+  return parallel::ZeroPlan::make(params, ranks);
+}
+
+std::vector<std::pair<std::string, Shape>> zero_state_shapes(const parallel::ZeroPlan& plan,
+                                                             int rank) {
+  std::vector<std::pair<std::string, Shape>> out;
+  for (std::size_t i = 0; i < plan.names.size(); ++i) {
+    const parallel::Slice p = plan.piece(i, rank);
+    if (p.size() > 0) out.emplace_back(plan.names[i], Shape{p.size()});
+  }
+  return out;
+}
 
 CompiledStep compile_step(Model& model, const Loss& loss, optim::Optimizer* optimizer,
                           const StepSpec& spec, const StepOptions& o) {
@@ -136,6 +161,10 @@ CompiledStep compile_step(Model& model, const Loss& loss, optim::Optimizer* opti
   const parallel::Layout& layout = o.layout;
   const int rank = spec.as_rank >= 0 ? spec.as_rank : comm.rank();
   const bool det = spec.train && layout.deterministic();
+  MINIDL_CHECK(o.zero >= 0 && o.zero <= 2, "--zero ", o.zero,
+               " (expected 0: off, 1: optimizer state sharded, 2: gradients too)");
+  MINIDL_CHECK(o.zero == 0 || !spec.train || layout.accumulate() == 1,
+               "--zero does not combine with --accumulate (gradient accumulation) yet");
   CompiledStep s;
   s.classification_ = loss.classification();
   s.check_numerics_ = o.compile.check_numerics;
@@ -202,11 +231,47 @@ CompiledStep compile_step(Model& model, const Loss& loss, optim::Optimizer* opti
                                           "replica per rank (--thread-mode intra-op)");
     g.add_output(total);
     std::vector<ir::Value*> grads;
+    const std::int64_t leaves = layout.deterministic() ? layout.micro_shards(size) : 0;
+    ir::Value* clip_total = nullptr;  // with ZeRO, from the shards
     if (spec.train) {
       if (o.sync_batch_stats) parallel::use_global_statistics(g);
       const std::vector<ir::Value*> params = parameters_of(g);
       grads = autograd::differentiate(g, total, params);
-      if (job == Job::Step) {
+      if (job == Job::Step && o.zero > 0) {
+        // ZeRO: this rank updates the pieces of its shard, with state for them only.
+        const optim::StepInputs in{
+            ops::role_input(g, ir::Role::LearningRate, "lr", Shape{}, DType::F32),
+            ops::role_input(g, ir::Role::OptimizerStep, "optimizer_step", Shape{}, DType::I64)};
+        const parallel::ZeroPlan plan = zero_plan(model, comm.size());
+        const parallel::ZeroOptions zo{.stage = o.zero,
+                                       .rank = rank,
+                                       .group = parallel::register_group(&comm),
+                                       .tree_leaves = det ? leaves : 0};
+        const parallel::ZeroPieces pieces =
+            parallel::zero_reduce_gradients(g, plan, zo, params, grads);
+        // A program built as another rank (the preflight's) binds state of its own.
+        const bool other = rank != comm.rank();
+        NamedTensors own;
+        if (other) own = optimizer->exchange_state({});
+        optimizer->apply(g, pieces.names, pieces.params, pieces.grads, in);
+        if (other) optimizer->exchange_state(std::move(own));
+        std::vector<ir::Value*> updated;
+        for (ir::Value* piece : pieces.params) {
+          ir::Node* u = nullptr;
+          for (ir::Node* user : piece->users())
+            if (user->def().update_role() && user->input(user->def().update_role()->param) == piece)
+              u = user;
+          MINIDL_CHECK(u != nullptr, "--zero: the optimizer made no update of ", piece->ref());
+          updated.push_back(updated_param(u));
+        }
+        parallel::zero_gather_parameters(g, plan, zo, pieces, updated, params);
+        if (o.clip_grad_norm > 0.0) {
+          std::vector<std::size_t> order;  // the updates' order without ZeRO: the parameters'
+          for (ir::Value* p : params)
+            order.push_back(static_cast<std::size_t>(plan.index(p->producer()->name())));
+          clip_total = parallel::zero_sum_squares(g, plan, zo, pieces, order);
+        }
+      } else if (job == Job::Step) {
         const optim::StepInputs in{
             ops::role_input(g, ir::Role::LearningRate, "lr", Shape{}, DType::F32),
             ops::role_input(g, ir::Role::OptimizerStep, "optimizer_step", Shape{}, DType::I64)};
@@ -222,10 +287,9 @@ CompiledStep compile_step(Model& model, const Loss& loss, optim::Optimizer* opti
     // its share of the batch already); a micro-step's gradients are reduced after the sum (the
     // apply program) or, in deterministic mode, joined in the tree after each micro-step.
     std::optional<double> reduce;
-    if (job == Job::Step && comm.size() > 1) reduce = 1.0;
-    const std::int64_t leaves = layout.deterministic() ? layout.micro_shards(size) : 0;
+    if (job == Job::Step && comm.size() > 1 && o.zero == 0) reduce = 1.0;
     // The pass manager owns the passes: clip lives as long as it.
-    ir::PassManager pm = pipeline(job, o, comm, reduce, leaves, &clip);
+    ir::PassManager pm = pipeline(job, o, comm, reduce, leaves, &clip, clip_total);
     pm.run(g);
     if (det) {
       log_verbose("dispatch",
@@ -426,6 +490,35 @@ void CompiledStep::push_gradients(std::size_t j) {
     });
     --depth_;
   }
+}
+
+MemoryUse CompiledStep::memory() const {
+  MemoryUse m;
+  std::set<const void*> params, state;
+  std::set<const ir::Value*> grads;
+  auto bytes = [](const ir::Value* v) {
+    return v->shape().numel() * static_cast<std::int64_t>(dtype_size(v->dtype()));
+  };
+  for (const ir::Graph* g : graphs()) {
+    for (const ir::Node* n : g->nodes()) {
+      if (n->op() == "parameter" && params.insert(n->bound().raw()).second)
+        m.parameters += bytes(n->output());
+      const std::optional<ir::UpdateRole>& role = n->def().update_role();
+      if (!role) continue;
+      // The gradient as the reduction handed it over: before the copies out of its bucket.
+      const ir::Value* v = n->input(role->grad);
+      while (v->producer()->op() == "bucket_unpack") v = v->producer()->input(0);
+      if (grads.insert(v).second) m.gradients += bytes(v);
+      for (const ir::Value* in : n->inputs()) {
+        if (in != nullptr && in->producer()->op() == "state" &&
+            state.insert(in->producer()->bound().raw()).second)
+          m.optimizer_state += bytes(in);
+      }
+    }
+  }
+  for (const runtime::Executable* exe : executables())
+    m.activations += static_cast<std::int64_t>(exe->memory().planned_bytes);
+  return m;
 }
 
 std::int64_t CompiledStep::correct() const {

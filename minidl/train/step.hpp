@@ -19,6 +19,7 @@
 #include "minidl/parallel/communicator.hpp"
 #include "minidl/parallel/data_parallel.hpp"
 #include "minidl/parallel/layout.hpp"
+#include "minidl/parallel/zero.hpp"
 #include "minidl/runtime/executable.hpp"
 #include "minidl/train/loss.hpp"
 #include "minidl/train/model.hpp"
@@ -44,7 +45,18 @@ struct StepOptions {
   /// over the global batch everywhere, not only for its running statistics (--sync-bn;
   /// parallel::use_global_statistics).
   bool sync_batch_stats = false;
+  /// ZeRO over the ranks (parallel/zero.hpp): 1 shards the optimizer state, 2 also the reduced
+  /// gradients; 0: every rank updates the whole model. The optimizer's state must then be
+  /// initialised for this rank's pieces (zero_state_shapes).
+  int zero = 0;
 };
+
+/// The flat space of model's parameters (in its order) cut into one shard per rank.
+parallel::ZeroPlan zero_plan(Model& model, int ranks);
+/// The pieces of the parameters that `rank` owns under plan, named after their parameters: what
+/// Optimizer::init_state takes with ZeRO.
+std::vector<std::pair<std::string, Shape>> zero_state_shapes(const parallel::ZeroPlan& plan,
+                                                             int rank);
 
 /// What one compiled step computes: training steps on global batches of `batch` samples, or
 /// evaluation of `batch` samples on this rank (train false: no gradients, no updates, no
@@ -65,6 +77,19 @@ struct StepFeed {
   double lr = 0.0;        // this step's learning rate (schedule)
   std::int64_t step = 0;  // optimizer steps done before this one (AdamW counts from it; with the
                           // sample's place in the batch, it keys dropout's masks)
+};
+
+/// The bytes one rank's training step holds, by what they hold (MINIDL_VERBOSE=memory, the
+/// metrics' config record).
+struct MemoryUse {
+  std::int64_t parameters = 0;  // the parameters the step binds (every rank holds them whole)
+  /// The reduced gradients: the values the gradients' reduction hands the updates (the whole
+  /// model's, or with --zero 2 this rank's shard).
+  std::int64_t gradients = 0;
+  std::int64_t optimizer_state = 0;  // the state the updates read and write
+  /// The executables' planned buffers after reuse: activations, the backward's gradients
+  /// before their reduction, temporaries.
+  std::int64_t activations = 0;
 };
 
 /// One optimizer step, compiled. Without gradient accumulation one program runs the forward,
@@ -109,6 +134,9 @@ class CompiledStep {
   /// After run() with clipping: the global gradient norm before clipping (the same on every
   /// rank); nullopt without clipping.
   std::optional<double> grad_norm() const;
+
+  /// What this rank's programs hold, by kind.
+  MemoryUse memory() const;
 
   /// The first micro-step's graph (the whole step's without accumulation).
   const ir::Graph& graph() const { return *programs_.front().graph; }

@@ -153,3 +153,43 @@ TEST(MpiCollectives, SplitIntoNodesAndLeaders) {
   EXPECT_EQ(ones.node->size(), 1);
   EXPECT_EQ(ones.nodes, p);
 }
+
+// ZeRO's collectives: reduce_scatter (MPI's sum, and the tree's) gives each rank its shard of
+// the sum, allgatherv every rank's shard in rank order, on uneven shards (3 ranks).
+TEST(MpiCollectives, ReduceScatterAndAllgathervOnUnevenShards) {
+  parallel::Communicator& world = parallel::world();
+  const int p = world.size(), r = world.rank();
+  ASSERT_GT(p, 1) << "run this test under mpirun with at least 2 ranks";
+  const std::int64_t n = 7;
+  ir::Ints bounds;
+  for (int k = 0; k <= p; ++k) bounds.push_back(k * n / p);
+  const std::int64_t lo = bounds[r], len = bounds[r + 1] - lo;
+  Tensor x = contribution(r, {n}), shard = contribution(r, {len});
+  ir::Graph g;
+  parallel::register_ops();
+  ir::Value* px = ops::parameter(g, "x", x);
+  const ir::Attrs shards = {{"bounds", bounds}, {"rank", std::int64_t{r}}};
+  const ir::Attrs mpi = {
+      {"bounds", bounds}, {"rank", std::int64_t{r}}, {"leaves", std::int64_t{0}}};
+  const ir::Attrs tree = {
+      {"bounds", bounds}, {"rank", std::int64_t{r}}, {"leaves", std::int64_t{p + 1}}};
+  ir::Value* sum = g.add_node(ops::op("reduce_scatter"), {px}, mpi, "rs")->output();
+  ir::Value* tree_sum = g.add_node(ops::op("reduce_scatter"), {px}, tree, "rs_tree")->output();
+  ir::Value* all =
+      g.add_node(ops::op("allgatherv"), {ops::parameter(g, "shard", shard)}, shards, "ag")
+          ->output();
+  EXPECT_EQ(sum->shape(), (Shape{len}));
+  EXPECT_EQ(all->shape(), (Shape{n}));
+  for (ir::Value* v : {sum, tree_sum, all}) g.add_output(v);
+  runtime::Executable exe(g);
+  exe.run();
+  for (std::int64_t i = 0; i < len; ++i) {
+    float want = 0.0f;
+    for (int q = 0; q < p; ++q) want += value(q, lo + i);
+    EXPECT_EQ(exe.value(sum).at(i), want) << "element " << i;
+    EXPECT_EQ(exe.value(tree_sum).at(i), want) << "element " << i;
+  }
+  for (int q = 0; q < p; ++q)
+    for (std::int64_t i = bounds[q]; i < bounds[q + 1]; ++i)
+      EXPECT_EQ(exe.value(all).at(i), value(q, i - bounds[q])) << "rank " << q << " element " << i;
+}
