@@ -11,7 +11,7 @@ bin=$1 mpirun=$2
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 synthetic_idx "$tmp/data" 120 20
 
-flags=(--data "$tmp/data" --hidden 16 --epochs 1 --threads 1 --quiet)
+flags=(--data "$tmp/data" --hidden 16 --epochs 1 --quiet) # one thread: OMP_NUM_THREADS=1
 on() { # on RANKS CMD...
   local ranks=$1
   shift
