@@ -33,6 +33,22 @@ int resolve_ranks_per_node(int ranks_per_node) {
   return static_cast<int>(v);
 }
 
+/// Seconds after which a collective still waiting warns (no timeout): MINIDL_STALL_WARNING_SECONDS
+/// when set (0: never), else 60. A bad value throws when `strict`, else counts as unset.
+double stall_warning_seconds(bool strict) {
+  const char* env = std::getenv("MINIDL_STALL_WARNING_SECONDS");
+  if (env == nullptr || *env == '\0') return 60.0;
+  char* end = nullptr;
+  const double v = std::strtod(env, &end);
+  const bool good = *end == '\0' && v >= 0.0 && v <= 1e9;
+  if (!good && !strict) return 60.0;
+  MINIDL_CHECK(good,
+               "MINIDL_STALL_WARNING_SECONDS must be a number of seconds >= 0 (0: no warning), "
+               "got '",
+               env, "'");
+  return v;
+}
+
 class LocalCommunicator final : public Communicator {
  public:
   LocalCommunicator() : split_{this, this, true, 1} {}
@@ -221,12 +237,7 @@ class MpiCommunicator final : public Communicator {
                  "wait for request ", r.id, ", which is not in flight");
     // A request that progress() saw complete is already MPI_REQUEST_NULL: MPI_Wait returns.
     if (requests_[r.id] != MPI_REQUEST_NULL) {
-      if (timeout_ > 0.0) {
-        await(&requests_[r.id], "non-blocking allreduce", seq_of_[r.id].first,
-              seq_of_[r.id].second);
-      } else {
-        check_mpi(MPI_Wait(&requests_[r.id], MPI_STATUS_IGNORE), "MPI_Wait");
-      }
+      await(&requests_[r.id], "non-blocking allreduce", seq_of_[r.id].first, seq_of_[r.id].second);
       --in_flight_;
     }
     waiting_[r.id] = false;
@@ -292,12 +303,22 @@ class MpiCommunicator final : public Communicator {
 
   void set_timeout(double seconds) override {
     MINIDL_CHECK(seconds >= 0.0, "collective timeout must be >= 0 seconds, got ", seconds);
-    if (seconds > 0.0 && timeout_ == 0.0 && size_ > 1) post_arrival_receives();
+    set_stall_warning(stall_warning_seconds(true));
+    if (seconds > 0.0 && size_ > 1) post_arrival_receives();
     timeout_ = seconds;
     for (auto& [k, split] : splits_) {
       if (split.node) split.node->set_timeout(seconds);
       if (split.leaders) split.leaders->set_timeout(seconds);
     }
+  }
+
+  /// Without a timeout: a collective that has waited `seconds` (0: never) prints a warning on
+  /// this rank naming it and the ranks that did not arrive, and again after every further
+  /// `seconds`, and keeps waiting. From MINIDL_STALL_WARNING_SECONDS (default 60) when made;
+  /// set_timeout reads it again, refusing a bad value.
+  void set_stall_warning(double seconds) {
+    if (seconds > 0.0 && size_ > 1) post_arrival_receives();
+    stall_ = seconds;
   }
 
  private:
@@ -307,13 +328,20 @@ class MpiCommunicator final : public Communicator {
     MPI_Comm_size(comm_, &size_);
     // Arrival notes of the collective timeout travel apart from everything else.
     check_mpi(MPI_Comm_dup(comm_, &arrivals_), "MPI_Comm_dup");
+    set_stall_warning(stall_warning_seconds(false));
   }
 
-  /// Runs a collective: blocking() without a timeout; with one, start() posts its non-blocking
-  /// form, which is then awaited against the deadline.
+  /// Runs a collective: alone, blocking(); else start() posts its non-blocking form, awaited
+  /// (against the timeout or stall period when watching()). Never the blocking form with
+  /// several ranks: MPI does not match a blocking collective with a non-blocking one, so ranks
+  /// that watch differently (another --collective-timeout) must still meet.
+  /// Whether collectives are watched (a timeout or stall warnings): every rank then tells the
+  /// others when it enters one, and waits for its non-blocking form.
+  bool watching() const { return (timeout_ > 0.0 || stall_ > 0.0) && size_ > 1; }
+
   template <typename Blocking, typename Start>
   void collective(const char* what, std::int64_t bytes, Blocking&& blocking, Start&& start) {
-    if (timeout_ <= 0.0 || size_ == 1) {
+    if (size_ == 1) {
       blocking();
       return;
     }
@@ -325,7 +353,7 @@ class MpiCommunicator final : public Communicator {
 
   /// Tells every other rank that this one entered its collective number seq_ (then counts it).
   void announce() {
-    if (timeout_ <= 0.0 || size_ == 1) {
+    if (!watching()) {
       ++seq_;
       return;
     }
@@ -348,7 +376,9 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
+  /// Posts the receives of the other ranks' arrival notes (once).
   void post_arrival_receives() {
+    if (!receives_.empty()) return;
     seen_.assign(static_cast<std::size_t>(size_), -1);
     inbox_.assign(static_cast<std::size_t>(size_), 0);
     receives_.assign(static_cast<std::size_t>(size_), MPI_REQUEST_NULL);
@@ -374,40 +404,72 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
-  /// Waits for r, collective number seq, until the timeout; then throws naming who arrived.
+  /// The ranks that arrived at collective number seq (this one among them) and those that did
+  /// not, with the newest collective each of those entered.
+  struct Arrivals {
+    std::vector<int> arrived, missing;
+    std::string last;  // "rank 1 last entered #6, rank 2 entered none"
+  };
+  Arrivals arrivals(std::int64_t seq) {
+    poll_arrivals();
+    Arrivals a;
+    a.arrived.push_back(rank_);
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank_) continue;
+      if (seen_[peer] >= seq) {
+        a.arrived.push_back(peer);
+      } else {
+        a.missing.push_back(peer);
+        a.last += fmt::format("{}rank {} {}", a.last.empty() ? "" : ", ", peer,
+                              seen_[peer] < 0 ? std::string("entered none")
+                                              : fmt::format("last entered #{}", seen_[peer]));
+      }
+    }
+    std::sort(a.arrived.begin(), a.arrived.end());
+    return a;
+  }
+
+  /// Waits for r, collective number seq: until the timeout, then throws naming who arrived;
+  /// without one, for ever, warning after every stall period with who did not arrive.
   void await(MPI_Request* r, const char* what, std::int64_t seq, std::int64_t bytes) {
+    if (!watching()) {
+      check_mpi(MPI_Wait(r, MPI_STATUS_IGNORE), "MPI_Wait");
+      return;
+    }
     const auto start = std::chrono::steady_clock::now();
-    const auto deadline = start + std::chrono::duration<double>(timeout_);
+    const bool timed = timeout_ > 0.0;
+    const double period = timed ? timeout_ : stall_;
+    auto deadline = start + std::chrono::duration<double>(period);
     for (int spins = 0;; ++spins) {
       int done = 0;
       check_mpi(MPI_Test(r, &done, MPI_STATUS_IGNORE), "MPI_Test");
       if (done) return;
       if (spins % 64 == 0) {
         poll_arrivals();
-        if (std::chrono::steady_clock::now() > deadline) break;
+        const auto now = std::chrono::steady_clock::now();
+        if (now > deadline) {
+          if (timed) break;
+          const Arrivals a = arrivals(seq);
+          fmt::print(
+              stderr,
+              "warning on rank {}: {} #{} ({} bytes over {} ranks) has waited {:.0f} s: "
+              "rank(s) {} did not arrive ({}); still waiting (no --collective-timeout)\n",
+              rank_, what, seq, bytes, size_, std::chrono::duration<double>(now - start).count(),
+              a.missing.empty() ? std::string("none")
+                                : fmt::format("{}", fmt::join(a.missing, ", ")),
+              a.missing.empty() ? "every rank arrived: a peer may be stuck inside MPI" : a.last);
+          std::fflush(stderr);
+          deadline = now + std::chrono::duration<double>(period);
+        }
       }
       if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
-    poll_arrivals();
-    std::vector<int> arrived{rank_}, missing;
-    std::string last;
-    for (int peer = 0; peer < size_; ++peer) {
-      if (peer == rank_) continue;
-      if (seen_[peer] >= seq) {
-        arrived.push_back(peer);
-      } else {
-        missing.push_back(peer);
-        last += fmt::format("{}rank {} {}", last.empty() ? "" : ", ", peer,
-                            seen_[peer] < 0 ? std::string("entered none")
-                                            : fmt::format("last entered #{}", seen_[peer]));
-      }
-    }
-    std::sort(arrived.begin(), arrived.end());
+    const Arrivals a = arrivals(seq);
     MINIDL_FAIL(what, " #", seq, " (", bytes, " bytes over ", size_,
                 " ranks) did not complete within the collective timeout of ", timeout_,
-                " s: rank(s) ", fmt::format("{}", fmt::join(arrived, ", ")), " arrived, rank(s) ",
-                fmt::format("{}", fmt::join(missing, ", ")), " did not (", last,
-                missing.empty() ? "every rank arrived: a peer may be stuck inside MPI" : "", ")");
+                " s: rank(s) ", fmt::format("{}", fmt::join(a.arrived, ", ")), " arrived, rank(s) ",
+                fmt::format("{}", fmt::join(a.missing, ", ")), " did not (", a.last,
+                a.missing.empty() ? "every rank arrived: a peer may be stuck inside MPI" : "", ")");
   }
   void check_rank(const char* what, int r) const {
     MINIDL_CHECK(r >= 0 && r < size_, what, " rank ", r, " in a communicator of ", size_, " ranks");
@@ -436,6 +498,7 @@ class MpiCommunicator final : public Communicator {
   // The collective timeout (set_timeout): collectives entered so far, the notes sent to the
   // other ranks (kept until their sends complete), and per rank the newest note received.
   double timeout_ = 0.0;
+  double stall_ = 0.0;  // seconds before a stall warning (set_stall_warning); 0: none
   MPI_Comm arrivals_ = MPI_COMM_NULL;
   std::int64_t seq_ = 0;
   struct Note {

@@ -70,10 +70,13 @@ class Communicator {
   [[noreturn]] virtual void abort(int code) = 0;
 
   /// Seconds a collective (or the wait for a non-blocking one) may take before it throws
-  /// minidl::Error naming it and which ranks reached it (0: wait forever, the default). With a
-  /// timeout every rank tells the others each time it enters a collective (a few bytes per peer),
-  /// so the error can say who is missing. Applies to the communicators split from this one too;
-  /// set it to the same value on every rank.
+  /// minidl::Error naming it and which ranks reached it (0: wait forever, the default). Without
+  /// a timeout, a collective that has waited MINIDL_STALL_WARNING_SECONDS (default 60; 0: never)
+  /// prints a warning on stderr naming it and the ranks that did not arrive, again after every
+  /// further period, and keeps waiting (as Horovod's stall inspector). For both every rank tells
+  /// the others each time it enters a collective (a few bytes per peer), so the message can say
+  /// who is missing. Applies to the communicators split from this one too. Throws on a bad
+  /// MINIDL_STALL_WARNING_SECONDS.
   virtual void set_timeout(double seconds) = 0;
 };
 
