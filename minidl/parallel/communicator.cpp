@@ -1,6 +1,7 @@
 #include "minidl/parallel/communicator.hpp"
 
 #include <mpi.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -78,6 +79,17 @@ class LocalCommunicator final : public Communicator {
     resolve_ranks_per_node(ranks_per_node);  // a bad value fails here as under mpirun
     return split_;
   }
+  void* shared_region(std::int64_t bytes) override {
+    if (static_cast<std::int64_t>(region_.size()) < bytes)
+      region_.resize(static_cast<std::size_t>(bytes));
+    return region_.data();
+  }
+  void shared_sync() override {}
+  std::string host() const override {
+    char name[256] = {};
+    gethostname(name, sizeof(name) - 1);
+    return name;
+  }
   [[noreturn]] void abort(int code) override { std::exit(code); }
   void set_timeout(double) override {}  // nothing to wait for
 
@@ -89,6 +101,7 @@ class LocalCommunicator final : public Communicator {
   std::vector<std::int64_t> pending_;
   std::int64_t next_id_ = 0;
   std::map<int, std::deque<std::vector<char>>> mailbox_;
+  std::vector<char> region_;
 };
 
 void check_mpi(int rc, const char* what) {
@@ -285,6 +298,48 @@ class MpiCommunicator final : public Communicator {
     return s.view;
   }
 
+  void* shared_region(std::int64_t bytes) override {
+    if (window_ != MPI_WIN_NULL && bytes <= region_bytes_) return region_;
+    if (window_ == MPI_WIN_NULL) {
+      // Once: every rank must be on one node, or MPI could not map the others' memory.
+      MPI_Comm node = MPI_COMM_NULL;
+      check_mpi(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node),
+                "MPI_Comm_split_type");
+      int node_size = 0;
+      MPI_Comm_size(node, &node_size);
+      MPI_Comm_free(&node);
+      MINIDL_CHECK(node_size == size_, "shared memory among ", size_, " ranks: only ", node_size,
+                   " of them share this rank's node (", host(), ")");
+    } else {
+      MPI_Win_unlock_all(window_);
+      MPI_Win_free(&window_);
+    }
+    // All of it on rank 0, so the region is contiguous; the others map it.
+    void* base = nullptr;
+    const MPI_Aint size = rank_ == 0 ? static_cast<MPI_Aint>(bytes) : 0;
+    check_mpi(MPI_Win_allocate_shared(size, 1, MPI_INFO_NULL, comm_, &base, &window_),
+              "MPI_Win_allocate_shared");
+    MPI_Aint got = 0;
+    int unit = 0;
+    check_mpi(MPI_Win_shared_query(window_, 0, &got, &unit, &region_), "MPI_Win_shared_query");
+    MINIDL_CHECK(got >= bytes, "MPI_Win_shared_query: the shared region has ", got, " bytes, ",
+                 bytes, " were allocated");
+    check_mpi(MPI_Win_lock_all(MPI_MODE_NOCHECK, window_), "MPI_Win_lock_all");
+    region_bytes_ = bytes;
+    return region_;
+  }
+  void shared_sync() override {
+    if (window_ != MPI_WIN_NULL) MPI_Win_sync(window_);
+    barrier();
+    if (window_ != MPI_WIN_NULL) MPI_Win_sync(window_);
+  }
+  std::string host() const override {
+    char name[MPI_MAX_PROCESSOR_NAME] = {};
+    int len = 0;
+    MPI_Get_processor_name(name, &len);
+    return std::string(name, static_cast<std::size_t>(len));
+  }
+
   [[noreturn]] void abort(int code) override {
     MPI_Abort(MPI_COMM_WORLD, code);
     std::exit(code);
@@ -292,7 +347,10 @@ class MpiCommunicator final : public Communicator {
 
   void set_timeout(double seconds) override {
     MINIDL_CHECK(seconds >= 0.0, "collective timeout must be >= 0 seconds, got ", seconds);
-    if (seconds > 0.0 && timeout_ == 0.0 && size_ > 1) post_arrival_receives();
+    if (seconds > 0.0 && timeout_ == 0.0 && size_ > 1) {
+      post_arrival_receives();
+      gather_hosts();
+    }
     timeout_ = seconds;
     for (auto& [k, split] : splits_) {
       if (split.node) split.node->set_timeout(seconds);
@@ -348,6 +406,24 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
+  /// Every rank's host and rank in the whole job, for the timeout's message (collective).
+  void gather_hosts() {
+    std::string mine = host();
+    mine.resize(MPI_MAX_PROCESSOR_NAME, '\0');
+    std::string all(static_cast<std::size_t>(size_) * MPI_MAX_PROCESSOR_NAME, '\0');
+    check_mpi(MPI_Allgather(mine.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(),
+                            MPI_MAX_PROCESSOR_NAME, MPI_CHAR, comm_),
+              "MPI_Allgather");
+    hosts_.clear();
+    for (int r = 0; r < size_; ++r)
+      hosts_.emplace_back(all.c_str() + static_cast<std::size_t>(r) * MPI_MAX_PROCESSOR_NAME);
+    int mine_in_job = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &mine_in_job);
+    job_ranks_.assign(static_cast<std::size_t>(size_), 0);
+    check_mpi(MPI_Allgather(&mine_in_job, 1, MPI_INT, job_ranks_.data(), 1, MPI_INT, comm_),
+              "MPI_Allgather");
+  }
+
   void post_arrival_receives() {
     seen_.assign(static_cast<std::size_t>(size_), -1);
     inbox_.assign(static_cast<std::size_t>(size_), 0);
@@ -389,17 +465,21 @@ class MpiCommunicator final : public Communicator {
       if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
     poll_arrivals();
-    std::vector<int> arrived{rank_}, missing;
+    // Ranks are named as in the whole job (a node's or the leaders' communicator numbers its
+    // own), each missing one with its host.
+    auto job_rank = [&](int r) { return job_ranks_.at(static_cast<std::size_t>(r)); };
+    std::vector<int> arrived{job_rank(rank_)}, missing;
     std::string last;
     for (int peer = 0; peer < size_; ++peer) {
       if (peer == rank_) continue;
       if (seen_[peer] >= seq) {
-        arrived.push_back(peer);
+        arrived.push_back(job_rank(peer));
       } else {
-        missing.push_back(peer);
-        last += fmt::format("{}rank {} {}", last.empty() ? "" : ", ", peer,
+        missing.push_back(job_rank(peer));
+        last += fmt::format("{}rank {} {} on host {}", last.empty() ? "" : ", ", job_rank(peer),
                             seen_[peer] < 0 ? std::string("entered none")
-                                            : fmt::format("last entered #{}", seen_[peer]));
+                                            : fmt::format("last entered #{}", seen_[peer]),
+                            hosts_.at(static_cast<std::size_t>(peer)));
       }
     }
     std::sort(arrived.begin(), arrived.end());
@@ -453,6 +533,12 @@ class MpiCommunicator final : public Communicator {
   std::vector<int> done_;  // MPI_Testsome's scratch
   int in_flight_ = 0;      // started and not seen complete
   std::map<int, Split> splits_;
+  std::vector<std::string> hosts_;  // with a timeout: every rank's host
+  std::vector<int> job_ranks_;      // and its rank in MPI_COMM_WORLD
+  // shared_region(): the window and rank 0's base address in this process.
+  MPI_Win window_ = MPI_WIN_NULL;
+  void* region_ = nullptr;
+  std::int64_t region_bytes_ = 0;
 };
 
 }  // namespace
