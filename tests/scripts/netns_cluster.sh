@@ -3,13 +3,16 @@
 # namespaces on this machine, TCP between hosts, shared memory inside one). With --deterministic
 # --reduce hierarchical, 2 hosts x 1 rank and 2 hosts x 2 ranks save the bytes of the
 # one-process run; a host killed mid-run (every process in its namespace) ends the job with a
-# non-zero exit and nothing saved; a stalled rank makes --collective-timeout name its host. No
+# non-zero exit and nothing saved; a stalled rank makes --collective-timeout name its host. With
+# the multi-rank test binary, its hierarchical and tree tests run on 2 hosts x 2 ranks too (the
+# non-deterministic strategy against the serial run, the collectives against their formulas). No
 # namespace, veth or bridge of a run is left behind.
 # Exits 77 (ctest: skipped) when this machine does not allow network namespaces.
-# usage: netns_cluster.sh path/to/mnist_mlp
+# usage: netns_cluster.sh path/to/mnist_mlp [path/to/minidl_mpi_tests]
 set -u
-[ $# -eq 1 ] || { echo "usage: $0 path/to/mnist_mlp" >&2; exit 2; }
-mlp=$1
+[ $# -ge 1 ] && [ $# -le 2 ] ||
+  { echo "usage: $0 path/to/mnist_mlp [path/to/minidl_mpi_tests]" >&2; exit 2; }
+mlp=$1 mpi_tests=${2:-}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cluster=$root/scripts/netns-cluster
 
@@ -55,6 +58,17 @@ for layout in 2x1 2x2; do
     fail "$layout: parameters differ from the one-process run"
   fi
 done
+
+if [ -n "$mpi_tests" ]; then
+  if OMP_NUM_THREADS=1 "$cluster" --hosts 2 --ranks-per-host 2 -- "$mpi_tests" \
+    --gtest_filter='Hierarchical.*:MpiCollectives.TreeAllreduce*:MpiCollectives.Hierarchical*' \
+    >"$tmp/gtest.out" 2>&1; then
+    echo "ok   2 hosts x 2 ranks: $(grep -c '^.*\[       OK \]' "$tmp/gtest.out") multi-rank test" \
+      "runs passed (Hierarchical.*, the tree and hierarchical collectives)"
+  else
+    fail "2 hosts x 2 ranks: the multi-rank tests failed: $(cat "$tmp/gtest.out")"
+  fi
+fi
 
 # A host dies: every process in its namespace is killed once training runs.
 OMP_NUM_THREADS=1 "$cluster" --hosts 2 --ranks-per-host 2 --info "$tmp/hosts" -- \
