@@ -593,8 +593,9 @@ void TreeAllreduce::plan_nodes() {
 
 // Shared region of the node: one slot of n floats per rank of the node (its part, then the
 // node's joins in place), the node's parts for the leaders, and every node's parts gathered.
-// Each rank joins its slice of the elements; a sync separates the steps. Element by element the
-// joins are those of the flat tree, in an order that respects it, so the bits are the same.
+// Each rank joins its slice of the elements; a sync separates the steps (none after the last
+// read: the next call writes to the region's other half, see NodeAllreduce). Element by element
+// the joins are those of the flat tree, in an order that respects it, so the bits are the same.
 void TreeAllreduce::by_node(float* x) {
   if (!planned_) plan_nodes();
   Communicator& node = *split_->node;
@@ -616,7 +617,6 @@ void TreeAllreduce::by_node(float* x) {
   node.shared_sync();
   if (global_joins_.empty()) {  // one node: the tree's root is rank 0's slot
     std::memcpy(x, slot(0), bytes);
-    node.shared_sync();  // nobody writes the region again before every rank has read it
     return;
   }
   for (std::size_t j = 0; j < exported_.size(); ++j)
@@ -630,13 +630,15 @@ void TreeAllreduce::by_node(float* x) {
   for (const auto& [a, b] : global_joins_) add_range(part(a), part(b), lo, hi);
   node.shared_sync();
   std::memcpy(x, part(0), bytes);
-  node.shared_sync();
 }
 
 NodeAllreduce::NodeAllreduce(const Communicator::SharedSplit& split, std::int64_t n, float scale)
     : split_(split), n_(n), scale_(scale) {}
 
 // Shared region of the node: one slot of n floats per rank of the node, then the node's sum.
+// The next call writes to the other half of the region (Communicator::shared_region), so the
+// ranks may read the result and leave without waiting for each other: the call after that
+// writes here again only past its first sync, which every rank enters after reading.
 void NodeAllreduce::operator()(float* x) {
   Communicator& node = *split_.node;
   const int k = node.size(), me = node.rank();
@@ -676,7 +678,6 @@ void NodeAllreduce::operator()(float* x) {
     node.shared_sync();
   }
   std::memcpy(x, sum, static_cast<std::size_t>(n) * sizeof(float));
-  node.shared_sync();  // nobody writes the region again before every rank has read it
 }
 
 ir::Value* tree_allreduce(ir::Value* x, std::int64_t leaves, int group, const std::string& name,

@@ -82,7 +82,7 @@ class LocalCommunicator final : public Communicator {
   void* shared_region(std::int64_t bytes) override {
     if (static_cast<std::int64_t>(region_.size()) < bytes)
       region_.resize(static_cast<std::size_t>(bytes));
-    return region_.data();
+    return region_.data();  // one process: nobody else reads it
   }
   void shared_sync() override {}
   std::string host() const override {
@@ -299,7 +299,11 @@ class MpiCommunicator final : public Communicator {
   }
 
   void* shared_region(std::int64_t bytes) override {
-    if (window_ != MPI_WIN_NULL && bytes <= region_bytes_) return region_;
+    // Two halves, each call the other one.
+    bytes = (bytes + 63) / 64 * 64;
+    flip_ = !flip_;
+    if (window_ != MPI_WIN_NULL && bytes <= region_bytes_)
+      return static_cast<char*>(region_) + (flip_ ? region_bytes_ : 0);
     if (window_ == MPI_WIN_NULL) {
       // Once: every rank must be on one node, or MPI could not map the others' memory.
       MPI_Comm node = MPI_COMM_NULL;
@@ -316,17 +320,17 @@ class MpiCommunicator final : public Communicator {
     }
     // All of it on rank 0, so the region is contiguous; the others map it.
     void* base = nullptr;
-    const MPI_Aint size = rank_ == 0 ? static_cast<MPI_Aint>(bytes) : 0;
+    const MPI_Aint size = rank_ == 0 ? static_cast<MPI_Aint>(2 * bytes) : 0;
     check_mpi(MPI_Win_allocate_shared(size, 1, MPI_INFO_NULL, comm_, &base, &window_),
               "MPI_Win_allocate_shared");
     MPI_Aint got = 0;
     int unit = 0;
     check_mpi(MPI_Win_shared_query(window_, 0, &got, &unit, &region_), "MPI_Win_shared_query");
-    MINIDL_CHECK(got >= bytes, "MPI_Win_shared_query: the shared region has ", got, " bytes, ",
-                 bytes, " were allocated");
+    MINIDL_CHECK(got >= 2 * bytes, "MPI_Win_shared_query: the shared region has ", got, " bytes, ",
+                 2 * bytes, " were allocated");
     check_mpi(MPI_Win_lock_all(MPI_MODE_NOCHECK, window_), "MPI_Win_lock_all");
     region_bytes_ = bytes;
-    return region_;
+    return static_cast<char*>(region_) + (flip_ ? region_bytes_ : 0);
   }
   void shared_sync() override {
     if (window_ != MPI_WIN_NULL) MPI_Win_sync(window_);
@@ -535,10 +539,12 @@ class MpiCommunicator final : public Communicator {
   std::map<int, Split> splits_;
   std::vector<std::string> hosts_;  // with a timeout: every rank's host
   std::vector<int> job_ranks_;      // and its rank in MPI_COMM_WORLD
-  // shared_region(): the window and rank 0's base address in this process.
+  // shared_region(): the window, rank 0's base address in this process, the size of each of its
+  // two halves, and which half the last call got.
   MPI_Win window_ = MPI_WIN_NULL;
   void* region_ = nullptr;
   std::int64_t region_bytes_ = 0;
+  bool flip_ = false;
 };
 
 }  // namespace
