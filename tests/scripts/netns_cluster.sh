@@ -3,7 +3,8 @@
 # namespaces on this machine, TCP between hosts, shared memory inside one). With --deterministic
 # --reduce hierarchical, 2 hosts x 1 rank and 2 hosts x 2 ranks save the bytes of the
 # one-process run; a host killed mid-run (every process in its namespace) ends the job with a
-# non-zero exit and nothing saved; a stalled rank makes --collective-timeout name its host. With
+# non-zero exit and nothing saved; the script stopped by SIGTERM ends the job and removes its
+# hosts; a stalled rank makes --collective-timeout name its host. With
 # the multi-rank test binary, its hierarchical and tree tests run on 2 hosts x 2 ranks too (the
 # non-deterministic strategy against the serial run, the collectives against their formulas). No
 # namespace, veth or bridge of a run is left behind.
@@ -98,6 +99,33 @@ else
   else
     echo "ok   kill: host $victim killed (${#pids[@]} processes), the job ended in ${took} s (exit $rc)"
   fi
+fi
+
+# The script itself is stopped (SIGTERM, as by a batch system or kill) while training runs: it
+# ends the job and removes its hosts.
+OMP_NUM_THREADS=1 "$cluster" --hosts 2 --ranks-per-host 1 --info "$tmp/hosts3" -- \
+  "$mlp" "${flags[@]}" --epochs 1000 >"$tmp/term.out" 2>&1 &
+job=$!
+for _ in $(seq 1 600); do
+  grep -q "^epoch" "$tmp/term.out" 2>/dev/null && break
+  kill -0 "$job" 2>/dev/null || break
+  sleep 0.1
+done
+if ! kill -TERM "$job" 2>/dev/null; then
+  fail "stop: the job did not get to run: $(cat "$tmp/term.out")"
+fi
+wait "$job"
+rc=$?
+left=""
+for ns in $(awk '$1 == "host" { print $3 }' "$tmp/hosts3" 2>/dev/null); do
+  ! ip netns list | grep -qw "$ns" || left+=" $ns"
+done
+if [ "$rc" -ne 143 ]; then
+  fail "stop: the script exited $rc after SIGTERM, not 143: $(cat "$tmp/term.out")"
+elif [ -n "$left" ] || [ ! -s "$tmp/hosts3" ]; then
+  fail "stop: hosts left behind after SIGTERM:${left:- (no host list)}"
+else
+  echo "ok   stop: SIGTERM to the script ended the job (exit $rc) and removed its hosts"
 fi
 
 # A rank stalls (rank 1, on the second host): rank 0, waiting for it among the node leaders,
