@@ -347,6 +347,9 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
     topt.compile.check_numerics = c.check_numerics;
     topt.fuse = !c.no_fuse;
     topt.replicas = c.thread_mode == "replicas" ? max_threads() : 1;
+    MINIDL_CHECK(!c.deterministic || c.reduce != "root",
+                 "--reduce root does not apply with --deterministic (allowed there: allreduce, "
+                 "hierarchical)");
     topt.reduce_strategy = parallel::parse_reduce_strategy(c.reduce);
     topt.bucket_bytes = static_cast<std::int64_t>(c.bucket_mb * 1024 * 1024);
     topt.overlap = c.overlap;

@@ -1,6 +1,7 @@
 #include "minidl/parallel/communicator.hpp"
 
 #include <mpi.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -94,6 +95,17 @@ class LocalCommunicator final : public Communicator {
     resolve_ranks_per_node(ranks_per_node);  // a bad value fails here as under mpirun
     return split_;
   }
+  void* shared_region(std::int64_t bytes) override {
+    if (static_cast<std::int64_t>(region_.size()) < bytes)
+      region_.resize(static_cast<std::size_t>(bytes));
+    return region_.data();  // one process: nobody else reads it
+  }
+  void shared_sync() override {}
+  std::string host() const override {
+    char name[256] = {};
+    gethostname(name, sizeof(name) - 1);
+    return name;
+  }
   [[noreturn]] void abort(int code) override { std::exit(code); }
   void set_timeout(double) override {}  // nothing to wait for
 
@@ -105,6 +117,7 @@ class LocalCommunicator final : public Communicator {
   std::vector<std::int64_t> pending_;
   std::int64_t next_id_ = 0;
   std::map<int, std::deque<std::vector<char>>> mailbox_;
+  std::vector<char> region_;
 };
 
 void check_mpi(int rc, const char* what) {
@@ -296,6 +309,52 @@ class MpiCommunicator final : public Communicator {
     return s.view;
   }
 
+  void* shared_region(std::int64_t bytes) override {
+    // Two halves, each call the other one.
+    bytes = (bytes + 63) / 64 * 64;
+    flip_ = !flip_;
+    if (window_ != MPI_WIN_NULL && bytes <= region_bytes_)
+      return static_cast<char*>(region_) + (flip_ ? region_bytes_ : 0);
+    if (window_ == MPI_WIN_NULL) {
+      // Once: every rank must be on one node, or MPI could not map the others' memory.
+      MPI_Comm node = MPI_COMM_NULL;
+      check_mpi(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node),
+                "MPI_Comm_split_type");
+      int node_size = 0;
+      MPI_Comm_size(node, &node_size);
+      MPI_Comm_free(&node);
+      MINIDL_CHECK(node_size == size_, "shared memory among ", size_, " ranks: only ", node_size,
+                   " of them share this rank's node (", host(), ")");
+    } else {
+      MPI_Win_unlock_all(window_);
+      MPI_Win_free(&window_);
+    }
+    // All of it on rank 0, so the region is contiguous; the others map it.
+    void* base = nullptr;
+    const MPI_Aint size = rank_ == 0 ? static_cast<MPI_Aint>(2 * bytes) : 0;
+    check_mpi(MPI_Win_allocate_shared(size, 1, MPI_INFO_NULL, comm_, &base, &window_),
+              "MPI_Win_allocate_shared");
+    MPI_Aint got = 0;
+    int unit = 0;
+    check_mpi(MPI_Win_shared_query(window_, 0, &got, &unit, &region_), "MPI_Win_shared_query");
+    MINIDL_CHECK(got >= 2 * bytes, "MPI_Win_shared_query: the shared region has ", got, " bytes, ",
+                 2 * bytes, " were allocated");
+    check_mpi(MPI_Win_lock_all(MPI_MODE_NOCHECK, window_), "MPI_Win_lock_all");
+    region_bytes_ = bytes;
+    return static_cast<char*>(region_) + (flip_ ? region_bytes_ : 0);
+  }
+  void shared_sync() override {
+    if (window_ != MPI_WIN_NULL) MPI_Win_sync(window_);
+    barrier();
+    if (window_ != MPI_WIN_NULL) MPI_Win_sync(window_);
+  }
+  std::string host() const override {
+    char name[MPI_MAX_PROCESSOR_NAME] = {};
+    int len = 0;
+    MPI_Get_processor_name(name, &len);
+    return std::string(name, static_cast<std::size_t>(len));
+  }
+
   [[noreturn]] void abort(int code) override {
     MPI_Abort(MPI_COMM_WORLD, code);
     std::exit(code);
@@ -328,6 +387,7 @@ class MpiCommunicator final : public Communicator {
     MPI_Comm_size(comm_, &size_);
     // Arrival notes of the collective timeout travel apart from everything else.
     check_mpi(MPI_Comm_dup(comm_, &arrivals_), "MPI_Comm_dup");
+    if (size_ > 1) gather_hosts();
     set_stall_warning(stall_warning_seconds(false));
   }
 
@@ -376,6 +436,26 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
+  /// Every rank's host and rank in the whole job, for the messages of the timeout and the stall
+  /// warnings: gathered when the communicator is made (a collective every rank runs at the same
+  /// point).
+  void gather_hosts() {
+    std::string mine = host();
+    mine.resize(MPI_MAX_PROCESSOR_NAME, '\0');
+    std::string all(static_cast<std::size_t>(size_) * MPI_MAX_PROCESSOR_NAME, '\0');
+    check_mpi(MPI_Allgather(mine.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(),
+                            MPI_MAX_PROCESSOR_NAME, MPI_CHAR, comm_),
+              "MPI_Allgather");
+    hosts_.clear();
+    for (int r = 0; r < size_; ++r)
+      hosts_.emplace_back(all.c_str() + static_cast<std::size_t>(r) * MPI_MAX_PROCESSOR_NAME);
+    int mine_in_job = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &mine_in_job);
+    job_ranks_.assign(static_cast<std::size_t>(size_), 0);
+    check_mpi(MPI_Allgather(&mine_in_job, 1, MPI_INT, job_ranks_.data(), 1, MPI_INT, comm_),
+              "MPI_Allgather");
+  }
+
   /// Posts the receives of the other ranks' arrival notes (once).
   void post_arrival_receives() {
     if (!receives_.empty()) return;
@@ -405,24 +485,27 @@ class MpiCommunicator final : public Communicator {
   }
 
   /// The ranks that arrived at collective number seq (this one among them) and those that did
-  /// not, with the newest collective each of those entered.
+  /// not, with the newest collective each of those entered and its host. Ranks are named as in
+  /// the whole job (a node's or the leaders' communicator numbers its own).
   struct Arrivals {
     std::vector<int> arrived, missing;
-    std::string last;  // "rank 1 last entered #6, rank 2 entered none"
+    std::string last;  // "rank 1 last entered #6 on host a, rank 2 entered none on host b"
   };
   Arrivals arrivals(std::int64_t seq) {
     poll_arrivals();
+    auto job_rank = [&](int r) { return job_ranks_.at(static_cast<std::size_t>(r)); };
     Arrivals a;
-    a.arrived.push_back(rank_);
+    a.arrived.push_back(job_rank(rank_));
     for (int peer = 0; peer < size_; ++peer) {
       if (peer == rank_) continue;
       if (seen_[peer] >= seq) {
-        a.arrived.push_back(peer);
+        a.arrived.push_back(job_rank(peer));
       } else {
-        a.missing.push_back(peer);
-        a.last += fmt::format("{}rank {} {}", a.last.empty() ? "" : ", ", peer,
+        a.missing.push_back(job_rank(peer));
+        a.last += fmt::format("{}rank {} {} on host {}", a.last.empty() ? "" : ", ", job_rank(peer),
                               seen_[peer] < 0 ? std::string("entered none")
-                                              : fmt::format("last entered #{}", seen_[peer]));
+                                              : fmt::format("last entered #{}", seen_[peer]),
+                              hosts_.at(static_cast<std::size_t>(peer)));
       }
     }
     std::sort(a.arrived.begin(), a.arrived.end());
@@ -516,6 +599,14 @@ class MpiCommunicator final : public Communicator {
   std::vector<int> done_;  // MPI_Testsome's scratch
   int in_flight_ = 0;      // started and not seen complete
   std::map<int, Split> splits_;
+  std::vector<std::string> hosts_;  // with several ranks: every rank's host
+  std::vector<int> job_ranks_;      // and its rank in MPI_COMM_WORLD
+  // shared_region(): the window, rank 0's base address in this process, the size of each of its
+  // two halves, and which half the last call got.
+  MPI_Win window_ = MPI_WIN_NULL;
+  void* region_ = nullptr;
+  std::int64_t region_bytes_ = 0;
+  bool flip_ = false;
 };
 
 }  // namespace
