@@ -174,6 +174,31 @@ class MpiCommunicator final : public Communicator {
   }
   /// Takes ownership of comm (a split of another communicator).
   explicit MpiCommunicator(MPI_Comm comm) { adopt(comm); }
+  /// Retires the arrival notes' requests, which MPI would otherwise complete into freed memory
+  /// during MPI_Finalize (at exit, after this object is gone): the receives are cancelled (or
+  /// completed, into inbox_ still alive), and sends not yet complete keep their buffers.
+  ~MpiCommunicator() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) return;
+    for (MPI_Request& r : receives_) {
+      if (r == MPI_REQUEST_NULL) continue;
+      MPI_Cancel(&r);
+      MPI_Wait(&r, MPI_STATUS_IGNORE);
+    }
+    bool pending = false;
+    for (Note& note : notes_) {
+      int done = 0;
+      MPI_Testall(static_cast<int>(note.requests.size()), note.requests.data(), &done,
+                  MPI_STATUSES_IGNORE);
+      if (done) continue;
+      for (MPI_Request& r : note.requests)
+        if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+      pending = true;
+    }
+    // A send freed while in flight still reads its buffer: those notes outlive this object.
+    if (pending) new std::deque<Note>(std::move(notes_));  // NOLINT: deliberately leaked
+  }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
