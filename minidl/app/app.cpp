@@ -2,6 +2,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -26,6 +27,8 @@
 #include "minidl/ir/printer.hpp"
 #include "minidl/ops/precision.hpp"
 #include "minidl/parallel/communicator.hpp"
+#include "minidl/parallel/layout.hpp"
+#include "minidl/parallel/preflight.hpp"
 #include "minidl/train/loss.hpp"
 #include "minidl/train/optimizer.hpp"
 
@@ -56,6 +59,41 @@ std::vector<std::int64_t> AppConfig::hidden_sizes() const {
 
 namespace {
 
+/// SIGINT and SIGTERM end the process at once (their default), except while an output is being
+/// written and renamed into place: then they end it right after, so a checkpoint, --save or the
+/// metrics are never left half-written; a second signal meanwhile ends it at once. A
+/// process-wide handler, since any of the process's threads (OpenMP's, the prefetch thread,
+/// MPI's) may receive the signal.
+std::atomic<int> writing{0};
+std::atomic<int> pending_signal{0};
+
+void on_terminating_signal(int sig) {
+  // A second signal while one waits ends the process at once (a write that never ends).
+  if (writing.load() > 0 && pending_signal.exchange(sig) == 0) return;
+  std::signal(sig, SIG_DFL);
+  std::raise(sig);
+}
+
+void install_signal_handlers() {
+  for (int sig : {SIGINT, SIGTERM}) std::signal(sig, on_terminating_signal);
+}
+
+/// While it lives, SIGINT and SIGTERM wait (see on_terminating_signal).
+class WritingOutput {
+ public:
+  WritingOutput() { writing.fetch_add(1); }
+  WritingOutput(const WritingOutput&) = delete;
+  WritingOutput& operator=(const WritingOutput&) = delete;
+  ~WritingOutput() {
+    if (writing.fetch_sub(1) == 1) {
+      if (const int sig = pending_signal.exchange(0); sig != 0) {
+        std::signal(sig, SIG_DFL);
+        std::raise(sig);
+      }
+    }
+  }
+};
+
 /// Appends JSON lines to a file that is written whole at each epoch: a temporary file renamed
 /// over the target, so a reader never sees a half-written line. Nothing is written before
 /// start(): a run refused before its first step leaves no file.
@@ -75,7 +113,10 @@ class MetricsWriter {
   }
 
  private:
-  void flush() { write_file_atomically(path_, text_, "--metrics"); }
+  void flush() {
+    WritingOutput writing;
+    write_file_atomically(path_, text_, "--metrics");
+  }
   std::string path_;
   std::string text_;
   bool started_ = false;
@@ -189,97 +230,182 @@ std::int64_t test_hook(const char* variable, std::int64_t fallback, std::int64_t
   return x;
 }
 
+/// The build this process runs: the program's name and the size and hash of its executable,
+/// so that ranks started from different builds differ in preflight.
+std::string build_identity(const std::string& program) {
+  std::ifstream in("/proc/self/exe", std::ios::binary);
+  std::uint64_t hash = 0xcbf29ce484222325ULL, bytes = 0;
+  std::vector<char> buffer(1 << 16);
+  while (in) {
+    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+    const auto n = static_cast<std::size_t>(in.gcount());
+    for (std::size_t i = 0; i < n; ++i)
+      hash = (hash ^ static_cast<unsigned char>(buffer[i])) * 0x100000001b3ULL;
+    bytes += n;
+  }
+  return fmt::format("binary {} ({} bytes, hash {:016x})", program, bytes, hash);
+}
+
+/// Refuses sizes that would train nothing or leave a rank without samples, naming the flags.
+void check_sizes(const AppConfig& c, std::int64_t train_samples, std::int64_t test_samples,
+                 int ranks) {
+  MINIDL_CHECK(train_samples > 0, "the training set is empty (--train-limit ", c.train_limit,
+               ", --dataset ", c.dataset, ")");
+  MINIDL_CHECK(test_samples > 0, "the test set is empty (--test-limit ", c.test_limit,
+               ", --dataset ", c.dataset, ")");
+  const std::int64_t batch = c.batch_size * c.accumulate;
+  MINIDL_CHECK(Trainer::steps_per_epoch(train_samples, batch, ranks) > 0, train_samples,
+               " training sample(s) cannot give each of the ", ranks,
+               " ranks a sample: no training step would run; use more samples (--train-limit) or "
+               "fewer ranks (mpirun -np)");
+  if (c.deterministic) {
+    // Every batch, the last one too, must give every rank a micro-shard.
+    const parallel::Layout layout({.ranks = ranks, .micro_batch = c.micro_batch});
+    const std::int64_t last = train_samples % batch;
+    layout.check_batch(std::min(batch, train_samples),
+                       "a batch (--batch-size x --accumulate, --train-limit)");
+    if (last != 0) layout.check_batch(last, "the last batch (--train-limit, --batch-size)");
+  }
+}
+
 /// doing: what the run is doing, for the message of an error that does not say it itself.
 int run_training(const std::string& program, AppConfig& c, const ModelBuilder& build,
                  const AppHooks& hooks, std::string& doing) {
-  if (c.threads > 0) set_num_threads(c.threads);
   parallel::Communicator& comm = parallel::world();
-  // Before the first collective (the parameters' broadcast below, the preflight).
-  comm.set_timeout(c.collective_timeout);
   const bool root = comm.rank() == 0;
-  doing = "checking the output paths";
-  if (root) check_outputs(c);
-  const std::string dir = c.data.empty() ? "data/" + c.dataset : c.data;
-  doing = fmt::format("loading the {} data from '{}'", c.dataset, printable(dir));
-  auto [train_set, test_set] = [&] {
-    const DatasetSplits all = load_dataset(c.dataset, dir);
-    return DatasetSplits{take(all.train, c.train_limit), take(all.test, c.test_limit)};
-  }();
-  train_set = upscale(train_set, c.upscale);
-  test_set = upscale(test_set, c.upscale);
-  if (c.normalize) {
-    const ChannelStats stats = channel_stats(train_set);
-    normalize_channels(train_set, stats);
-    normalize_channels(test_set, stats);
+  install_signal_handlers();
+  // Everything up to the preflight is this rank's alone (no collective): an error here goes to
+  // the preflight, which ends every rank with it, so no rank waits for one that failed.
+  DatasetSplits data;
+  Shape sample;
+  std::unique_ptr<nn::Module> model;
+  std::unique_ptr<optim::Optimizer> optimizer;
+  std::unique_ptr<train::Loss> loss;
+  std::unique_ptr<optim::LrSchedule> schedule;
+  TrainerOptions topt;
+  std::unique_ptr<Trainer> trainer_ptr;
+  std::string description, error;
+  try {
+    (void)c.hidden_sizes();
+    if (c.threads > 0) set_num_threads(c.threads);
+    // Before the first collective (the preflight).
+    comm.set_timeout(c.collective_timeout);
+    doing = "checking the output paths";
+    if (root) check_outputs(c);
+    const std::string dir = c.data.empty() ? "data/" + c.dataset : c.data;
+    doing = fmt::format("loading the {} data from '{}'", c.dataset, printable(dir));
+    {
+      const DatasetSplits all = load_dataset(c.dataset, dir);
+      data = DatasetSplits{take(all.train, c.train_limit), take(all.test, c.test_limit)};
+    }
+    data.train = upscale(data.train, c.upscale);
+    data.test = upscale(data.test, c.upscale);
+    check_sizes(c, data.train.size(), data.test.size(), comm.size());
+    if (c.normalize) {
+      const ChannelStats stats = channel_stats(data.train);
+      normalize_channels(data.train, stats);
+      normalize_channels(data.test, stats);
+    }
+    const auto& dims = data.train.images.shape().dims();
+    sample = Shape(std::vector<std::int64_t>(dims.begin() + 1, dims.end()));
+    doing = "building the model";
+    model = build(c, sample);
+    model->reset(c.seed);
+    doing = fmt::format("loading --init '{}'", printable(c.init));
+    if (!c.init.empty()) nn::load_state_dict(*model, c.init);
+    doing = "setting up the training";
+    if (c.optimizer == "adamw") {
+      optimizer =
+          std::make_unique<optim::AdamW>(optim::AdamWOptions{.lr = c.lr,
+                                                             .beta1 = c.beta1,
+                                                             .beta2 = c.beta2,
+                                                             .eps = c.eps,
+                                                             .weight_decay = c.weight_decay});
+    } else {
+      optimizer = std::make_unique<optim::Sgd>(optim::SgdOptions{.lr = c.lr,
+                                                                 .momentum = c.momentum,
+                                                                 .nesterov = c.nesterov,
+                                                                 .weight_decay = c.weight_decay});
+    }
+    loss = train::make_loss(c.loss, c.label_smoothing);
+    // The schedule counts optimizer steps, each of --accumulate micro-batches.
+    const std::int64_t steps_per_epoch = std::max<std::int64_t>(
+        1, Trainer::steps_per_epoch(data.train.size(), c.batch_size * c.accumulate, comm.size()));
+    schedule = std::make_unique<optim::LrSchedule>(
+        c.lr,
+        optim::ScheduleOptions{.kind = optim::parse_schedule(c.lr_schedule),
+                               .step_epochs = c.lr_step_epochs,
+                               .gamma = c.lr_gamma,
+                               .warmup_steps = c.warmup_steps},
+        steps_per_epoch, steps_per_epoch * c.epochs);
+    topt.batch_size = c.batch_size;
+    topt.accumulate = c.accumulate;
+    topt.seed = c.seed;
+    topt.shuffle = !c.no_shuffle;
+    topt.compile.backend = c.backend == "onednn" ? ir::Backend::OneDnn : ir::Backend::Native;
+    topt.compile.precision = ops::parse_precision(c.precision);
+    topt.compile.profile = c.profile;
+    topt.compile.trace = !c.trace.empty();
+    topt.compile.check_numerics = c.check_numerics;
+    topt.fuse = !c.no_fuse;
+    topt.replicas = c.thread_mode == "replicas" ? max_threads() : 1;
+    MINIDL_CHECK(!c.deterministic || c.reduce != "root",
+                 "--reduce root does not apply with --deterministic (allowed there: allreduce, "
+                 "hierarchical)");
+    topt.reduce_strategy = parallel::parse_reduce_strategy(c.reduce);
+    topt.bucket_bytes = static_cast<std::int64_t>(c.bucket_mb * 1024 * 1024);
+    topt.overlap = c.overlap;
+    topt.sync_batch_stats = c.sync_bn;
+    topt.micro_batch = c.deterministic ? c.micro_batch : 0;
+    topt.clip_grad_norm = c.clip_grad_norm;
+    topt.zero = c.zero;
+    topt.loss = loss.get();
+    topt.targets =
+        c.reconstruct ? TrainerOptions::Targets::Inputs : TrainerOptions::Targets::Labels;
+    topt.schedule = schedule.get();
+    topt.augment = train::Augment::parse(c.augment);
+    topt.prefetch = !c.no_prefetch;
+    topt.fail_preparing_step = test_hook("MINIDL_TEST_FAIL_PREPARE_AT_STEP", 0, 1);
+    doing = "compiling the training graph";
+    trainer_ptr = std::make_unique<Trainer>(*model, *optimizer, topt);
+    // What every rank must share: the build, the flags, the data's sizes, the model with its
+    // parameters' names and shapes, the optimizer, schedule and loss as they were made.
+    description = build_identity(program) + "\n" + ranks_must_agree(c, hooks.flags);
+    description += fmt::format("data {} train, {} test samples of {}\nmodel {}\n",
+                               data.train.size(), data.test.size(), sample, model->describe());
+    for (const auto& [name, t] : model->state_dict())
+      description += fmt::format("tensor {} {} {}\n", name, t.shape(), t.dtype());
+    description += fmt::format("optimizer {}\nschedule {}\nloss {}\n", optimizer->describe(),
+                               schedule->describe(), loss->name());
+  } catch (const Error& e) {
+    error = e.what();
+  } catch (const std::bad_alloc&) {
+    error = "out of memory while " + doing;
+  } catch (const std::exception& e) {
+    error = fmt::format("while {}: {}", doing, printable(e.what(), 1000));
+  } catch (...) {
+    error = fmt::format("while {}: an exception of an unknown type", doing);
   }
-
-  const auto& dims = train_set.images.shape().dims();
-  const Shape sample(std::vector<std::int64_t>(dims.begin() + 1, dims.end()));
-  doing = "building the model";
-  std::unique_ptr<nn::Module> model = build(c, sample);
-  model->reset(c.seed);
-  doing = fmt::format("loading --init '{}'", printable(c.init));
-  if (!c.init.empty()) nn::load_state_dict(*model, c.init);
+  doing = "checking that the ranks agree";
+  parallel::preflight(comm, description, error);
+  Trainer& trainer = *trainer_ptr;
+  Dataset& train_set = data.train;
+  Dataset& test_set = data.test;
+  // The graphs' preflight (collective): before the parameters' broadcast, so that a model of
+  // another shape fails there rather than in a broadcast of another size.
+  trainer.check_ranks_agree(train_set);
   doing = "setting up the training";
   // Every rank starts from rank 0's parameters and buffers (they agree already when seeds agree;
   // this makes it so whatever the initialisation).
   for (auto& [name, t] : model->state_dict()) comm.broadcast(t.raw(), t.nbytes(), 0);
-  std::unique_ptr<optim::Optimizer> optimizer;
-  if (c.optimizer == "adamw") {
-    optimizer = std::make_unique<optim::AdamW>(optim::AdamWOptions{.lr = c.lr,
-                                                                   .beta1 = c.beta1,
-                                                                   .beta2 = c.beta2,
-                                                                   .eps = c.eps,
-                                                                   .weight_decay = c.weight_decay});
-  } else {
-    optimizer = std::make_unique<optim::Sgd>(optim::SgdOptions{.lr = c.lr,
-                                                               .momentum = c.momentum,
-                                                               .nesterov = c.nesterov,
-                                                               .weight_decay = c.weight_decay});
-  }
-  const std::unique_ptr<train::Loss> loss = train::make_loss(c.loss, c.label_smoothing);
-  // The schedule counts optimizer steps, each of --accumulate micro-batches.
-  const std::int64_t steps_per_epoch = std::max<std::int64_t>(
-      1, Trainer::steps_per_epoch(train_set.size(), c.batch_size * c.accumulate, comm.size()));
-  const optim::LrSchedule schedule(c.lr,
-                                   {.kind = optim::parse_schedule(c.lr_schedule),
-                                    .step_epochs = c.lr_step_epochs,
-                                    .gamma = c.lr_gamma,
-                                    .warmup_steps = c.warmup_steps},
-                                   steps_per_epoch, steps_per_epoch * c.epochs);
-  TrainerOptions topt;
-  topt.batch_size = c.batch_size;
-  topt.accumulate = c.accumulate;
-  topt.seed = c.seed;
-  topt.shuffle = !c.no_shuffle;
-  topt.compile.backend = c.backend == "onednn" ? ir::Backend::OneDnn : ir::Backend::Native;
-  topt.compile.precision = ops::parse_precision(c.precision);
-  topt.compile.profile = c.profile;
-  topt.compile.trace = !c.trace.empty();
-  topt.compile.check_numerics = c.check_numerics;
-  topt.fuse = !c.no_fuse;
-  topt.replicas = c.thread_mode == "replicas" ? max_threads() : 1;
-  topt.reduce_strategy = parallel::parse_reduce_strategy(c.reduce);
-  topt.bucket_bytes = static_cast<std::int64_t>(c.bucket_mb * 1024 * 1024);
-  topt.overlap = c.overlap;
-  topt.sync_batch_stats = c.sync_bn;
-  topt.micro_batch = c.deterministic ? c.micro_batch : 0;
-  topt.clip_grad_norm = c.clip_grad_norm;
-  topt.zero = c.zero;
-  topt.loss = loss.get();
-  topt.targets = c.reconstruct ? TrainerOptions::Targets::Inputs : TrainerOptions::Targets::Labels;
-  topt.schedule = &schedule;
-  topt.augment = train::Augment::parse(c.augment);
-  topt.prefetch = !c.no_prefetch;
-  topt.fail_preparing_step = test_hook("MINIDL_TEST_FAIL_PREPARE_AT_STEP", 0, 1);
-  doing = "compiling the training graph";
-  Trainer trainer(*model, *optimizer, topt);
   const bool talk = root && !c.quiet;  // headers, per-epoch lines, notes
   if (talk) warn_if_spinning_oversubscribed(program);
   const std::int64_t kill_after = test_hook("MINIDL_TEST_KILL_AFTER_STEP", 0, 1);
   const std::int64_t kill_only = test_hook("MINIDL_TEST_KILL_RANK", -1, 0);
   const std::int64_t stall_after = test_hook("MINIDL_TEST_STALL_AFTER_STEP", 0, 1);
   const std::int64_t stall_rank = test_hook("MINIDL_TEST_STALL_RANK", 0, 0);
+  const std::int64_t stall_seconds = test_hook("MINIDL_TEST_STALL_SECONDS", 600, 1);
+  const std::int64_t signal_at = test_hook("MINIDL_TEST_SIGTERM_WHILE_CHECKPOINTING_STEP", 0, 1);
   const std::int64_t nan_after = test_hook("MINIDL_TEST_NAN_AFTER_STEP", 0, 1);
   const std::int64_t throw_at = test_hook("MINIDL_TEST_THROW_AT_STEP", 0, 1);
   if (!c.checkpoint_dir.empty() && c.checkpoint_every == 0 && c.checkpoint_every_steps == 0)
@@ -294,7 +420,7 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
                  .ranks = comm.size(),
                  .threads = max_threads(),
                  .optimizer = optimizer->describe(),
-                 .schedule = schedule.describe()};
+                 .schedule = schedule->describe()};
   const std::vector<checkpoint::Setting> settings = checkpoint_settings(c, facts);
 
   int first_epoch = 1;
@@ -400,9 +526,14 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
   // Every rank takes part (the position's statistics are reduced); rank 0 writes, and the
   // others wait until the file is in place.
   auto save_checkpoint = [&] {
+    // On every rank: mpirun signals them all, and one that ended at once would make it kill
+    // rank 0 in the middle of the file.
+    WritingOutput writing;
     const TrainerPosition pos = trainer.position();
     const checkpoint::Tensors tensors = checkpoint_tensors(*model, trainer);
     if (root) {
+      // A SIGTERM that arrives while the checkpoint is written ends the process once it is.
+      if (signal_at > 0 && pos.step == signal_at) std::raise(SIGTERM);
       const std::string path =
           checkpoint::save(c.checkpoint_dir, pos, tensors, checkpoint::settings_metadata(settings),
                            c.checkpoint_keep);
@@ -429,7 +560,7 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
       std::raise(SIGKILL);
     }
     if (stall_after > 0 && info.step == stall_after && comm.rank() == stall_rank)
-      std::this_thread::sleep_for(std::chrono::minutes(10));
+      std::this_thread::sleep_for(std::chrono::seconds(stall_seconds));
     // What std::stoll throws: an exception that is not minidl::Error must end the run cleanly.
     if (throw_at > 0 && info.step == throw_at) throw std::out_of_range("stoll");
     if (nan_after > 0 && info.step == nan_after) {
@@ -537,6 +668,7 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
   }
   if (!c.save.empty() && root) {
     doing = fmt::format("writing --save '{}'", printable(c.save));
+    WritingOutput writing;
     nn::save_state_dict(*model, c.save);
   }
   doing = "writing the example's outputs after training";
@@ -569,30 +701,33 @@ int run_training_app(int argc, char** argv, const std::string& description, AppC
     CLI::Option* o = app.add_option(f.name, *f.value, f.help)->capture_default_str();
     if (f.check) o->check(CLI::Validator([&f](std::string& v) { return f.check(v); }, ""));
   }
-  // Flags are the same on every rank, so only rank 0 reports their errors. Other errors may be
-  // one rank's own: each rank reports its error and the job ends at once, so no rank waits
-  // for a collective that will never come.
+  // A rank's flag error, like any error before training, goes through the preflight, which
+  // ends every rank with it (rank 0 reports it), so no rank waits for one that stopped. Later
+  // errors may be one rank's own: each rank reports its error and the job ends at once, so no
+  // rank waits for a collective that will never come.
   parallel::Communicator& comm = parallel::world();
   const bool root = comm.rank() == 0;
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return root ? app.exit(e) : 0;
-  } catch (const CLI::ParseError& e) {
-    if (root) fmt::print(stderr, "{}: error: {}\n", program, e.what());
-    return 2;
-  } catch (const std::exception& e) {  // from an example's own check of its flags
-    if (root)
-      fmt::print(stderr, "{}: error: reading the flags: {}\n", program, printable(e.what(), 1000));
-    return 2;
-  }
   // Every exception ends here as one line: minidl::Error says what is wrong itself; anything
   // else (a library's exception) is named with what the run was doing.
   std::string error;
   std::string doing = "reading the flags";
   try {
-    (void)c.hidden_sizes();
+    try {
+      app.parse(argc, argv);
+    } catch (const CLI::CallForHelp& e) {
+      // Every rank must have asked for it, else the others would wait in preflight.
+      parallel::preflight(comm, "--help");
+      return root ? app.exit(e) : 0;
+    } catch (const CLI::ParseError& e) {
+      parallel::preflight(comm, {}, e.what(), 2);
+    } catch (const std::exception& e) {  // from an example's own check of its flags
+      parallel::preflight(comm, {}, "reading the flags: " + printable(e.what(), 1000), 2);
+    }
     return run_training(program, c, build, hooks, doing);
+  } catch (const parallel::PreflightError& e) {
+    // Every rank stopped in the preflight with the same error: one report, a normal exit.
+    if (root) fmt::print(stderr, "{}: error: {}\n", program, e.what());
+    return e.exit_code();
   } catch (const Error& e) {
     error = e.what();
   } catch (const std::bad_alloc&) {

@@ -48,7 +48,7 @@ struct AppConfig {
   std::uint64_t seed = 42;
   int threads = 0;                 // 0: OpenMP's default
   std::string backend = "native";  // preferred kernels: native or onednn (native is the fallback)
-  std::string precision = "f32";  // the convolutions' and products' arithmetic: f32 or bf16
+  std::string precision = "f32";   // the convolutions' and products' arithmetic: f32 or bf16
   // How a rank uses its --threads: "replicas" (one data-parallel replica of the forward and
   // backward per thread) or "intra-op" (one graph, kernels parallel inside). Each example sets
   // the one measured faster for its model.
@@ -127,7 +127,11 @@ struct AppHooks {
 /// minidl::Error (a library's) is named with what the run was doing ("error: while loading
 /// the mnist data from 'd': ..."). Every output (--save, --metrics, --trace, --dump-graph,
 /// --checkpoint-dir) is checked for writability before the data are read, and none is created
-/// before the first training step has run (or there is nothing left to train).
+/// before the first training step has run (or there is nothing left to train). With several
+/// ranks, an error before training on any rank, or settings, data sizes, model or binary that
+/// differ between ranks, end every rank in the preflight, before any other collective, with one
+/// line from rank 0 naming the ranks and the error or first difference. SIGINT and SIGTERM end
+/// the process, after the output being written (checkpoint, --save, metrics) is complete.
 ///
 /// Output of rank 0: a header line, one line per epoch and, when stdout is a terminal, a live
 /// progress bar (progress.hpp); --quiet prints one final line instead. --metrics FILE writes
@@ -137,9 +141,11 @@ struct AppHooks {
 /// itself (SIGKILL) right after training step G (counted from the start of training, the
 /// checkpoint of that step written), so tests can interrupt a run at a known point;
 /// MINIDL_TEST_KILL_RANK=R limits that to rank R. MINIDL_TEST_STALL_AFTER_STEP=G makes rank
-/// MINIDL_TEST_STALL_RANK (default 0) sleep for ten minutes after step G, a stuck rank for the
-/// collective timeout to find. MINIDL_TEST_NAN_AFTER_STEP=G writes a NaN into
-/// the first element of the last parameter on every rank after step G (its checkpoint
+/// MINIDL_TEST_STALL_RANK (default 0) sleep for MINIDL_TEST_STALL_SECONDS (default 600) after
+/// step G, a stuck rank for the collective timeout or the stall warning to find.
+/// MINIDL_TEST_SIGTERM_WHILE_CHECKPOINTING_STEP=G makes rank 0 raise SIGTERM while it writes the
+/// checkpoint of step G (the checkpoint is finished first). MINIDL_TEST_NAN_AFTER_STEP=G writes a
+/// NaN into the first element of the last parameter on every rank after step G (its checkpoint
 /// written), so tests can watch the numerics checks catch it. MINIDL_TEST_FAIL_PREPARE_AT_STEP=G
 /// makes preparing the batch of training step G fail on every rank (on the prefetch thread
 /// unless --no-prefetch; TrainerOptions::fail_preparing_step). MINIDL_TEST_THROW_AT_STEP=G

@@ -191,6 +191,9 @@ struct Flag {
   Offered offered = {};
   std::vector<std::string_view> needs = {};     // flags without which it is refused
   std::vector<std::string_view> excludes = {};  // flags with which it is refused
+  // May differ between the ranks of one job (a path or a count of this host's own); every
+  // other flag must agree, which the preflight checks (ranks_must_agree).
+  bool per_rank = false;
 
   bool is_flag() const { return !name.empty(); }
   bool offered_by(const AppConfig& c) const { return !offered.test || offered.test(c); }
@@ -231,7 +234,8 @@ std::vector<Flag> make_table() {
       // The flags, in the order of --help.
       {.name = "--data",
        .field = &AppConfig::data,
-       .help = "dataset directory (default: data/<dataset>)"},
+       .help = "dataset directory (default: data/<dataset>)",
+       .per_rank = true},
       {.name = "--dataset",
        .field = &AppConfig::dataset,
        .help = "dataset",
@@ -379,7 +383,8 @@ std::vector<Flag> make_table() {
        .check = range(0, 1024),
        .resume = {"threads", Rule::Note, "the number of threads (--threads)",
                   fact_text(&RunFacts::threads)},
-       .metric = {"threads", fact_json(&RunFacts::threads)}},
+       .metric = {"threads", fact_json(&RunFacts::threads)},
+       .per_rank = true},
       {.name = "--backend",
        .field = &AppConfig::backend,
        .help = "preferred kernels; ops that the backend lacks fall back to native",
@@ -427,7 +432,8 @@ std::vector<Flag> make_table() {
        .metric = {"shuffle", [](C c, F) { return Json(!c.no_shuffle); }}},
       {.name = "--quiet",
        .field = &AppConfig::quiet,
-       .help = "print nothing but errors and one final line (test loss and accuracy)"},
+       .help = "print nothing but errors and one final line (test loss and accuracy)",
+       .per_rank = true},
       {.name = "--checkpoint-dir",
        .field = &AppConfig::checkpoint_dir,
        .help = "write checkpoints (parameters, optimizer state, position) to DIR, every epoch "
@@ -479,11 +485,11 @@ std::vector<Flag> make_table() {
        .excludes = {"--deterministic"}},
       {.name = "--reduce",
        .field = &AppConfig::reduce,
-       .help = "gradient reduction across ranks",
+       .help = "gradient reduction across ranks (with --deterministic: allreduce or "
+               "hierarchical, the same bits)",
        .check = one_of({"allreduce", "root", "hierarchical"}),
        .resume = {"reduce"},
-       .metric = {"reduce"},
-       .excludes = {"--deterministic"}},
+       .metric = {"reduce"}},
       {.name = "--bucket-mb",
        .field = &AppConfig::bucket_mb,
        .help = "gradient bucket size in MiB (0: one reduction per gradient)",
@@ -698,6 +704,14 @@ std::string metrics_config(const AppConfig& config, const RunFacts& run) {
         f.metric.value ? f.metric.value(config, run) : f.field.json(config);
   }
   return record.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+std::string ranks_must_agree(const AppConfig& config, const std::vector<AppFlag>& own) {
+  std::string s;
+  for (const Flag& f : table())
+    if (f.is_flag() && !f.per_rank) s += fmt::format("{} {}\n", f.name, f.field.text(config));
+  for (const AppFlag& f : own) s += fmt::format("{} {}\n", f.name, *f.value);
+  return s;
 }
 
 std::string flags_markdown(const AppConfig& config, const std::vector<AppFlag>& own) {

@@ -45,6 +45,11 @@ std::vector<checkpoint::Setting> checkpoint_settings(const AppConfig& config, co
 /// key, as one line of JSON.
 std::string metrics_config(const AppConfig& config, const RunFacts& run);
 
+/// Every flag's value that all ranks of a job must share, one "--flag value" line each (the
+/// example's own flags too): all but the rows marked per_rank (--data, --threads, --quiet). The
+/// preflight compares it.
+std::string ranks_must_agree(const AppConfig& config, const std::vector<AppFlag>& own = {});
+
 /// The flag reference in Markdown with config's defaults: a table of every flag (name, default,
 /// allowed values, what a resume needs of it, metrics key, help) and of the example's own
 /// (AppHooks::flags), then the settings recorded without a flag. scripts/flags-doc assembles

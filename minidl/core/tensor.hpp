@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -18,11 +19,30 @@ namespace minidl {
 
 inline constexpr std::size_t kAlignment = 64;
 
-/// Bytes of memory this machine can still give a process without swapping (Linux's
-/// MemAvailable), or 0 when unknown.
+/// What a container's memory cgroup still allows: the smallest of (limit - usage) over the
+/// process's memory cgroup and its ancestors, for cgroup v2 (memory.max, memory.current) and v1
+/// (memory/.../memory.limit_in_bytes, memory.usage_in_bytes). root: where the cgroup file
+/// system is mounted (/sys/fs/cgroup); self: the text of /proc/self/cgroup. nullopt: no limit.
+std::optional<std::size_t> cgroup_available_memory(const std::string& root,
+                                                   const std::string& self);
+
+/// Where the memory a process may still take comes from, and how much.
+struct MemoryBudget {
+  std::size_t bytes = 0;  // 0: unknown
+  std::string source;     // "MemAvailable", "the memory cgroup's limit less its usage"
+  int ranks = 1;          // the ranks of the job on this host, which share it
+};
+
+/// Bytes this process can still take without swapping or the OOM killer: the smaller of
+/// Linux's MemAvailable and the memory cgroup's room (cgroup_available_memory, from
+/// MINIDL_CGROUP_ROOT when set, else /sys/fs/cgroup), or 0 when unknown.
+MemoryBudget memory_budget();
 std::size_t available_memory();
-/// Throws minidl::Error when bytes exceed available_memory(): "<what> needs 3.1 GiB, more than
-/// the 2.0 GiB of memory available". Cheap for small sizes (reads nothing below 64 MiB).
+/// Throws minidl::Error when bytes, taken by each of the job's ranks on this host
+/// (OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS), exceed memory_budget(): "<what> needs 3.1 GiB,
+/// more than the 2.0 GiB of memory available (MemAvailable)", or "... needs 3.1 GiB per rank,
+/// 12.4 GiB for the 4 ranks on this host, more than ...". Cheap for small sizes (reads nothing
+/// below 64 MiB).
 void check_fits_in_memory(std::size_t bytes, const std::string& what);
 /// "3.1 GiB", "512.0 MiB", "12.0 KiB", "100 B".
 std::string format_bytes(std::size_t bytes);

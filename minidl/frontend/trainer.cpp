@@ -267,8 +267,9 @@ void Trainer::step(train::CompiledStep& p, const std::function<void(std::size_t)
   }
 }
 
-void Trainer::check_ranks_agree(const Dataset& d, const Shape& sample) {
+void Trainer::check_ranks_agree(const Dataset& d) {
   if (preflight_done_ || comm_.size() == 1) return;
+  const Shape sample = sample_shape(d);
   std::string description =
       fmt::format("data {} samples of {}\nbatch {}\nseed {}\nshuffle {}\nlayout {}\n", d.size(),
                   sample, step_batch(), options_.seed, options_.shuffle, layout().describe());
@@ -289,7 +290,7 @@ EpochStats Trainer::train_epoch(const Dataset& d, int epoch, const StepCallback&
   MINIDL_CHECK(!resume_ || resume_->epoch == epoch, "the trainer resumes in epoch ",
                resume_ ? resume_->epoch : 0, ", but was asked to train epoch ", epoch);
   const Shape sample = sample_shape(d);
-  check_ranks_agree(d, sample);
+  check_ranks_agree(d);
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<std::int64_t> order;
   if (options_.shuffle) {

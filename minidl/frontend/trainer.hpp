@@ -185,6 +185,12 @@ class Trainer {
   /// when not yet compiled: every rank calls it at the same point).
   train::MemoryUse memory(const Shape& sample);
 
+  /// The preflight of the training graphs (a collective; once, later calls return): compiles
+  /// the step for d and compares the data size, batch, seed, shuffling, layout and the graphs'
+  /// fingerprints across the ranks; throws parallel::PreflightError on every rank when they
+  /// differ. train_epoch runs it when it has not run.
+  void check_ranks_agree(const Dataset& d);
+
   /// The layout every training step is compiled for.
   const parallel::Layout& layout() const { return step_options_.layout; }
   const train::Loss& loss() const { return *loss_; }
@@ -200,8 +206,6 @@ class Trainer {
   /// this rank's samples to sums.
   void step(train::CompiledStep& p, const std::function<void(std::size_t)>& fill,
             const train::StepFeed& feed, Sums& sums);
-
-  void check_ranks_agree(const Dataset& d, const Shape& sample);
 
   train::Model& model_;
   optim::Optimizer& optimizer_;

@@ -1,5 +1,6 @@
 #include "minidl/parallel/collectives.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -151,8 +152,48 @@ ir::Kernel make_tree_allreduce(const ir::Node& node) {
   MINIDL_CHECK(leaves >= comm->size(), node.describe(), ": a tree over ", leaves,
                " micro-shard(s) cannot give each of the ", comm->size(), " ranks of group ",
                node.attrs().get<std::int64_t>("group"), " one");
-  auto tree = std::make_shared<TreeAllreduce>(*comm, leaves, node.output()->shape().numel());
+  const Communicator::SharedSplit* split = nullptr;
+  if (node.attrs().get<std::int64_t>("by_node") != 0)
+    split = &comm->split_shared(static_cast<int>(node.attrs().get<std::int64_t>("ranks_per_node")));
+  auto tree = std::make_shared<TreeAllreduce>(*comm, leaves, node.output()->shape().numel(), split);
   return [tree](const ir::KernelArgs& k) { (*tree)(k.out[0].data<float>()); };
+}
+
+void infer_ranks_per_node(ir::InferCtx& c) {
+  ops::infer_unary_f32(c);
+  const auto k = c.attr<std::int64_t>("ranks_per_node");
+  MINIDL_CHECK_NODE(c, k >= 0, "ranks_per_node must be >= 0 (0: the real nodes), got ", k);
+}
+
+void infer_tree_by_node(ir::InferCtx& c) {
+  infer_tree_allreduce(c);
+  infer_ranks_per_node(c);
+}
+
+// ---- hierarchical_allreduce ---------------------------------------------------------------
+
+ir::Kernel make_hierarchical_allreduce(const ir::Node& node) {
+  Communicator* comm = comm_of(node);
+  const Communicator::SharedSplit& split =
+      comm->split_shared(static_cast<int>(node.attrs().get<std::int64_t>("ranks_per_node")));
+  auto reduce = std::make_shared<NodeAllreduce>(split, node.output()->shape().numel(),
+                                                node.attrs().get<float>("scale"));
+  return [reduce](const ir::KernelArgs& k) { (*reduce)(k.out[0].data<float>()); };
+}
+
+/// The elements [lo, hi) of n that rank r of k works on in shared memory.
+std::pair<std::int64_t, std::int64_t> slice_of(std::int64_t n, int r, int k) {
+  return {n * r / k, n * (r + 1) / k};
+}
+
+/// dst[i] += src[i] for i in [lo, hi).
+void add_range(float* dst, const float* src, std::int64_t lo, std::int64_t hi) {
+  ops::elementwise(hi - lo, [&](std::int64_t b, std::int64_t e) {
+    float* d = dst + lo;
+    const float* s = src + lo;
+#pragma omp simd
+    for (std::int64_t i = b; i < e; ++i) d[i] += s[i];
+  });
 }
 
 // ---- allreduce_start / allreduce_wait ---------------------------------------------------------
@@ -335,8 +376,22 @@ MINIDL_OP(tree_allreduce)
     .inputs({"x"})
     .attr<int>("leaves")
     .attr<int>("group", 0)
-    .infer(infer_tree_allreduce)
+    .attr<int>("by_node", 0)
+    .attr<int>("ranks_per_node", 0)
+    .infer(infer_tree_by_node)
     .kernel_factory(ir::Backend::Native, "mpi", naming(make_tree_allreduce))
+    .inplace(0, 0)
+    .side_effect()
+    .communication(ir::CommRole::Collective)
+    .no_grad(kNoGrad);
+
+MINIDL_OP(hierarchical_allreduce)
+    .inputs({"x"})
+    .attr<float>("scale", 1.0f)
+    .attr<int>("group", 0)
+    .attr<int>("ranks_per_node", 0)
+    .infer(infer_ranks_per_node)
+    .kernel_factory(ir::Backend::Native, "mpi", naming(make_hierarchical_allreduce))
     .inplace(0, 0)
     .side_effect()
     .communication(ir::CommRole::Collective)
@@ -453,8 +508,9 @@ ir::Value* allgather(ir::Value* x, int group, const std::string& name) {
   return add(op_allgather, {x}, {{"ranks", ranks}, {"group", std::int64_t{group}}}, name)->output();
 }
 
-TreeAllreduce::TreeAllreduce(Communicator& comm, std::int64_t leaves, std::int64_t n)
-    : comm_(comm), n_(n) {
+TreeAllreduce::TreeAllreduce(Communicator& comm, std::int64_t leaves, std::int64_t n,
+                             const Communicator::SharedSplit* split)
+    : comm_(comm), n_(n), split_(split) {
   MINIDL_CHECK(leaves >= comm.size(), "a tree over ", leaves,
                " micro-shard(s) cannot give each of the ", comm.size(), " ranks one");
   tree_combine_order(leaves, comm.size(), [&](int a, int b) { joins_.emplace_back(a, b); });
@@ -463,6 +519,10 @@ TreeAllreduce::TreeAllreduce(Communicator& comm, std::int64_t leaves, std::int64
 
 void TreeAllreduce::operator()(float* x) {
   if (joins_.empty()) return;  // one rank: its part is the whole tree
+  if (split_ != nullptr) {
+    by_node(x);
+    return;
+  }
   float* all = parts_.data();
   comm_.allgather(x, all, n_ * static_cast<std::int64_t>(sizeof(float)));
   const std::int64_t n = n_;
@@ -477,8 +537,168 @@ void TreeAllreduce::operator()(float* x) {
   std::memcpy(x, all, static_cast<std::size_t>(n) * sizeof(float));
 }
 
-ir::Value* tree_allreduce(ir::Value* x, std::int64_t leaves, int group, const std::string& name) {
-  return add(op_tree_allreduce, {x}, {{"leaves", leaves}, {"group", std::int64_t{group}}}, name)
+void TreeAllreduce::plan_nodes() {
+  const int ranks = comm_.size();
+  Communicator& node = *split_->node;
+  // Every rank's node (named by its leader's rank) and its rank inside the node.
+  std::int64_t leader = comm_.rank();
+  node.broadcast(&leader, sizeof(leader), 0);
+  const std::int64_t mine[2] = {leader, node.rank()};
+  std::vector<std::int64_t> all(static_cast<std::size_t>(2 * ranks));
+  comm_.allgather(mine, all.data(), sizeof(mine));
+  std::vector<int> node_of(static_cast<std::size_t>(ranks));
+  local_of_.resize(static_cast<std::size_t>(ranks));
+  std::vector<int> leaders;
+  for (int r = 0; r < ranks; ++r) {
+    node_of[r] = static_cast<int>(all[2 * r]);
+    local_of_[r] = static_cast<int>(all[2 * r + 1]);
+    if (local_of_[r] == 0) leaders.push_back(r);  // in rank order, as in the leaders' group
+  }
+  auto index_of = [&](int leader_rank) {
+    return static_cast<int>(std::find(leaders.begin(), leaders.end(), leader_rank) -
+                            leaders.begin());
+  };
+  // Walk the joins: a join of two parts that lie wholly in one node runs inside that node;
+  // any other join runs on the gathered parts, which the nodes hand over as they are then.
+  std::vector<int> part_node = node_of;  // -1: the part spans several nodes
+  std::vector<std::vector<int>> exports(leaders.size());
+  auto hand_over = [&](int w) {
+    if (part_node[w] < 0) return;
+    exports[index_of(part_node[w])].push_back(w);
+    part_node[w] = -1;
+  };
+  const int my_node = node_of[comm_.rank()];
+  for (const auto& [a, b] : joins_) {
+    if (part_node[a] >= 0 && part_node[a] == part_node[b]) {
+      if (part_node[a] == my_node) local_joins_.emplace_back(a, b);
+      continue;
+    }
+    hand_over(a);
+    hand_over(b);
+    global_joins_.emplace_back(a, b);
+  }
+  most_exported_ = 0;
+  for (const auto& e : exports)
+    most_exported_ = std::max(most_exported_, static_cast<std::int64_t>(e.size()));
+  gathered_at_.assign(static_cast<std::size_t>(ranks), -1);
+  for (std::size_t i = 0; i < exports.size(); ++i)
+    for (std::size_t j = 0; j < exports[i].size(); ++j)
+      gathered_at_[exports[i][j]] =
+          static_cast<std::int64_t>(i) * most_exported_ + static_cast<std::int64_t>(j);
+  exported_ = exports[index_of(my_node)];
+  MINIDL_CHECK(static_cast<int>(leaders.size()) == split_->nodes,
+               "tree_allreduce: ", leaders.size(), " node leaders among the ranks, the split has ",
+               split_->nodes);
+  planned_ = true;
+}
+
+// Shared region of the node: one slot of n floats per rank of the node (its part, then the
+// node's joins in place), the node's parts for the leaders, and every node's parts gathered.
+// Each rank joins its slice of the elements; a sync separates the steps (none after the last
+// read: the next call writes to the region's other half, see NodeAllreduce). Element by element
+// the joins are those of the flat tree, in an order that respects it, so the bits are the same.
+void TreeAllreduce::by_node(float* x) {
+  if (!planned_) plan_nodes();
+  Communicator& node = *split_->node;
+  const int k = node.size(), me = node.rank();
+  const std::int64_t n = n_, e = most_exported_;
+  const auto bytes = static_cast<std::size_t>(n) * sizeof(float);
+  auto* slots = static_cast<float*>(
+      node.shared_region((k + e + static_cast<std::int64_t>(split_->nodes) * e) * n *
+                         static_cast<std::int64_t>(sizeof(float))));
+  float* staged = slots + k * n;
+  float* gathered = staged + e * n;
+  auto slot = [&](int rank) { return slots + local_of_[rank] * n; };
+  const auto range = slice_of(n, me, k);
+  const std::int64_t lo = range.first, hi = range.second;
+
+  std::memcpy(slots + me * n, x, bytes);
+  node.shared_sync();
+  for (const auto& [a, b] : local_joins_) add_range(slot(a), slot(b), lo, hi);
+  node.shared_sync();
+  if (global_joins_.empty()) {  // one node: the tree's root is rank 0's slot
+    std::memcpy(x, slot(0), bytes);
+    return;
+  }
+  for (std::size_t j = 0; j < exported_.size(); ++j)
+    std::memcpy(staged + static_cast<std::int64_t>(j) * n + lo, slot(exported_[j]) + lo,
+                static_cast<std::size_t>(hi - lo) * sizeof(float));
+  node.shared_sync();
+  if (split_->leader)
+    split_->leaders->allgather(staged, gathered, e * n * static_cast<std::int64_t>(sizeof(float)));
+  node.shared_sync();
+  auto part = [&](int rank) { return gathered + gathered_at_[rank] * n; };
+  for (const auto& [a, b] : global_joins_) add_range(part(a), part(b), lo, hi);
+  node.shared_sync();
+  std::memcpy(x, part(0), bytes);
+}
+
+NodeAllreduce::NodeAllreduce(const Communicator::SharedSplit& split, std::int64_t n, float scale)
+    : split_(split), n_(n), scale_(scale) {}
+
+// Shared region of the node: one slot of n floats per rank of the node, then the node's sum.
+// The next call writes to the other half of the region (Communicator::shared_region), so the
+// ranks may read the result and leave without waiting for each other: the call after that
+// writes here again only past its first sync, which every rank enters after reading.
+void NodeAllreduce::operator()(float* x) {
+  Communicator& node = *split_.node;
+  const int k = node.size(), me = node.rank();
+  const std::int64_t n = n_;
+  if (k == 1) {  // alone on the node: nothing to share
+    scale_in_place(x, n, scale_);
+    if (split_.nodes > 1) split_.leaders->allreduce_sum(x, n);
+    return;
+  }
+  auto* slots = static_cast<float*>(
+      node.shared_region((k + 1) * n * static_cast<std::int64_t>(sizeof(float))));
+  float* sum = slots + k * n;
+  float* mine = slots + me * n;
+  const float scale = scale_;
+  ops::elementwise(n, [&](std::int64_t b, std::int64_t e) {
+#pragma omp simd
+    for (std::int64_t i = b; i < e; ++i) mine[i] = scale * x[i];
+  });
+  node.shared_sync();
+  const auto range = slice_of(n, me, k);
+  const std::int64_t lo = range.first, hi = range.second;
+  ops::elementwise(hi - lo, [&](std::int64_t b, std::int64_t e) {
+    float* d = sum + lo;
+    const float* s0 = slots + lo;
+    const float* s1 = slots + n + lo;
+#pragma omp simd
+    for (std::int64_t i = b; i < e; ++i) d[i] = s0[i] + s1[i];
+    for (int r = 2; r < k; ++r) {
+      const float* sr = slots + r * n + lo;
+#pragma omp simd
+      for (std::int64_t i = b; i < e; ++i) d[i] += sr[i];
+    }
+  });
+  node.shared_sync();
+  if (split_.nodes > 1) {
+    if (split_.leader) split_.leaders->allreduce_sum(sum, n);
+    node.shared_sync();
+  }
+  std::memcpy(x, sum, static_cast<std::size_t>(n) * sizeof(float));
+}
+
+ir::Value* tree_allreduce(ir::Value* x, std::int64_t leaves, int group, const std::string& name,
+                          bool by_node, int ranks_per_node) {
+  return add(op_tree_allreduce, {x},
+             {{"leaves", leaves},
+              {"group", std::int64_t{group}},
+              {"by_node", std::int64_t{by_node ? 1 : 0}},
+              {"ranks_per_node", std::int64_t{ranks_per_node}}},
+             name)
+      ->output();
+}
+
+ir::Value* hierarchical_allreduce(ir::Value* x, double scale, int group, int ranks_per_node,
+                                  const std::string& name) {
+  return add(op_hierarchical_allreduce, {x},
+             {{"scale", scale},
+              {"group", std::int64_t{group}},
+              {"ranks_per_node", std::int64_t{ranks_per_node}}},
+             name)
       ->output();
 }
 

@@ -1,6 +1,7 @@
 #include "minidl/parallel/communicator.hpp"
 
 #include <mpi.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -31,6 +32,22 @@ int resolve_ranks_per_node(int ranks_per_node) {
                "MINIDL_RANKS_PER_NODE must be a positive integer (ranks per pretended node), got '",
                env, "'");
   return static_cast<int>(v);
+}
+
+/// Seconds after which a collective still waiting warns (no timeout): MINIDL_STALL_WARNING_SECONDS
+/// when set (0: never), else 60. A bad value throws when `strict`, else counts as unset.
+double stall_warning_seconds(bool strict) {
+  const char* env = std::getenv("MINIDL_STALL_WARNING_SECONDS");
+  if (env == nullptr || *env == '\0') return 60.0;
+  char* end = nullptr;
+  const double v = std::strtod(env, &end);
+  const bool good = *end == '\0' && v >= 0.0 && v <= 1e9;
+  if (!good && !strict) return 60.0;
+  MINIDL_CHECK(good,
+               "MINIDL_STALL_WARNING_SECONDS must be a number of seconds >= 0 (0: no warning), "
+               "got '",
+               env, "'");
+  return v;
 }
 
 class LocalCommunicator final : public Communicator {
@@ -87,6 +104,17 @@ class LocalCommunicator final : public Communicator {
     resolve_ranks_per_node(ranks_per_node);  // a bad value fails here as under mpirun
     return split_;
   }
+  void* shared_region(std::int64_t bytes) override {
+    if (static_cast<std::int64_t>(region_.size()) < bytes)
+      region_.resize(static_cast<std::size_t>(bytes));
+    return region_.data();  // one process: nobody else reads it
+  }
+  void shared_sync() override {}
+  std::string host() const override {
+    char name[256] = {};
+    gethostname(name, sizeof(name) - 1);
+    return name;
+  }
   [[noreturn]] void abort(int code) override { std::exit(code); }
   void set_timeout(double) override {}  // nothing to wait for
 
@@ -98,6 +126,7 @@ class LocalCommunicator final : public Communicator {
   std::vector<std::int64_t> pending_;
   std::int64_t next_id_ = 0;
   std::map<int, std::deque<std::vector<char>>> mailbox_;
+  std::vector<char> region_;
 };
 
 void check_mpi(int rc, const char* what) {
@@ -154,6 +183,31 @@ class MpiCommunicator final : public Communicator {
   }
   /// Takes ownership of comm (a split of another communicator).
   explicit MpiCommunicator(MPI_Comm comm) { adopt(comm); }
+  /// Retires the arrival notes' requests, which MPI would otherwise complete into freed memory
+  /// during MPI_Finalize (at exit, after this object is gone): the receives are cancelled (or
+  /// completed, into inbox_ still alive), and sends not yet complete keep their buffers.
+  ~MpiCommunicator() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) return;
+    for (MPI_Request& r : receives_) {
+      if (r == MPI_REQUEST_NULL) continue;
+      MPI_Cancel(&r);
+      MPI_Wait(&r, MPI_STATUS_IGNORE);
+    }
+    bool pending = false;
+    for (Note& note : notes_) {
+      int done = 0;
+      MPI_Testall(static_cast<int>(note.requests.size()), note.requests.data(), &done,
+                  MPI_STATUSES_IGNORE);
+      if (done) continue;
+      for (MPI_Request& r : note.requests)
+        if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+      pending = true;
+    }
+    // A send freed while in flight still reads its buffer: those notes outlive this object.
+    if (pending) new std::deque<Note>(std::move(notes_));  // NOLINT: deliberately leaked
+  }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -276,12 +330,7 @@ class MpiCommunicator final : public Communicator {
                  "wait for request ", r.id, ", which is not in flight");
     // A request that progress() saw complete is already MPI_REQUEST_NULL: MPI_Wait returns.
     if (requests_[r.id] != MPI_REQUEST_NULL) {
-      if (timeout_ > 0.0) {
-        await(&requests_[r.id], "non-blocking allreduce", seq_of_[r.id].first,
-              seq_of_[r.id].second);
-      } else {
-        check_mpi(MPI_Wait(&requests_[r.id], MPI_STATUS_IGNORE), "MPI_Wait");
-      }
+      await(&requests_[r.id], "non-blocking allreduce", seq_of_[r.id].first, seq_of_[r.id].second);
       --in_flight_;
     }
     waiting_[r.id] = false;
@@ -340,6 +389,52 @@ class MpiCommunicator final : public Communicator {
     return s.view;
   }
 
+  void* shared_region(std::int64_t bytes) override {
+    // Two halves, each call the other one.
+    bytes = (bytes + 63) / 64 * 64;
+    flip_ = !flip_;
+    if (window_ != MPI_WIN_NULL && bytes <= region_bytes_)
+      return static_cast<char*>(region_) + (flip_ ? region_bytes_ : 0);
+    if (window_ == MPI_WIN_NULL) {
+      // Once: every rank must be on one node, or MPI could not map the others' memory.
+      MPI_Comm node = MPI_COMM_NULL;
+      check_mpi(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node),
+                "MPI_Comm_split_type");
+      int node_size = 0;
+      MPI_Comm_size(node, &node_size);
+      MPI_Comm_free(&node);
+      MINIDL_CHECK(node_size == size_, "shared memory among ", size_, " ranks: only ", node_size,
+                   " of them share this rank's node (", host(), ")");
+    } else {
+      MPI_Win_unlock_all(window_);
+      MPI_Win_free(&window_);
+    }
+    // All of it on rank 0, so the region is contiguous; the others map it.
+    void* base = nullptr;
+    const MPI_Aint size = rank_ == 0 ? static_cast<MPI_Aint>(2 * bytes) : 0;
+    check_mpi(MPI_Win_allocate_shared(size, 1, MPI_INFO_NULL, comm_, &base, &window_),
+              "MPI_Win_allocate_shared");
+    MPI_Aint got = 0;
+    int unit = 0;
+    check_mpi(MPI_Win_shared_query(window_, 0, &got, &unit, &region_), "MPI_Win_shared_query");
+    MINIDL_CHECK(got >= 2 * bytes, "MPI_Win_shared_query: the shared region has ", got, " bytes, ",
+                 2 * bytes, " were allocated");
+    check_mpi(MPI_Win_lock_all(MPI_MODE_NOCHECK, window_), "MPI_Win_lock_all");
+    region_bytes_ = bytes;
+    return static_cast<char*>(region_) + (flip_ ? region_bytes_ : 0);
+  }
+  void shared_sync() override {
+    if (window_ != MPI_WIN_NULL) MPI_Win_sync(window_);
+    barrier();
+    if (window_ != MPI_WIN_NULL) MPI_Win_sync(window_);
+  }
+  std::string host() const override {
+    char name[MPI_MAX_PROCESSOR_NAME] = {};
+    int len = 0;
+    MPI_Get_processor_name(name, &len);
+    return std::string(name, static_cast<std::size_t>(len));
+  }
+
   [[noreturn]] void abort(int code) override {
     MPI_Abort(MPI_COMM_WORLD, code);
     std::exit(code);
@@ -347,12 +442,22 @@ class MpiCommunicator final : public Communicator {
 
   void set_timeout(double seconds) override {
     MINIDL_CHECK(seconds >= 0.0, "collective timeout must be >= 0 seconds, got ", seconds);
-    if (seconds > 0.0 && timeout_ == 0.0 && size_ > 1) post_arrival_receives();
+    set_stall_warning(stall_warning_seconds(true));
+    if (seconds > 0.0 && size_ > 1) post_arrival_receives();
     timeout_ = seconds;
     for (auto& [k, split] : splits_) {
       if (split.node) split.node->set_timeout(seconds);
       if (split.leaders) split.leaders->set_timeout(seconds);
     }
+  }
+
+  /// Without a timeout: a collective that has waited `seconds` (0: never) prints a warning on
+  /// this rank naming it and the ranks that did not arrive, and again after every further
+  /// `seconds`, and keeps waiting. From MINIDL_STALL_WARNING_SECONDS (default 60) when made;
+  /// set_timeout reads it again, refusing a bad value.
+  void set_stall_warning(double seconds) {
+    if (seconds > 0.0 && size_ > 1) post_arrival_receives();
+    stall_ = seconds;
   }
 
  private:
@@ -362,13 +467,21 @@ class MpiCommunicator final : public Communicator {
     MPI_Comm_size(comm_, &size_);
     // Arrival notes of the collective timeout travel apart from everything else.
     check_mpi(MPI_Comm_dup(comm_, &arrivals_), "MPI_Comm_dup");
+    if (size_ > 1) gather_hosts();
+    set_stall_warning(stall_warning_seconds(false));
   }
 
-  /// Runs a collective: blocking() without a timeout; with one, start() posts its non-blocking
-  /// form, which is then awaited against the deadline.
+  /// Runs a collective: alone, blocking(); else start() posts its non-blocking form, awaited
+  /// (against the timeout or stall period when watching()). Never the blocking form with
+  /// several ranks: MPI does not match a blocking collective with a non-blocking one, so ranks
+  /// that watch differently (another --collective-timeout) must still meet.
+  /// Whether collectives are watched (a timeout or stall warnings): every rank then tells the
+  /// others when it enters one, and waits for its non-blocking form.
+  bool watching() const { return (timeout_ > 0.0 || stall_ > 0.0) && size_ > 1; }
+
   template <typename Blocking, typename Start>
   void collective(const char* what, std::int64_t bytes, Blocking&& blocking, Start&& start) {
-    if (timeout_ <= 0.0 || size_ == 1) {
+    if (size_ == 1) {
       blocking();
       return;
     }
@@ -380,7 +493,7 @@ class MpiCommunicator final : public Communicator {
 
   /// Tells every other rank that this one entered its collective number seq_ (then counts it).
   void announce() {
-    if (timeout_ <= 0.0 || size_ == 1) {
+    if (!watching()) {
       ++seq_;
       return;
     }
@@ -403,7 +516,29 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
+  /// Every rank's host and rank in the whole job, for the messages of the timeout and the stall
+  /// warnings: gathered when the communicator is made (a collective every rank runs at the same
+  /// point).
+  void gather_hosts() {
+    std::string mine = host();
+    mine.resize(MPI_MAX_PROCESSOR_NAME, '\0');
+    std::string all(static_cast<std::size_t>(size_) * MPI_MAX_PROCESSOR_NAME, '\0');
+    check_mpi(MPI_Allgather(mine.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(),
+                            MPI_MAX_PROCESSOR_NAME, MPI_CHAR, comm_),
+              "MPI_Allgather");
+    hosts_.clear();
+    for (int r = 0; r < size_; ++r)
+      hosts_.emplace_back(all.c_str() + static_cast<std::size_t>(r) * MPI_MAX_PROCESSOR_NAME);
+    int mine_in_job = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &mine_in_job);
+    job_ranks_.assign(static_cast<std::size_t>(size_), 0);
+    check_mpi(MPI_Allgather(&mine_in_job, 1, MPI_INT, job_ranks_.data(), 1, MPI_INT, comm_),
+              "MPI_Allgather");
+  }
+
+  /// Posts the receives of the other ranks' arrival notes (once).
   void post_arrival_receives() {
+    if (!receives_.empty()) return;
     seen_.assign(static_cast<std::size_t>(size_), -1);
     inbox_.assign(static_cast<std::size_t>(size_), 0);
     receives_.assign(static_cast<std::size_t>(size_), MPI_REQUEST_NULL);
@@ -429,40 +564,75 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
-  /// Waits for r, collective number seq, until the timeout; then throws naming who arrived.
+  /// The ranks that arrived at collective number seq (this one among them) and those that did
+  /// not, with the newest collective each of those entered and its host. Ranks are named as in
+  /// the whole job (a node's or the leaders' communicator numbers its own).
+  struct Arrivals {
+    std::vector<int> arrived, missing;
+    std::string last;  // "rank 1 last entered #6 on host a, rank 2 entered none on host b"
+  };
+  Arrivals arrivals(std::int64_t seq) {
+    poll_arrivals();
+    auto job_rank = [&](int r) { return job_ranks_.at(static_cast<std::size_t>(r)); };
+    Arrivals a;
+    a.arrived.push_back(job_rank(rank_));
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank_) continue;
+      if (seen_[peer] >= seq) {
+        a.arrived.push_back(job_rank(peer));
+      } else {
+        a.missing.push_back(job_rank(peer));
+        a.last += fmt::format("{}rank {} {} on host {}", a.last.empty() ? "" : ", ", job_rank(peer),
+                              seen_[peer] < 0 ? std::string("entered none")
+                                              : fmt::format("last entered #{}", seen_[peer]),
+                              hosts_.at(static_cast<std::size_t>(peer)));
+      }
+    }
+    std::sort(a.arrived.begin(), a.arrived.end());
+    return a;
+  }
+
+  /// Waits for r, collective number seq: until the timeout, then throws naming who arrived;
+  /// without one, for ever, warning after every stall period with who did not arrive.
   void await(MPI_Request* r, const char* what, std::int64_t seq, std::int64_t bytes) {
+    if (!watching()) {
+      check_mpi(MPI_Wait(r, MPI_STATUS_IGNORE), "MPI_Wait");
+      return;
+    }
     const auto start = std::chrono::steady_clock::now();
-    const auto deadline = start + std::chrono::duration<double>(timeout_);
+    const bool timed = timeout_ > 0.0;
+    const double period = timed ? timeout_ : stall_;
+    auto deadline = start + std::chrono::duration<double>(period);
     for (int spins = 0;; ++spins) {
       int done = 0;
       check_mpi(MPI_Test(r, &done, MPI_STATUS_IGNORE), "MPI_Test");
       if (done) return;
       if (spins % 64 == 0) {
         poll_arrivals();
-        if (std::chrono::steady_clock::now() > deadline) break;
+        const auto now = std::chrono::steady_clock::now();
+        if (now > deadline) {
+          if (timed) break;
+          const Arrivals a = arrivals(seq);
+          fmt::print(
+              stderr,
+              "warning on rank {}: {} #{} ({} bytes over {} ranks) has waited {:.0f} s: "
+              "rank(s) {} did not arrive ({}); still waiting (no --collective-timeout)\n",
+              rank_, what, seq, bytes, size_, std::chrono::duration<double>(now - start).count(),
+              a.missing.empty() ? std::string("none")
+                                : fmt::format("{}", fmt::join(a.missing, ", ")),
+              a.missing.empty() ? "every rank arrived: a peer may be stuck inside MPI" : a.last);
+          std::fflush(stderr);
+          deadline = now + std::chrono::duration<double>(period);
+        }
       }
       if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
-    poll_arrivals();
-    std::vector<int> arrived{rank_}, missing;
-    std::string last;
-    for (int peer = 0; peer < size_; ++peer) {
-      if (peer == rank_) continue;
-      if (seen_[peer] >= seq) {
-        arrived.push_back(peer);
-      } else {
-        missing.push_back(peer);
-        last += fmt::format("{}rank {} {}", last.empty() ? "" : ", ", peer,
-                            seen_[peer] < 0 ? std::string("entered none")
-                                            : fmt::format("last entered #{}", seen_[peer]));
-      }
-    }
-    std::sort(arrived.begin(), arrived.end());
+    const Arrivals a = arrivals(seq);
     MINIDL_FAIL(what, " #", seq, " (", bytes, " bytes over ", size_,
                 " ranks) did not complete within the collective timeout of ", timeout_,
-                " s: rank(s) ", fmt::format("{}", fmt::join(arrived, ", ")), " arrived, rank(s) ",
-                fmt::format("{}", fmt::join(missing, ", ")), " did not (", last,
-                missing.empty() ? "every rank arrived: a peer may be stuck inside MPI" : "", ")");
+                " s: rank(s) ", fmt::format("{}", fmt::join(a.arrived, ", ")), " arrived, rank(s) ",
+                fmt::format("{}", fmt::join(a.missing, ", ")), " did not (", a.last,
+                a.missing.empty() ? "every rank arrived: a peer may be stuck inside MPI" : "", ")");
   }
   void check_rank(const char* what, int r) const {
     MINIDL_CHECK(r >= 0 && r < size_, what, " rank ", r, " in a communicator of ", size_, " ranks");
@@ -491,6 +661,7 @@ class MpiCommunicator final : public Communicator {
   // The collective timeout (set_timeout): collectives entered so far, the notes sent to the
   // other ranks (kept until their sends complete), and per rank the newest note received.
   double timeout_ = 0.0;
+  double stall_ = 0.0;  // seconds before a stall warning (set_stall_warning); 0: none
   MPI_Comm arrivals_ = MPI_COMM_NULL;
   std::int64_t seq_ = 0;
   struct Note {
@@ -508,6 +679,14 @@ class MpiCommunicator final : public Communicator {
   std::vector<int> done_;  // MPI_Testsome's scratch
   int in_flight_ = 0;      // started and not seen complete
   std::map<int, Split> splits_;
+  std::vector<std::string> hosts_;  // with several ranks: every rank's host
+  std::vector<int> job_ranks_;      // and its rank in MPI_COMM_WORLD
+  // shared_region(): the window, rank 0's base address in this process, the size of each of its
+  // two halves, and which half the last call got.
+  MPI_Win window_ = MPI_WIN_NULL;
+  void* region_ = nullptr;
+  std::int64_t region_bytes_ = 0;
+  bool flip_ = false;
 };
 
 }  // namespace

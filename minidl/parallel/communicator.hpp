@@ -73,14 +73,31 @@ class Communicator {
   /// this communicator and later calls return it.
   virtual const SharedSplit& split_shared(int ranks_per_node = 0) = 0;
 
+  /// Memory every rank of this communicator addresses directly, for ranks that share a node
+  /// (MPI_Win_allocate_shared): `bytes` bytes, the same region on every rank. One window per
+  /// communicator, of two halves: each call returns the other half, so what a call writes never
+  /// touches what the previous call's readers may still read. Reused by every call and grown
+  /// (collectively: every rank asks for the same size at the same point) when a call needs
+  /// more; earlier pointers are then invalid. Fails when the ranks do not share memory.
+  virtual void* shared_region(std::int64_t bytes) = 0;
+  /// A barrier that also orders the shared region: what any rank wrote to it before is seen by
+  /// every rank after.
+  virtual void shared_sync() = 0;
+
+  /// The host this rank runs on (MPI_Get_processor_name), for messages.
+  virtual std::string host() const = 0;
+
   /// Ends the whole job with a non-zero exit (after one rank's error, so no rank waits forever).
   [[noreturn]] virtual void abort(int code) = 0;
 
   /// Seconds a collective (or the wait for a non-blocking one) may take before it throws
-  /// minidl::Error naming it and which ranks reached it (0: wait forever, the default). With a
-  /// timeout every rank tells the others each time it enters a collective (a few bytes per peer),
-  /// so the error can say who is missing. Applies to the communicators split from this one too;
-  /// set it to the same value on every rank.
+  /// minidl::Error naming it and which ranks reached it (0: wait forever, the default). Without
+  /// a timeout, a collective that has waited MINIDL_STALL_WARNING_SECONDS (default 60; 0: never)
+  /// prints a warning on stderr naming it and the ranks that did not arrive, again after every
+  /// further period, and keeps waiting (as Horovod's stall inspector). For both every rank tells
+  /// the others each time it enters a collective (a few bytes per peer), so the message can say
+  /// who is missing. Applies to the communicators split from this one too. Throws on a bad
+  /// MINIDL_STALL_WARNING_SECONDS.
   virtual void set_timeout(double seconds) = 0;
 };
 

@@ -261,18 +261,22 @@ bool DataParallel::run(ir::Graph& g) {
         v = early_or_late(reduce(v, share_, 0, group_, prefix + ".reduce"));
         break;
       case ReduceStrategy::Hierarchical:
-        v = early_or_late(reduce(v, share_, 0, node_group, prefix + ".node_reduce"));
-        if (overlap) {
+        if (!overlap) {
+          v = add_late(hierarchical_allreduce(v, share_, group_, options_.ranks_per_node,
+                                              prefix + ".hierarchical_allreduce"));
+          break;
+        }
+        v = add_early(reduce(v, share_, 0, node_group, prefix + ".node_reduce"));
+        {
           const InFlight f = allreduce_start(v, 1.0, leaders_group, prefix + ".leaders_start");
           add_early(f.data);
           v = add_late(allreduce_wait(f, prefix + ".leaders_wait"));
-        } else {
-          v = add_late(allreduce(v, 1.0, leaders_group, prefix + ".leaders_allreduce"));
         }
         v = add_late(broadcast(v, 0, node_group, prefix + ".node_broadcast"));
         break;
       case ReduceStrategy::Tree:
-        v = add_late(tree_allreduce(v, options_.tree_leaves, group_, prefix + ".tree_allreduce"));
+        v = add_late(tree_allreduce(v, options_.tree_leaves, group_, prefix + ".tree_allreduce",
+                                    options_.tree_by_node, options_.ranks_per_node));
         break;
     }
     const ir::Node* after = ready;

@@ -14,9 +14,12 @@
 namespace minidl::parallel {
 
 enum class ReduceStrategy {
-  Allreduce,     // every rank: allreduce of each bucket
-  Root,          // reduce to rank 0, every rank updates, rank 0's parameters are broadcast
-  Hierarchical,  // node-local reduce to the leader, allreduce among leaders, node broadcast
+  Allreduce,  // every rank: allreduce of each bucket
+  Root,       // reduce to rank 0, every rank updates, rank 0's parameters are broadcast
+  // Two levels: the ranks of a node sum in shared memory, the node leaders allreduce (with
+  // overlap: node-local reduce to the leader, non-blocking allreduce among leaders, node
+  // broadcast).
+  Hierarchical,
   // Deterministic: each rank holds the sum over its subtree of micro-shards, already weighted;
   // the parts are joined in the fixed tree of reduction_tree.hpp (tree_allreduce), so the sum
   // has the same bits for any number of ranks. Blocking only.
@@ -58,7 +61,11 @@ struct DataParallelOptions {
   bool progress = true;
   /// Tree: the micro-shards of the global batch (the tree's leaves); at least the rank count.
   std::int64_t tree_leaves = 0;
-  /// Hierarchical: ranks per (pretended) node, see Communicator::split_shared.
+  /// Tree: the ranks of a node join their parts in shared memory first, then the nodes' parts
+  /// are joined (tree_allreduce's by_node); the same bits.
+  bool tree_by_node = false;
+  /// Hierarchical, and Tree by node: ranks per (pretended) node, see
+  /// Communicator::split_shared.
   int ranks_per_node = 0;
   Partition partition;
 };

@@ -6,6 +6,13 @@
 #include "minidl/parallel/reduction_tree.hpp"
 
 namespace minidl::parallel {
+namespace {
+
+// The most micro-shards one rank's graph may hold in a micro-step: each is a copy of the
+// forward and backward graph, compiled and planned one by one.
+constexpr std::int64_t kMaxReplicas = 1024;
+
+}  // namespace
 
 Layout::Layout(LayoutOptions options) : options_(options) {
   MINIDL_CHECK(options.ranks >= 1, "layout: ranks must be at least 1, got ", options.ranks);
@@ -112,6 +119,15 @@ void Layout::check_batch(std::int64_t n, const std::string& what) const {
                  " samples holds ", micro_shards(n), " micro-shard(s) of ", options_.micro_batch,
                  ", fewer than the ", ranks(),
                  " ranks: use a smaller --micro-batch or fewer ranks");
+    // The most micro-shards a rank holds in one micro-step (accumulation splits its subtree).
+    std::int64_t most = 0;
+    for (const auto& [lo, hi] : tree_owners(micro_shards(n), ranks()))
+      most = std::max(most, hi - lo);
+    most = (most + accumulate() - 1) / accumulate();
+    MINIDL_CHECK(most <= kMaxReplicas, "deterministic mode: ", what, " of ", n, " samples gives ",
+                 most, " micro-shard(s) per rank, more than the ", kMaxReplicas,
+                 " a rank's graph may hold: use a larger --micro-batch, a smaller --batch-size or "
+                 "more ranks");
     return;
   }
   MINIDL_CHECK(n >= ranks(), what, " of ", n, " samples is smaller than the number of ranks, ",

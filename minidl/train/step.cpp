@@ -64,6 +64,7 @@ ir::PassManager pipeline(Job job, const StepOptions& o, parallel::Communicator& 
         .strategy = o.reduce, .bucket_bytes = o.bucket_bytes, .overlap = o.overlap};
     if (layout.deterministic()) {
       dp.strategy = parallel::ReduceStrategy::Tree;
+      dp.tree_by_node = o.reduce == parallel::ReduceStrategy::Hierarchical;
       dp.overlap = false;
       dp.tree_leaves = tree_leaves;
     }
@@ -324,7 +325,9 @@ CompiledStep compile_step(Model& model, const Loss& loss, optim::Optimizer* opti
     if (det && accumulate) {
       std::int64_t numel = 0;
       for (ir::Value* v : p.grads) numel += v->shape().numel();
-      p.tree = std::make_unique<parallel::TreeAllreduce>(comm, leaves, numel);
+      p.tree = std::make_unique<parallel::TreeAllreduce>(
+          comm, leaves, numel,
+          o.reduce == parallel::ReduceStrategy::Hierarchical ? &comm.split_shared() : nullptr);
     }
   }
   if (!accumulate) return s;

@@ -34,8 +34,8 @@ struct StepOptions {
   /// Fold bias_add and relu into matmul / conv2d, BatchNorm's input gradient into one pass, and
   /// plain SGD updates into their weight-gradient products.
   bool fuse = true;
-  /// How the data-parallel pass reduces gradients across ranks (not in deterministic mode,
-  /// which always sums in the fixed tree).
+  /// How the data-parallel pass reduces gradients across ranks. Deterministic mode always sums
+  /// in the fixed tree: by node (in shared memory first) with Hierarchical, else flat.
   parallel::ReduceStrategy reduce = parallel::ReduceStrategy::Allreduce;
   std::int64_t bucket_bytes = parallel::DataParallelOptions{}.bucket_bytes;
   bool overlap = parallel::DataParallelOptions{}.overlap;

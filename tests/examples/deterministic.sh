@@ -76,6 +76,30 @@ for layout in 1x1 1x2 2x1 2x2; do
   fi
 done
 
+# --reduce hierarchical: the ranks of a node join their parts of the tree in shared memory, then
+# the nodes' parts are joined: the same bits. One node of 2 ranks, and nodes pretended with
+# MINIDL_RANKS_PER_NODE: 2 nodes of 2, nodes of 2 and 1, 4 nodes of 1; accumulated micro-steps
+# (the tree joined outside the graph) on one node of 2 and on 2 nodes of 1.
+for case in "2 0 mlp" "4 2 mlp" "3 2 mlp" "4 1 mlp" "2 0 accumulate" "2 1 accumulate"; do
+  read -r ranks rpn what <<<"$case"
+  name=hierarchical-${ranks}x1-rpn$rpn-$what
+  ref=mlp flags=("${mlp_flags[@]}")
+  if [ "$what" = accumulate ]; then
+    ref=adamw flags=("${adamw_flags[@]}" --batch-size 16 --accumulate 4)
+  fi
+  per_node=""
+  [ "$rpn" -eq 0 ] || per_node=$rpn
+  if ! MINIDL_RANKS_PER_NODE=$per_node launch "$ranks" 1 "$mlp" "${flags[@]}" \
+    --reduce hierarchical --save "$tmp/$name.safetensors" >"$tmp/$name.out" 2>&1; then
+    fail "$name: the run failed: $(cat "$tmp/$name.out")"
+  elif cmp -s "$tmp/$ref-1x1.safetensors" "$tmp/$name.safetensors"; then
+    echo "ok   $what --reduce hierarchical on $ranks ranks, ${per_node:-all} per node: bitwise" \
+      "identical to 1x1"
+  else
+    fail "$name: parameters differ from 1x1"
+  fi
+done
+
 # For contrast (not a check): without --deterministic, 2 ranks usually end with other bits.
 launch 2 1 "$mlp" "${mlp_flags[@]/--deterministic/--no-fuse}" --save "$tmp/plain-2x1.safetensors" \
   >/dev/null 2>&1
@@ -125,6 +149,7 @@ expect() {
 expect "the micro-batch 5 does not divide the batch size 64" --deterministic --micro-batch 5
 expect "--micro-batch requires --deterministic" --micro-batch 4
 expect "--deterministic excludes --overlap" --deterministic --overlap
-expect "--deterministic excludes --reduce" --deterministic --reduce root
+expect "--reduce root does not apply with --deterministic (allowed there: allreduce, hierarchical)" \
+  --deterministic --reduce root
 [ "$fails" -eq 0 ] && echo "ok   bad uses: one clear line each"
 exit $((fails > 0))

@@ -3,8 +3,9 @@
 # created by a refused run; any exception (not only minidl's own) ends in one line naming what
 # the run was doing; paths that are not UTF-8 are written escaped into the metrics; the test
 # set's sample shape is checked against the training set's when loaded.
-# With a launcher (mpirun -np 2 ...), the same on every rank of a job: each rank's error is one
-# line naming the rank, the job ends, and a refused run leaves no file.
+# With a launcher (mpirun -np 2 ...), the same on every rank of a job: an error while setting up
+# goes through the preflight (one line from rank 0 naming the ranks that could not start), an
+# error in training is one line naming its rank; the job ends, and a refused run leaves no file.
 # Usage: robust_outputs.sh path/to/mnist_mlp [LAUNCHER...]
 set -u
 bin=$1
@@ -18,30 +19,37 @@ if [ ${#launcher[@]} -gt 0 ]; then
   mkdir -p "$tmp/mixed" && cp "$tmp/good/"* "$tmp/mixed/"
   printf '\x00\x00\x08\x03\x00\x00\x00\x08\x00\x00\x00\x07\x00\x00\x00\x07' >"$tmp/mixed/t10k-images-idx3-ubyte"
   head -c $((8 * 49)) /dev/zero >>"$tmp/mixed/t10k-images-idx3-ubyte"
-  # ranked NAME WANT -- ARGS...: a non-zero exit, WANT on a line of its own naming a rank, no
-  # uncaught exception, nothing in $tmp/out.
+  # ranked NAME PREFIX WANT -- ARGS...: a non-zero exit, WANT on a line of its own that begins
+  # with PREFIX (a regular expression: the rank, or the ranks that could not start), the only
+  # error line when it comes from the preflight, no uncaught exception, nothing in $tmp/out.
   ranked() {
-    local name=$1 want=$2
-    shift 3
+    local name=$1 prefix=$2 want=$3
+    shift 4
     rm -rf "$tmp/out" && mkdir "$tmp/out"
     "${launcher[@]}" "$@" >"$tmp/stdout" 2>"$tmp/err"
     local rc=$? problem=""
     [ "$rc" -ne 0 ] || problem="exit 0"
-    grep -qE "^mnist_mlp: error on rank [0-9]+: .*$(printf '%s' "$want" | sed 's/[][\.*^$/]/\\&/g')" "$tmp/err" ||
-      problem+=" no rank's line with '$want'"
+    grep -qE "^mnist_mlp: error$prefix.*$(printf '%s' "$want" | sed 's/[][\.*^$/]/\\&/g')" "$tmp/err" ||
+      problem+=" no line with '$want'"
+    case $prefix in
+      *"could not start"*)
+        [ "$(grep -c ': error' "$tmp/err")" -eq 1 ] || problem+=" $(grep -c ': error' "$tmp/err") error lines"
+        ;;
+    esac
     ! grep -q "terminate called" "$tmp/err" || problem+=" an uncaught exception"
     [ -z "$(ls -A "$tmp/out")" ] || problem+=" left $(ls -A "$tmp/out" | tr '\n' ' ')"
     if [ -n "$problem" ]; then
       fail "$name:$problem: $(cat "$tmp/err")"
     else
-      echo "ok   $name: $(grep -m1 'error on rank' "$tmp/err" | sed "s|$tmp/||g")"
+      echo "ok   $name: $(grep -m1 'error' "$tmp/err" | sed "s|$tmp/||g")"
     fi
   }
-  ranked "std::out_of_range on every rank" "while training epoch 1: stoll" -- \
+  on_rank=" on rank [0-9]+: " setting_up=": rank\(s\) [0-9, ]+ of [0-9]+ could not start: "
+  ranked "std::out_of_range on every rank" "$on_rank" "while training epoch 1: stoll" -- \
     env MINIDL_TEST_THROW_AT_STEP=2 "$bin" --epochs 1 --threads 1 --hidden 4 --batch-size 2 --data "$tmp/good"
-  ranked "--save in a missing directory" "--save: cannot write '$tmp/out/none/p.safetensors'" -- \
+  ranked "--save in a missing directory" "$setting_up" "--save: cannot write '$tmp/out/none/p.safetensors'" -- \
     "$bin" --epochs 1 --threads 1 --hidden 4 --data "$tmp/good" --save "$tmp/out/none/p.safetensors"
-  ranked "test images of another size" "test images [1,7,7] in '$tmp/mixed/t10k-images-idx3-ubyte'" -- \
+  ranked "test images of another size" "$setting_up" "test images [1,7,7] in '$tmp/mixed/t10k-images-idx3-ubyte'" -- \
     "$bin" --epochs 1 --threads 1 --hidden 4 --data "$tmp/mixed" --save "$tmp/out/p.safetensors" \
     --metrics "$tmp/out/m.jsonl" --checkpoint-dir "$tmp/out/ckpt" --dump-graph "$tmp/out/g.txt"
   [ "$fails" -eq 0 ] && echo "robust_outputs ok (${launcher[*]})"

@@ -86,7 +86,9 @@ TEST(MpiCollectives, EveryOpMatchesTheSerialComputation) {
 // tree_allreduce: leaves whose sums round differently in other orders; each rank's part is the
 // tree over its own leaves, and every rank must end with the bits of the whole tree summed by one
 // process, whatever the number of ranks (2 and 3 here; 3 owns subtrees of unequal size).
-TEST(MpiCollectives, TreeAllreduceHasTheBitsOfTheWholeTree) {
+// With by_node (shared memory inside each node, then across the nodes' leaders), the same. ctest
+// also runs it with MINIDL_RANKS_PER_NODE=1 and =2 on 3 ranks: nodes of one rank, of two and one.
+void tree_allreduce_has_the_bits_of_the_whole_tree(bool by_node) {
   parallel::Communicator& world = parallel::world();
   const int p = world.size(), r = world.rank();
   ASSERT_GT(p, 1) << "run this test under mpirun with at least 2 ranks";
@@ -106,7 +108,7 @@ TEST(MpiCollectives, TreeAllreduceHasTheBitsOfTheWholeTree) {
   Tensor x = Tensor::empty({n});
   for (std::int64_t i = 0; i < n; ++i) x.data<float>()[i] = tree(tree, lo, hi - lo, i);
   ir::Graph g;
-  g.add_output(parallel::tree_allreduce(ops::parameter(g, "x", x), leaves));
+  g.add_output(parallel::tree_allreduce(ops::parameter(g, "x", x), leaves, 0, "", by_node));
   runtime::Executable exe(g);
   exe.run();
   int order_mattered = 0;
@@ -119,6 +121,40 @@ TEST(MpiCollectives, TreeAllreduceHasTheBitsOfTheWholeTree) {
         << "element " << i << ": " << x.data<float>()[i] << " against " << whole;
   }
   EXPECT_GT(order_mattered, 10) << "the data does not tell summation orders apart";
+}
+
+TEST(MpiCollectives, TreeAllreduceHasTheBitsOfTheWholeTree) {
+  tree_allreduce_has_the_bits_of_the_whole_tree(false);
+}
+TEST(MpiCollectives, TreeAllreduceByNodeHasTheBitsOfTheWholeTree) {
+  tree_allreduce_has_the_bits_of_the_whole_tree(true);
+}
+
+// hierarchical_allreduce: sums in each node's shared memory, then across the leaders; two of
+// them in one graph (the shared region is reused, and grown for the larger), run twice.
+TEST(MpiCollectives, HierarchicalAllreduceSumsOverAllRanks) {
+  parallel::Communicator& world = parallel::world();
+  const int p = world.size(), r = world.rank();
+  ASSERT_GT(p, 1) << "run this test under mpirun with at least 2 ranks";
+  Tensor a = contribution(r, {37}), b = contribution(r, {3001});
+  ir::Graph g;
+  ir::Value* ya = parallel::hierarchical_allreduce(ops::parameter(g, "a", a), 0.5);
+  ir::Value* yb = parallel::hierarchical_allreduce(ops::parameter(g, "b", b), 2.0);
+  g.add_output(ya);
+  g.add_output(yb);
+  runtime::Executable exe(g);
+  auto sum = [&](std::int64_t i) {
+    double t = 0;
+    for (int q = 0; q < p; ++q) t += value(q, i);
+    return t;
+  };
+  exe.run();
+  for (std::int64_t i = 0; i < 37; ++i) ASSERT_EQ(a.at(i), 0.5 * sum(i)) << "a " << i;
+  for (std::int64_t i = 0; i < 3001; ++i) ASSERT_EQ(b.at(i), 2.0 * sum(i)) << "b " << i;
+  // Again, on the sums: every rank holds the same, so the result is p times it, scaled.
+  exe.run();
+  for (std::int64_t i = 0; i < 37; ++i) ASSERT_EQ(a.at(i), 0.25 * p * sum(i)) << "a again " << i;
+  for (std::int64_t i = 0; i < 3001; ++i) ASSERT_EQ(b.at(i), 4.0 * p * sum(i)) << "b again " << i;
 }
 
 // MINIDL_RANKS_PER_NODE=k pretends nodes of k consecutive ranks; without it all ranks of this

@@ -58,13 +58,30 @@ MINIDL_OP_TEST(allgather, kAllgather, kAllgatherBad)
 
 static const std::vector<OpCase> kTree = {
     OpCase().shapes({{3, 4}}).attrs({{"leaves", 5}}).loss_outputs({0}),
+    OpCase().shapes({{3, 4}}).attrs({{"leaves", 5}, {"by_node", 1}}).loss_outputs({0}),
 };
 static const std::vector<BadCase> kTreeBad = {
     {{{3}}, {DType::I32}, {{"leaves", 2}}, "expected f32 input"},
     {{{3}}, {}, {{"leaves", 0}}, "leaves must be at least 1, got 0"},
     {{{3}}, {}, {}, "missing required attribute 'leaves'"},
+    {{{3}},
+     {},
+     {{"leaves", 2}, {"by_node", 1}, {"ranks_per_node", -1}},
+     "ranks_per_node must be >= 0 (0: the real nodes), got -1"},
 };
 MINIDL_OP_TEST(tree_allreduce, kTree, kTreeBad)
+
+static const std::vector<OpCase> kHierarchical = {
+    OpCase().shapes({{4, 5}}).attrs({{"scale", 0.5}}).loss_outputs({0}),
+};
+static const std::vector<BadCase> kHierarchicalBad = {
+    {{{3}}, {DType::I32}, {}, "expected f32 input"},
+    {{{3}},
+     {},
+     {{"ranks_per_node", -2}},
+     "ranks_per_node must be >= 0 (0: the real nodes), got -2"},
+};
+MINIDL_OP_TEST(hierarchical_allreduce, kHierarchical, kHierarchicalBad)
 
 // The harness would read the in-flight value, which only the wait may do: these two ops have
 // their own tests below, the harness checks their refusals.
