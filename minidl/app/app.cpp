@@ -230,6 +230,22 @@ std::int64_t test_hook(const char* variable, std::int64_t fallback, std::int64_t
   return x;
 }
 
+/// The one-line message of the exception being handled (call it in a catch block): a
+/// minidl::Error's own text, else what the run was `doing` and the library's text.
+std::string current_error(const std::string& doing) {
+  try {
+    throw;
+  } catch (const Error& e) {
+    return e.what();
+  } catch (const std::bad_alloc&) {
+    return "out of memory while " + doing;
+  } catch (const std::exception& e) {
+    return fmt::format("while {}: {}", doing, printable(e.what(), 1000));
+  } catch (...) {
+    return fmt::format("while {}: an exception of an unknown type", doing);
+  }
+}
+
 /// The build this process runs: the program's name and the size and hash of its executable,
 /// so that ranks started from different builds differ in preflight.
 std::string build_identity(const std::string& program) {
@@ -377,14 +393,8 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
       description += fmt::format("tensor {} {} {}\n", name, t.shape(), t.dtype());
     description += fmt::format("optimizer {}\nschedule {}\nloss {}\n", optimizer->describe(),
                                schedule->describe(), loss->name());
-  } catch (const Error& e) {
-    error = e.what();
-  } catch (const std::bad_alloc&) {
-    error = "out of memory while " + doing;
-  } catch (const std::exception& e) {
-    error = fmt::format("while {}: {}", doing, printable(e.what(), 1000));
   } catch (...) {
-    error = fmt::format("while {}: an exception of an unknown type", doing);
+    error = current_error(doing);
   }
   doing = "checking that the ranks agree";
   parallel::preflight(comm, description, error);
@@ -728,14 +738,8 @@ int run_training_app(int argc, char** argv, const std::string& description, AppC
     // Every rank stopped in the preflight with the same error: one report, a normal exit.
     if (root) fmt::print(stderr, "{}: error: {}\n", program, e.what());
     return e.exit_code();
-  } catch (const Error& e) {
-    error = e.what();
-  } catch (const std::bad_alloc&) {
-    error = "out of memory while " + doing;
-  } catch (const std::exception& e) {
-    error = fmt::format("while {}: {}", doing, printable(e.what(), 1000));
   } catch (...) {
-    error = fmt::format("while {}: an exception of an unknown type", doing);
+    error = current_error(doing);
   }
   if (comm.size() == 1) {
     fmt::print(stderr, "{}: error: {}\n", program, error);
