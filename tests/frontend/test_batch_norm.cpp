@@ -366,8 +366,8 @@ TEST(BatchNorm, FusedBackwardTrainsAsTheUnfused) {
   for (ir::Backend backend : backends) {
     for (int replicas : {1, 2}) {
       for (bool sync : {false, true}) {
-        SCOPED_TRACE(fmt::format("{} replicas {} sync {}", ir::backend_name(backend), replicas,
-                                 sync));
+        SCOPED_TRACE(
+            fmt::format("{} replicas {} sync {}", ir::backend_name(backend), replicas, sync));
         const NamedTensors want = run(backend, replicas, sync, false);
         const NamedTensors got = run(backend, replicas, sync, true);
         ASSERT_EQ(got.size(), want.size());

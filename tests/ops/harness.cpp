@@ -200,4 +200,20 @@ void run_op_cases(const std::string& op, const std::vector<OpCase>& cases,
   }
 }
 
+std::vector<OpCase> broadcast_cases() {
+  return {
+      OpCase().shapes({{4, 5}, {4, 5}}),
+      OpCase().shapes({{3, 2, 2, 7}, {3, 2, 2, 7}}),
+      OpCase().shapes({{4, 5}, {5}}),
+      OpCase().shapes({{4, 1}, {1, 5}}),
+      OpCase().shapes({{2, 3, 4, 5}, {1, 3, 1, 1}}),
+      OpCase().shapes({{3}, {2, 1, 3}}),
+      OpCase().shapes({{}, {3, 2}}),
+  };
+}
+
+std::vector<BadCase> broadcast_bad_cases() {
+  return {{{{4, 5}, {5, 4}}, {}, {}, "cannot broadcast [4,5] with [5,4]"}};
+}
+
 }  // namespace minidl::testing

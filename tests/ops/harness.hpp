@@ -93,6 +93,12 @@ struct BadCase {
 
 void run_op_cases(const std::string& op, const std::vector<OpCase>& cases,
                   const std::vector<BadCase>& bad);
+/// The broadcasting shapes every binary elementwise op is tested on (equal shapes, a bias over
+/// the last dimension, both stretched, per channel, a lower rank, a scalar), and the pair of
+/// shapes that cannot broadcast.
+std::vector<OpCase> broadcast_cases();
+std::vector<BadCase> broadcast_bad_cases();
+
 /// Ops that have a MINIDL_OP_TEST, and every op their gradient graphs contain.
 std::set<std::string> ops_covered_by_tests();
 bool register_op_test(const std::string& op, std::vector<OpCase> cases);

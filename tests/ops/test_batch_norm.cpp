@@ -66,7 +66,9 @@ static const std::vector<BadCase> kDataBad = {
     {{{2, 3, 4, 4}, {2, 3, 4, 4}, {3}, {3, 4}}, {}, {}, "dstats must be [3,3] to match x"},
     {{{2, 3}, {2, 3}, {4}, {3, 3}}, {}, {}, "var must be [3]"},
     {{{2, 3}, {2, 3}, {3}, {3, 3}, {2}}, {}, {}, "weight must be [3]"},
-    {{{2, 3}, {2, 3}, {3}, {3, 3}}, {DType::F32, DType::F32, DType::F32, DType::I32}, {},
+    {{{2, 3}, {2, 3}, {3}, {3, 3}},
+     {DType::F32, DType::F32, DType::F32, DType::I32},
+     {},
      "expected f32 dstats"},
 };
 MINIDL_OP_TEST(batch_norm_bwd_data, std::vector<OpCase>{}, kDataBad)

@@ -3,16 +3,11 @@
 using minidl::testing::BadCase;
 using minidl::testing::OpCase;
 
-static const std::vector<OpCase> kCases = {
-    OpCase().shapes({{4, 5}, {4, 5}}).positive(0.5),
-    OpCase().shapes({{3, 2, 2, 7}, {3, 2, 2, 7}}).positive(0.5),
-    OpCase().shapes({{4, 5}, {5}}).positive(0.5),
-    OpCase().shapes({{4, 1}, {1, 5}}).positive(0.5),
-    OpCase().shapes({{2, 3, 4, 5}, {1, 3, 1, 1}}).positive(0.5),
-    OpCase().shapes({{3}, {2, 1, 3}}).positive(0.5),
-    OpCase().shapes({{}, {3, 2}}).positive(0.5),
-};
-static const std::vector<BadCase> kBad = {
-    {{{4, 5}, {5, 4}}, {}, {}, "cannot broadcast [4,5] with [5,4]"},
-};
+// Divisors kept away from 0.
+static const std::vector<OpCase> kCases = [] {
+  std::vector<OpCase> cases = minidl::testing::broadcast_cases();
+  for (OpCase& c : cases) c.positive(0.5);
+  return cases;
+}();
+static const std::vector<BadCase> kBad = minidl::testing::broadcast_bad_cases();
 MINIDL_OP_TEST(div, kCases, kBad)

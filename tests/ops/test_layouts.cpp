@@ -317,15 +317,25 @@ TEST(Layouts, BatchNormKernelsOfBlockedValues) {
       ir::Value* dsv = ops::parameter(g, "ds", dstats);
       ir::Value* sdx = g.add_node(ops::op("bn_stats_bwd"), {xv, dsv})->output();
       ir::Node* red = g.add_node(ops::op("batch_norm_bwd_reduce"), {dyv, xv, mean, var, wv});
-      ir::Value* fdx = g.add_node(ops::op("batch_norm_bwd_data"), {dyv, xv, var, dsv, wv})->output();
+      ir::Value* fdx =
+          g.add_node(ops::op("batch_norm_bwd_data"), {dyv, xv, var, dsv, wv})->output();
       y->set_layout(l.out);
       bwd->output(0)->set_layout(l.out);
       sdx->set_layout(l.out);
       fdx->set_layout(l.out);
-      const std::vector<ir::Value*> outs{
-          stats,          y,   bwd->output(0), bwd->output(1), bwd->output(2), bwd->output(3),
-          bwd->output(4), sdx, red->output(0), red->output(1), red->output(2), red->output(3),
-          fdx};
+      const std::vector<ir::Value*> outs{stats,
+                                         y,
+                                         bwd->output(0),
+                                         bwd->output(1),
+                                         bwd->output(2),
+                                         bwd->output(3),
+                                         bwd->output(4),
+                                         sdx,
+                                         red->output(0),
+                                         red->output(1),
+                                         red->output(2),
+                                         red->output(3),
+                                         fdx};
       for (ir::Value* v : outs) g.add_output(v);
       runtime::Executable exe(g, {.backend = backend});
       store(x, l.x, exe.input("x").data<float>());
@@ -358,12 +368,8 @@ TEST(Layouts, BatchNormKernelsOfBlockedValues) {
 }
 
 #if MINIDL_WITH_ONEDNN
-// conv -> BatchNorm -> relu -> conv, training: with --backend onednn the activations stay blocked
-// through the BatchNorm forward and backward, and the loss and gradients are the plain graph's.
-TEST(Layouts, BatchNormKeepsTheBlockedLayoutBetweenConvolutions) {
-  const std::string& blocked = ops::blocked_layout();
-  if (blocked.empty()) GTEST_SKIP() << "oneDNN uses no channel-blocked layout on this CPU";
-  const Dataset batch = minidl::testing::blobs(8, 3);
+// conv -> BatchNorm -> relu, twice, then pooling and a linear layer.
+std::unique_ptr<nn::Sequential> batch_norm_network() {
   auto model = std::make_unique<nn::Sequential>();
   model->emplace<nn::Conv2d>("conv1", 1, 16, 3, 1, 1, nn::Init::He);
   model->emplace<nn::BatchNorm2d>("bn1", 16);
@@ -375,6 +381,28 @@ TEST(Layouts, BatchNormKeepsTheBlockedLayoutBetweenConvolutions) {
   model->emplace<nn::Flatten>("flatten");
   model->emplace<nn::Linear>("fc", 16 * 2 * 2, 10, nn::Init::Xavier);
   model->reset(5);
+  return model;
+}
+
+// The blocked run's loss and gradients (got) are the plain one's (want), to rounding.
+template <typename Outputs>
+void expect_same_outputs(const Outputs& want, const Outputs& got) {
+  ASSERT_EQ(want.size(), got.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    for (std::int64_t j = 0; j < want[i].numel(); ++j) {
+      const float a = want[i].at(j), b = got[i].at(j);
+      EXPECT_NEAR(a, b, 2e-4f * (1.0f + std::abs(a))) << "output " << i << " element " << j;
+    }
+  }
+}
+
+// conv -> BatchNorm -> relu -> conv, training: with --backend onednn the activations stay blocked
+// through the BatchNorm forward and backward, and the loss and gradients are the plain graph's.
+TEST(Layouts, BatchNormKeepsTheBlockedLayoutBetweenConvolutions) {
+  const std::string& blocked = ops::blocked_layout();
+  if (blocked.empty()) GTEST_SKIP() << "oneDNN uses no channel-blocked layout on this CPU";
+  const Dataset batch = minidl::testing::blobs(8, 3);
+  const std::unique_ptr<nn::Sequential> model = batch_norm_network();
   TrainingGraph plain(*model, batch);
   TrainingGraph propagated(*model, batch);
   ops::FuseBiasActivation().run(plain.g);
@@ -392,15 +420,7 @@ TEST(Layouts, BatchNormKeepsTheBlockedLayoutBetweenConvolutions) {
     EXPECT_EQ(n->kernel(ir::Backend::OneDnn)->kernel->backend, ir::Backend::OneDnn)
         << n->describe();
   }
-  const auto want = plain.run(ir::Backend::Native);
-  const auto got = propagated.run(ir::Backend::OneDnn);
-  ASSERT_EQ(want.size(), got.size());
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    for (std::int64_t j = 0; j < want[i].numel(); ++j) {
-      const float a = want[i].at(j), b = got[i].at(j);
-      EXPECT_NEAR(a, b, 2e-4f * (1.0f + std::abs(a))) << "output " << i << " element " << j;
-    }
-  }
+  expect_same_outputs(plain.run(ir::Backend::Native), propagated.run(ir::Backend::OneDnn));
 }
 
 // The same network with BatchNorm's backward fused (ops::FuseBatchNormBackward): the fused data
@@ -409,17 +429,7 @@ TEST(Layouts, FusedBatchNormBackwardKeepsTheBlockedLayout) {
   const std::string& blocked = ops::blocked_layout();
   if (blocked.empty()) GTEST_SKIP() << "oneDNN uses no channel-blocked layout on this CPU";
   const Dataset batch = minidl::testing::blobs(8, 3);
-  auto model = std::make_unique<nn::Sequential>();
-  model->emplace<nn::Conv2d>("conv1", 1, 16, 3, 1, 1, nn::Init::He);
-  model->emplace<nn::BatchNorm2d>("bn1", 16);
-  model->emplace<nn::ReLU>("relu1");
-  model->emplace<nn::Conv2d>("conv2", 16, 16, 3, 1, 1, nn::Init::He);
-  model->emplace<nn::BatchNorm2d>("bn2", 16);
-  model->emplace<nn::ReLU>("relu2");
-  model->emplace<nn::MaxPool2d>("pool", 4);
-  model->emplace<nn::Flatten>("flatten");
-  model->emplace<nn::Linear>("fc", 16 * 2 * 2, 10, nn::Init::Xavier);
-  model->reset(5);
+  const std::unique_ptr<nn::Sequential> model = batch_norm_network();
   TrainingGraph plain(*model, batch);
   TrainingGraph fused(*model, batch);
   ops::FuseBiasActivation().run(plain.g);
@@ -438,14 +448,6 @@ TEST(Layouts, FusedBatchNormBackwardKeepsTheBlockedLayout) {
     EXPECT_EQ(n->output(0)->layout(), blocked) << n->describe();
   }
   EXPECT_EQ(seen, 2);
-  const auto want = plain.run(ir::Backend::Native);
-  const auto got = fused.run(ir::Backend::OneDnn);
-  ASSERT_EQ(want.size(), got.size());
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    for (std::int64_t j = 0; j < want[i].numel(); ++j) {
-      const float a = want[i].at(j), b = got[i].at(j);
-      EXPECT_NEAR(a, b, 2e-4f * (1.0f + std::abs(a))) << "output " << i << " element " << j;
-    }
-  }
+  expect_same_outputs(plain.run(ir::Backend::Native), fused.run(ir::Backend::OneDnn));
 }
 #endif
