@@ -4,6 +4,12 @@
 // executable's kernel table which kernel the node got, fill the inputs with seeded random data and
 // time Executable::run(). A node that the requested backend declines is skipped with the reason,
 // so a native run is never reported under the oneDNN name.
+//
+// Products and convolutions also run in mixed precision: "<backend>_bf16" marks the node bf16
+// (f32 tensors, bf16 factors, as --precision bf16 runs a product whose neighbours are f32), and
+// for convolutions "onednn_bf16act" also stores its activations (not the weights or their
+// gradient) as bf16 in the bf16 convolutions' layout, as --precision bf16 keeps them between bf16
+// kernels. A variant whose kernel would not compute in bf16 is skipped with the reason.
 #include <benchmark/benchmark.h>
 
 #include <cstring>
@@ -15,7 +21,9 @@
 
 #include "bench.hpp"
 #include "minidl/core/rng.hpp"
+#include "minidl/ops/layouts.hpp"
 #include "minidl/ops/ops.hpp"
+#include "minidl/ops/precision.hpp"
 #include "minidl/ops/registry.hpp"
 #include "minidl/runtime/executable.hpp"
 
@@ -65,9 +73,10 @@ double op_flops(const ir::Node& n) { return static_cast<double>(n.def().flops_fn
 
 double bytes_moved(const ir::Node& n) {
   double b = 0.0;
-  for (const ir::Value* v : n.inputs()) b += numel(v) * static_cast<double>(dtype_size(v->dtype()));
+  for (const ir::Value* v : n.inputs())
+    b += numel(v) * static_cast<double>(dtype_size(v->stored()));
   for (const ir::Value* v : n.outputs())
-    b += numel(v) * static_cast<double>(dtype_size(v->dtype()));
+    b += numel(v) * static_cast<double>(dtype_size(v->stored()));
   return b;
 }
 
@@ -252,8 +261,24 @@ void fill_normal(const Tensor& t, std::uint64_t stream) {
   CounterRng(kSeed).fill_normal(view, stream, 0.0f, 1.0f);
 }
 
+/// N(0,1) values rounded to bf16 (ties to even), into a tensor stored as bf16.
+void fill_normal_bf16(const Tensor& t, std::uint64_t stream) {
+  Tensor f = Tensor::empty(t.shape());
+  fill_normal(f, stream);
+  auto* out = static_cast<std::uint16_t*>(t.raw());
+  const float* in = f.data<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    std::uint32_t u = 0;
+    std::memcpy(&u, &in[i], sizeof u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    out[i] = static_cast<std::uint16_t>(u >> 16);
+  }
+}
+
 void fill_input(const Tensor& t, const Input& in, std::uint64_t stream) {
-  if (in.classes > 0) {
+  if (t.dtype() == DType::BF16) {
+    fill_normal_bf16(t, stream);
+  } else if (in.classes > 0) {
     const CounterRng rng(kSeed);
     std::int32_t* p = t.data<std::int32_t>();
     for (int64_t i = 0; i < t.numel(); ++i)
@@ -326,8 +351,50 @@ std::string missing_in_schema(const Case& c) {
   return {};
 }
 
-void run_case(benchmark::State& state, const Case& c, ir::Backend backend) {
+/// How a case runs: in f32, on bf16 factors (the node marked bf16), or also with its
+/// activations stored as bf16.
+enum class Variant { F32, Bf16, Bf16Activations };
+
+struct Flavour {
+  ir::Backend backend;
+  Variant variant;
+  std::string name;  // the benchmark name's middle part, as scripts/bench reads it
+};
+
+/// Why the variant cannot run here, or "": bf16 needs the CPU's bf16 units (as oneDNN sees
+/// them) and, for stored activations, a layout of the bf16 convolutions.
+std::string bf16_missing(Variant v) {
+  if (v == Variant::F32) return {};
+  if (std::string why = ops::bf16_unavailable(); !why.empty()) return "bf16 " + why;
+  if (v == Variant::Bf16Activations && ops::bf16_layout().empty())
+    return "oneDNN's bf16 convolutions use no layout minidl names on this CPU";
+  return {};
+}
+
+/// Marks the node bf16 and, for Bf16Activations, stores its 4-D activations (not the weights "w"
+/// or their gradient "dw") as bf16 in the bf16 convolutions' layout.
+void apply_variant(ir::Node& n, Variant v) {
+  if (v == Variant::F32) return;
+  n.annotations().set("precision", std::string("bf16"));
+  if (v != Variant::Bf16Activations) return;
+  auto store = [](ir::Value* value, const std::string& name) {
+    if (value->shape().rank() != 4 || name == "w" || name == "dw") return;
+    value->set_layout(ops::bf16_layout());
+    value->set_stored(DType::BF16);
+  };
+  for (std::size_t i = 0; i < n.inputs().size(); ++i)
+    store(n.input(static_cast<int>(i)), n.def().input_names()[i]);
+  for (std::size_t i = 0; i < n.outputs().size(); ++i)
+    store(n.output(static_cast<int>(i)), n.def().output_names()[i]);
+}
+
+void run_case(benchmark::State& state, const Case& c, const Flavour& f) {
+  const ir::Backend backend = f.backend;
   try {
+    if (const std::string missing = bf16_missing(f.variant); !missing.empty()) {
+      state.SkipWithError(missing.c_str());
+      return;
+    }
     if (const std::string missing = missing_in_schema(c); !missing.empty()) {
       state.SkipWithError(missing.c_str());
       return;
@@ -336,10 +403,18 @@ void run_case(benchmark::State& state, const Case& c, ir::Backend backend) {
     std::vector<DType> dtypes;
     for (const Input& in : c.inputs) shapes.push_back(in.shape), dtypes.push_back(in.dtype);
     OneNode one(c.op, c.attrs, shapes, dtypes, c.bench);
+    apply_variant(*one.node, f.variant);
     runtime::Executable exe(one.g, {.backend = backend});
     const ir::KernelDef& kernel = chosen_kernel(exe, *one.node);
     if (kernel.backend != backend) {
       state.SkipWithError(declined(*one.node, backend, kernel).c_str());
+      return;
+    }
+    const std::string label = ir::kernel_label(*one.node, kernel);
+    if (f.variant != Variant::F32 && !kernel.bf16) {
+      state.SkipWithError(fmt::format("the {} kernel of {} has no bf16 path (it would run in f32)",
+                                      kernel.name, c.op)
+                              .c_str());
       return;
     }
     for (std::size_t i = 0; i < c.inputs.size(); ++i)
@@ -353,7 +428,7 @@ void run_case(benchmark::State& state, const Case& c, ir::Backend backend) {
       state.counters["bytes/s"] =
           benchmark::Counter(bytes_moved(*one.node), benchmark::Counter::kIsIterationInvariantRate);
     }
-    state.SetLabel(kernel.name);
+    state.SetLabel(label);
   } catch (const std::exception& e) {
     count_failure();
     state.SkipWithError(fmt::format("failed: {}", e.what()).c_str());
@@ -363,12 +438,22 @@ void run_case(benchmark::State& state, const Case& c, ir::Backend backend) {
 }  // namespace
 
 void register_op_benchmarks() {
+  using ir::Backend;
   for (const Case& c : model_cases()) {
     auto shared = std::make_shared<const Case>(c);
-    for (const ir::Backend b : {ir::Backend::Native, ir::Backend::OneDnn}) {
-      const std::string name = bench_name(c.bench, std::string(ir::backend_name(b)), c.shape);
+    std::vector<Flavour> flavours = {{Backend::Native, Variant::F32, "native"},
+                                     {Backend::OneDnn, Variant::F32, "onednn"}};
+    // Products and convolutions (the cases with a FLOP count) in mixed precision too.
+    if (c.flops) {
+      flavours.push_back({Backend::Native, Variant::Bf16, "native_bf16"});
+      flavours.push_back({Backend::OneDnn, Variant::Bf16, "onednn_bf16"});
+      if (c.op.starts_with("conv2d"))
+        flavours.push_back({Backend::OneDnn, Variant::Bf16Activations, "onednn_bf16act"});
+    }
+    for (const Flavour& f : flavours) {
+      const std::string name = bench_name(c.bench, f.name, c.shape);
       configure(benchmark::RegisterBenchmark(
-          name.c_str(), [shared, b](benchmark::State& s) { run_case(s, *shared, b); }));
+          name.c_str(), [shared, f](benchmark::State& s) { run_case(s, *shared, f); }));
     }
   }
 }

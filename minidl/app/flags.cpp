@@ -394,8 +394,9 @@ std::vector<Flag> make_table() {
       {.name = "--precision",
        .field = &AppConfig::precision,
        .help = "arithmetic of the convolutions and matrix products: f32, or bf16 (mixed precision: "
-               "bf16 factors on the CPU's AMX or AVX512-BF16 units, f32 results; parameters, "
-               "gradients, their reduction and the loss stay f32)",
+               "bf16 factors on the CPU's AMX or AVX512-BF16 units, f32 accumulation; activations "
+               "between bf16 kernels stored in bf16; parameters, gradients, their reduction and "
+               "the loss stay f32)",
        .check = precisions(),
        .resume = {"precision"},
        .metric = {"precision"}},

@@ -1,4 +1,5 @@
-// Element types of tensors: f32 for data, i32/i64 for labels and indices.
+// Element types of tensors: f32 for data, i32/i64 for labels and indices, bf16 for activations
+// stored in bf16 between bf16 kernels (--precision bf16; see ir::Value::stored).
 #pragma once
 
 #include <fmt/format.h>
@@ -9,7 +10,7 @@
 
 namespace minidl {
 
-enum class DType : std::uint8_t { F32, I32, I64 };
+enum class DType : std::uint8_t { F32, I32, I64, BF16 };
 
 constexpr std::size_t dtype_size(DType t) {
   switch (t) {
@@ -19,6 +20,8 @@ constexpr std::size_t dtype_size(DType t) {
       return 4;
     case DType::I64:
       return 8;
+    case DType::BF16:
+      return 2;
   }
   return 0;
 }
@@ -31,11 +34,13 @@ constexpr std::string_view dtype_name(DType t) {
       return "i32";
     case DType::I64:
       return "i64";
+    case DType::BF16:
+      return "bf16";
   }
   return "?";
 }
 
-/// The safetensors spelling (F32, I32, I64).
+/// The safetensors spelling (F32, I32, I64, BF16).
 constexpr std::string_view dtype_safetensors_name(DType t) {
   switch (t) {
     case DType::F32:
@@ -44,6 +49,8 @@ constexpr std::string_view dtype_safetensors_name(DType t) {
       return "I32";
     case DType::I64:
       return "I64";
+    case DType::BF16:
+      return "BF16";
   }
   return "?";
 }

@@ -11,19 +11,29 @@ int channel_block(std::string_view layout) {
   if (layout.empty()) return 1;
   if (layout == "nChw16c") return 16;
   if (layout == "nChw8c") return 8;
-  MINIDL_FAIL("unknown layout '", layout, "' (expected plain, nChw16c or nChw8c)");
+  if (layout == "nhwc") return 1;
+  MINIDL_FAIL("unknown layout '", layout, "' (expected plain, nChw16c, nChw8c or nhwc)");
 }
 
 void Value::set_layout(std::string layout) {
   const int block = channel_block(layout);
   MINIDL_CHECK(
-      block == 1 || (shape_.rank() == 4 && dtype_size(dtype_) == 4 && shape_[1] % block == 0),
+      layout.empty() || (shape_.rank() == 4 && dtype_size(dtype_) == 4 && shape_[1] % block == 0),
       "value ", ref(), " of ", producer_->describe(), " cannot take layout ", layout,
       ": it needs a 4-D f32 or i32 value whose channels are a multiple of ", block, ", got ",
       shape_, " ", dtype_);
   if (layout == layout_) return;
   layout_ = std::move(layout);
   // Whether a kernel takes a value depends on its layout: the choices around it no longer hold.
+  producer_->kernel_.reset();
+  for (Node* u : users_) u->kernel_.reset();
+}
+
+void Value::set_stored(DType t) {
+  MINIDL_CHECK(t == dtype_ || (dtype_ == DType::F32 && t == DType::BF16), "value ", ref(), " of ",
+               producer_->describe(), " is ", dtype_, " and cannot be stored as ", t);
+  if (t == stored_) return;
+  stored_ = t;
   producer_->kernel_.reset();
   for (Node* u : users_) u->kernel_.reset();
 }
@@ -151,7 +161,7 @@ Node* Graph::insert(const OpDef& def, std::vector<Value*> inputs, Attrs attrs, s
   def.infer_fn()(ctx);
   for (std::size_t i = 0; i < n_out; ++i) {
     n->outputs_[i]->shape_ = std::move(shapes[i]);
-    n->outputs_[i]->dtype_ = dtypes[i];
+    n->outputs_[i]->dtype_ = n->outputs_[i]->stored_ = dtypes[i];
   }
   for (Value* in : n->inputs_) in->users_.push_back(n);
   order_.push_back(n);

@@ -26,15 +26,24 @@ class Value {
   const std::vector<Node*>& users() const { return users_; }
   /// "%17" or "%17:fc1.weight" for readable dumps.
   std::string ref() const;
-  /// How the buffer holds the elements: "" for dense row-major (plain), or a channel-blocked
+  /// How the buffer holds the elements: "" for dense row-major (plain), a channel-blocked
   /// layout, "nChw16c" / "nChw8c" (the channels of a [N,C,H,W] value in blocks of 16 or 8, the
-  /// innermost dimension; see channel_block). The shape stays the logical one. Set by
+  /// innermost dimension; see channel_block), or "nhwc" (channels innermost, oneDNN's acdb: what
+  /// its AMX bf16 convolutions run in). The shape stays the logical one. Set by
   /// ops::PropagateLayouts on values that only layout-aware kernels read and write; the runtime
   /// gives a node with such a value only kernels that can take it.
   const std::string& layout() const { return layout_; }
   /// Sets the layout; throws minidl::Error unless the value is a 4-D f32 or i32 value whose
   /// channels divide into whole blocks (no padding: the buffer keeps the plain size).
   void set_layout(std::string layout);
+  /// The element type the buffer holds: dtype(), or BF16 for an f32 value that
+  /// ops::PropagateLayouts keeps in bf16 between kernels that read and write bf16
+  /// (KernelDef::bf16_values) under --precision bf16. The dtype stays the logical one (shape
+  /// rules and the verifier see f32); the memory plan and the runtime's tensors use this one, and
+  /// only kernels declaring bf16_values are given such a value.
+  DType stored() const { return stored_; }
+  /// Sets the stored type: dtype(), or BF16 for an f32 value; throws minidl::Error otherwise.
+  void set_stored(DType t);
 
  private:
   friend class Graph;
@@ -42,6 +51,7 @@ class Value {
   int id_ = 0;
   Shape shape_;
   DType dtype_ = DType::F32;
+  DType stored_ = DType::F32;
   std::string layout_;
   Node* producer_ = nullptr;
   int index_ = 0;
@@ -60,8 +70,8 @@ std::string_view phase_name(Phase p);
 /// step count of the schedule. Other nodes have no role.
 enum class Role : std::uint8_t { None, RngKey, LearningRate, OptimizerStep };
 
-/// The channel block of a layout: 1 for plain (""), 16 for "nChw16c", 8 for "nChw8c"; throws
-/// minidl::Error for any other name.
+/// The channel block of a layout: 1 for plain ("") and "nhwc", 16 for "nChw16c", 8 for
+/// "nChw8c"; throws minidl::Error for any other name.
 int channel_block(std::string_view layout);
 
 class Node {

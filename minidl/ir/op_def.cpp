@@ -82,6 +82,11 @@ OpDef& OpDef::layout_aware() {
   kernels_.back().layouts = true;
   return *this;
 }
+OpDef& OpDef::bf16_values() {
+  MINIDL_ASSERT(!kernels_.empty(), name_, ": bf16_values() must follow a kernel");
+  kernels_.back().bf16_values = true;
+  return *this;
+}
 OpDef& OpDef::mixed_precision() {
   MINIDL_ASSERT(!kernels_.empty(), name_, ": mixed_precision() must follow a kernel");
   kernels_.back().bf16 = true;
@@ -120,8 +125,18 @@ Precision node_precision(const Node& n) {
   MINIDL_FAIL(n.describe(), ": unknown precision '", s, "' (expected f32 or bf16)");
 }
 
+namespace {
+bool stored_bf16(const Value* v) { return v->stored() == DType::BF16; }
+bool any_stored_bf16(const Node& n) {
+  return std::any_of(n.inputs().begin(), n.inputs().end(), stored_bf16) ||
+         std::any_of(n.outputs().begin(), n.outputs().end(), stored_bf16);
+}
+}  // namespace
+
 std::string kernel_label(const Node& n, const KernelDef& k) {
-  return k.bf16 && node_precision(n) == Precision::BF16 ? k.name + " bf16" : k.name;
+  const bool bf16 =
+      (k.bf16 && node_precision(n) == Precision::BF16) || (k.bf16_values && any_stored_bf16(n));
+  return bf16 ? k.name + " bf16" : k.name;
 }
 
 bool has_bf16_kernel(const OpDef& def) {
@@ -145,11 +160,22 @@ std::vector<const KernelDef*> kernel_order(const Node& n, Backend preferred) {
 }
 
 std::string layout_refusal(const Node& n, const KernelDef& k) {
+  if (!k.bf16_values) {
+    for (const Value* v : n.inputs())
+      if (stored_bf16(v))
+        return fmt::format("{} is stored as bf16; this kernel takes f32", v->ref());
+    for (const Value* v : n.outputs())
+      if (stored_bf16(v))
+        return fmt::format("{} is stored as bf16; this kernel takes f32", v->ref());
+  }
   if (k.layouts) return {};
   const Value* first = nullptr;
   auto check = [&](const Value* v) -> std::string {
     if (n.def().is_elementwise()) {
       if (first == nullptr) first = v;
+      if (v->stored() != first->stored())
+        return fmt::format("{} is stored as {} but {} as {}; an elementwise kernel needs one type",
+                           v->ref(), v->stored(), first->ref(), first->stored());
       if (v->layout() == first->layout()) return {};
       return fmt::format("{} is in layout {} but {} in {}; an elementwise kernel needs one layout",
                          v->ref(), v->layout().empty() ? "plain" : v->layout(), first->ref(),

@@ -78,6 +78,9 @@ struct KernelDef {
   bool layouts = false;
   /// The kernel computes in bf16 when its node's precision is BF16 (node_precision).
   bool bf16 = false;
+  /// The kernel reads and writes f32 values stored as bf16 (Value::stored), each in the layout it
+  /// carries; other kernels are given only values stored as their dtype.
+  bool bf16_values = false;
 };
 
 /// An optimizer update's inputs: which is the parameter it writes in place and which the
@@ -154,6 +157,8 @@ class OpDef {
   OpDef& layout_aware();
   /// The kernel declared last computes in bf16 when its node asks (KernelDef::bf16).
   OpDef& mixed_precision();
+  /// The kernel declared last takes f32 values stored as bf16 (KernelDef::bf16_values).
+  OpDef& bf16_values();
   /// The op is an optimizer update of input `param` (in place) by gradient input `grad`;
   /// grad_scale, when the op has one, is the optional input that multiplies the gradient.
   OpDef& update(int param, int grad, int grad_scale = -1);
@@ -207,7 +212,7 @@ Backend node_backend(const Node& n, Backend preferred);
 /// The precision n asks for: its "precision" annotation (f32|bf16), else F32.
 Precision node_precision(const Node& n);
 /// Kernel k's name as the dispatch log and the profile show it: with " bf16" when k computes n
-/// in bf16.
+/// in bf16 or reads or writes a value of n stored as bf16.
 std::string kernel_label(const Node& n, const KernelDef& k);
 /// Whether op `def` has a kernel that computes in bf16 (KernelDef::bf16).
 bool has_bf16_kernel(const OpDef& def);
@@ -215,7 +220,8 @@ bool has_bf16_kernel(const OpDef& def);
 /// preferred) first, then the others, each in declaration order; except that a node whose
 /// precision is BF16 and that names no backend tries the kernels with a bf16 path first.
 std::vector<const KernelDef*> kernel_order(const Node& n, Backend preferred);
-/// Why kernel k cannot take the layouts of n's values, or "" when it can.
+/// Why kernel k cannot take the layouts (and stored types, Value::stored) of n's values, or ""
+/// when it can.
 std::string layout_refusal(const Node& n, const KernelDef& k);
 
 /// The kernel that runs a node: the first of kernel_order(n, preferred) that takes the layouts of

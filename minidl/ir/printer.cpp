@@ -14,6 +14,7 @@ std::string outputs_text(const Node& n) {
   for (const Value* v : n.outputs()) {
     if (!s.empty()) s += ", ";
     s += fmt::format("{} {}", v->shape(), v->dtype());
+    if (v->stored() != v->dtype()) s += fmt::format(" (stored {})", v->stored());
     if (!v->layout().empty()) s += " " + v->layout();
   }
   return s;

@@ -20,8 +20,11 @@ enum class Takes {
 
 struct Choice {
   Takes takes = Takes::Plain;
-  bool onednn = false;  // the kernel is oneDNN's: a blocked layout saves it reorders
+  // The kernel is one a changed representation helps: a oneDNN one for the blocked layout (it
+  // saves reorders), a bf16 product for bf16 values (it saves conversions).
+  bool anchor = false;
 };
+using Choices = std::unordered_map<const ir::Node*, Choice>;
 
 /// What the kernel recorded for n (ir::choose_kernels) takes. Sources are bound plain and an
 /// alias reinterprets the plain shape: they, and a node no kernel accepts, take plain values.
@@ -32,10 +35,137 @@ Choice choice(const ir::Node& n, ir::Backend preferred) {
   return {n.def().is_elementwise() ? Takes::Same : Takes::Plain, false};
 }
 
+/// The same for values stored as bf16: only kernels with KernelDef::bf16_values take them, and
+/// the anchors are the nodes computing a bf16 product.
+Choice bf16_choice(const ir::Node& n, ir::Backend preferred) {
+  const ir::KernelChoice* c = n.kernel(preferred);
+  if (c == nullptr || c->kernel == nullptr || !c->kernel->bf16_values) return {};
+  const bool product = c->kernel->bf16 && ir::node_precision(n) == ir::Precision::BF16;
+  if (c->kernel->layouts) return {Takes::Any, product};
+  return {n.def().is_elementwise() ? Takes::Same : Takes::Plain, product};
+}
+
 std::vector<ir::Value*> values_of(const ir::Node& n) {
   std::vector<ir::Value*> v(n.inputs().begin(), n.inputs().end());
   v.insert(v.end(), n.outputs().begin(), n.outputs().end());
   return v;
+}
+
+/// Shrinks `set` to a fixed point: a value stays only if its producer and every reader take it,
+/// an elementwise node's values are all in or all out, and the value touches an anchor, directly
+/// or through elementwise nodes (else the change would only cost other kernels a reorder).
+void settle(const ir::Graph& g, const Choices& choices, std::unordered_set<const ir::Value*>& set) {
+  bool changed = true;
+  while (changed) {
+    changed = false;
+    auto drop = [&](const ir::Value* v) { changed |= set.erase(v) > 0; };
+    for (const ir::Node* n : g.nodes()) {
+      const Choice c = choices.at(n);
+      const std::vector<ir::Value*> vals = values_of(*n);
+      if (c.takes == Takes::Plain) {
+        for (const ir::Value* v : vals) drop(v);
+      } else if (c.takes == Takes::Same) {
+        const bool all = std::all_of(vals.begin(), vals.end(),
+                                     [&](const ir::Value* v) { return set.count(v) > 0; });
+        if (!all)
+          for (const ir::Value* v : vals) drop(v);
+      }
+    }
+    // A value touches an anchor through its producer or a reader, or through an elementwise node
+    // whose values (all in the set here) include one that does: a gradient sum of two native
+    // outputs that feeds a oneDNN convolution (BatchNorm's dx) stays blocked with the rest.
+    std::unordered_set<const ir::Value*> touch;
+    for (const ir::Value* v : set) {
+      bool anchor = choices.at(v->producer()).anchor;
+      for (const ir::Node* u : v->users()) anchor |= choices.at(u).anchor;
+      if (anchor) touch.insert(v);
+    }
+    for (bool grew = true; grew;) {
+      grew = false;
+      for (const ir::Node* n : g.nodes()) {
+        if (choices.at(n).takes != Takes::Same) continue;
+        const std::vector<ir::Value*> vals = values_of(*n);
+        const bool any = std::any_of(vals.begin(), vals.end(),
+                                     [&](const ir::Value* v) { return touch.count(v) > 0; });
+        if (!any) continue;
+        for (const ir::Value* v : vals)
+          if (set.count(v)) grew |= touch.insert(v).second;
+      }
+    }
+    for (auto it = set.begin(); it != set.end();) {
+      if (touch.count(*it)) {
+        ++it;
+      } else {
+        it = set.erase(it);
+        changed = true;
+      }
+    }
+  }
+}
+
+/// The 4-D values of g, produced by a node and not graph outputs, in no layout yet, whose
+/// channels fill whole blocks of `block`, and of a dtype `want` accepts.
+template <typename Want>
+std::unordered_set<const ir::Value*> candidates(const ir::Graph& g, int block, Want&& want) {
+  std::unordered_set<const ir::Value*> set;
+  const std::unordered_set<const ir::Value*> outputs(g.outputs().begin(), g.outputs().end());
+  for (const ir::Node* n : g.nodes()) {
+    for (const ir::Value* v : n->outputs()) {
+      const Shape& s = v->shape();
+      if (s.rank() == 4 && want(v->dtype()) && s[1] % block == 0 && !outputs.count(v) &&
+          v->layout().empty() && v->stored() == v->dtype())
+        set.insert(v);
+    }
+  }
+  return set;
+}
+
+/// Keeps bf16 activations between bf16 kernels (see the header); returns how many it stored as
+/// bf16.
+int assign_bf16(ir::Graph& g, ir::Backend preferred, const std::string& layout) {
+  Choices choices;
+  bool any_product = false;
+  for (const ir::Node* n : g.nodes()) {
+    choices[n] = bf16_choice(*n, preferred);
+    any_product |= choices[n].anchor;
+  }
+  if (!any_product) return 0;
+  // f32 activations only: i32 indices (max pooling's argmax) keep their layout rules.
+  auto set = candidates(g, ir::channel_block(layout), [](DType t) { return t == DType::F32; });
+  settle(g, choices, set);
+  int count = 0;
+  for (ir::Node* n : g.nodes()) {
+    for (ir::Value* v : n->outputs()) {
+      if (!set.count(v)) continue;
+      v->set_layout(layout);
+      v->set_stored(DType::BF16);
+      ++count;
+      log_verbose("layouts", "{} of {} -> {} bf16", v->ref(), n->describe(), layout);
+    }
+  }
+  if (count == 0) return 0;
+  // The choices were made for f32 values; each kernel now sees bf16 ones. Where a kernel's
+  // supports declines them after all (oneDNN lacking a bf16 primitive on this CPU), its node
+  // would have no kernel: its values go back to f32, until every node has one.
+  for (bool reverted = true; reverted;) {
+    reverted = false;
+    ir::choose_kernels(g, preferred);
+    for (const ir::Node* n : g.nodes()) {
+      if (n->def().is_source() || n->def().is_alias()) continue;
+      const ir::KernelChoice* c = n->kernel(preferred);
+      if (c != nullptr && c->kernel != nullptr) continue;
+      for (ir::Value* v : values_of(*n)) {
+        if (v->stored() != DType::BF16) continue;
+        log_verbose("layouts", "{} back to f32: {} has no kernel for it{}", v->ref(), n->describe(),
+                    c != nullptr ? c->declined : std::string());
+        v->set_stored(DType::F32);
+        v->set_layout("");
+        reverted = true;
+        --count;
+      }
+    }
+  }
+  return count;
 }
 
 }  // namespace
@@ -49,94 +179,61 @@ const std::string& blocked_layout() {
   return layout;
 }
 
+const std::string& bf16_layout() {
+#if MINIDL_WITH_ONEDNN
+  static const std::string layout = onednn::bf16_conv_layout();
+#else
+  static const std::string layout;
+#endif
+  return layout;
+}
+
 bool PropagateLayouts::run(ir::Graph& g) {
   // Every node's kernel, chosen once and recorded: this pass decides by them, and the runtime
   // runs them.
   ir::choose_kernels(g, preferred_);
+  int count = 0;
+  // bf16 values first: they take the bf16 convolutions' layout, the blocked f32 one the rest.
+  if (!bf16_layout().empty()) {
+    if (const int n = assign_bf16(g, preferred_, bf16_layout()); n > 0) {
+      // The stored types changed the choices around those values (Value::set_stored).
+      ir::choose_kernels(g, preferred_);
+      count += n;
+    }
+  }
   const std::string& layout = blocked_layout();
-  if (layout.empty()) return false;
-  const int block = ir::channel_block(layout);
+  if (layout.empty()) return count > 0;
 
-  // Match: what each node's kernel takes, and the values that could be blocked at all.
-  std::unordered_map<const ir::Node*, Choice> choices;
-  for (const ir::Node* n : g.nodes()) choices[n] = choice(*n, preferred_);
-  std::unordered_set<const ir::Value*> blocked;
-  const std::unordered_set<const ir::Value*> outputs(g.outputs().begin(), g.outputs().end());
+  // Match: what each node's kernel takes, and the values that could be blocked at all: f32
+  // activations and i32 indices (max pooling's argmax).
+  // A kernel with a bf16 value runs in the bf16 layout: its f32 values gain nothing from the
+  // blocked one, and max pooling's argmax must then stay plain (the pooling converts its
+  // workspace to a plain argmax, or to one in the primitive's own layout).
+  Choices choices;
   for (const ir::Node* n : g.nodes()) {
-    for (const ir::Value* v : n->outputs()) {
-      const Shape& s = v->shape();
-      // f32 activations and i32 indices (max pooling's argmax).
-      const bool word = v->dtype() == DType::F32 || v->dtype() == DType::I32;
-      if (s.rank() == 4 && word && s[1] % block == 0 && !outputs.count(v) && v->layout().empty())
-        blocked.insert(v);
-    }
+    const std::vector<ir::Value*> vals = values_of(*n);
+    const bool bf16 = std::any_of(vals.begin(), vals.end(),
+                                  [](const ir::Value* v) { return v->stored() == DType::BF16; });
+    choices[n] = bf16 ? Choice{} : choice(*n, preferred_);
   }
-
-  // Shrink to a fixed point: a value stays blocked only if its producer and every reader take
-  // it, an elementwise node's values are all blocked or all plain, and the value touches a
-  // oneDNN kernel, directly or through elementwise nodes (else a blocked layout would only cost
-  // the native code a reorder elsewhere).
-  bool changed = true;
-  while (changed) {
-    changed = false;
-    auto drop = [&](const ir::Value* v) { changed |= blocked.erase(v) > 0; };
-    for (const ir::Node* n : g.nodes()) {
-      const Choice c = choices.at(n);
-      const std::vector<ir::Value*> vals = values_of(*n);
-      if (c.takes == Takes::Plain) {
-        for (const ir::Value* v : vals) drop(v);
-      } else if (c.takes == Takes::Same) {
-        const bool all = std::all_of(vals.begin(), vals.end(),
-                                     [&](const ir::Value* v) { return blocked.count(v) > 0; });
-        if (!all)
-          for (const ir::Value* v : vals) drop(v);
-      }
-    }
-    // A value touches oneDNN through its producer or a reader, or through an elementwise node
-    // whose values (all blocked here) include one that does: a gradient sum of two native
-    // outputs that feeds a oneDNN convolution (BatchNorm's dx) stays blocked with the rest.
-    std::unordered_set<const ir::Value*> touch;
-    for (const ir::Value* v : blocked) {
-      bool onednn = choices.at(v->producer()).onednn;
-      for (const ir::Node* u : v->users()) onednn |= choices.at(u).onednn;
-      if (onednn) touch.insert(v);
-    }
-    for (bool grew = true; grew;) {
-      grew = false;
-      for (const ir::Node* n : g.nodes()) {
-        if (choices.at(n).takes != Takes::Same) continue;
-        const std::vector<ir::Value*> vals = values_of(*n);
-        const bool any = std::any_of(vals.begin(), vals.end(),
-                                     [&](const ir::Value* v) { return touch.count(v) > 0; });
-        if (!any) continue;
-        for (const ir::Value* v : vals)
-          if (blocked.count(v)) grew |= touch.insert(v).second;
-      }
-    }
-    for (auto it = blocked.begin(); it != blocked.end();) {
-      if (touch.count(*it)) {
-        ++it;
-      } else {
-        it = blocked.erase(it);
-        changed = true;
-      }
-    }
-  }
+  auto blocked = candidates(g, ir::channel_block(layout),
+                            [](DType t) { return t == DType::F32 || t == DType::I32; });
+  settle(g, choices, blocked);
 
   // Mutate: in graph order, so the log reads like the graph.
-  int count = 0;
+  int blocked_count = 0;
   for (ir::Node* n : g.nodes()) {
     for (ir::Value* v : n->outputs()) {
       if (!blocked.count(v)) continue;
       v->set_layout(layout);
-      ++count;
+      ++blocked_count;
       log_verbose("layouts", "{} of {} -> {}", v->ref(), n->describe(), layout);
     }
   }
   // A new layout drops the records of the nodes around the value (Value::set_layout): choose
   // their kernels again, for the layouts they now see. Each still takes it, as decided above.
-  if (count > 0) ir::choose_kernels(g, preferred_);
-  return count > 0;
+  if (blocked_count > 0) ir::choose_kernels(g, preferred_);
+  return count + blocked_count > 0;
 }
 
 }  // namespace minidl::ops

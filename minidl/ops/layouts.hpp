@@ -6,6 +6,14 @@
 // values then share the layout (ReLU and its backward). So a run of such ops keeps the blocked
 // layout, and the reorders happen only where it meets an op that wants plain tensors (the
 // flatten before a linear layer, a graph output).
+//
+// Under --precision bf16 it first keeps in bf16 (ir::Value::stored) every 4-D activation that
+// only kernels reading and writing bf16 values (KernelDef::bf16_values) produce and read, and
+// that reaches a bf16 product (a node marked bf16 whose kernel computes in bf16) directly or
+// through elementwise nodes: such values live in bf16_layout(), the layout the bf16 convolutions
+// want, so a bf16 convolution, pooling or ReLU reads its predecessor's output as it is, and the
+// conversions to and from f32 are left at the region's edges (the input image, the flatten,
+// parameters and their gradients, which stay f32).
 #pragma once
 
 #include "minidl/ir/op_def.hpp"
@@ -35,5 +43,8 @@ class PropagateLayouts final : public ir::Pass {
 /// The channel-blocked layout oneDNN's convolutions use on this machine ("nChw16c",
 /// "nChw8c"), or "" without oneDNN or when it uses none.
 const std::string& blocked_layout();
+/// The layout oneDNN's bf16 convolutions use for bf16 activations on this machine ("nhwc" with
+/// AMX, "nChw16c" with AVX512-BF16 alone), or "" without oneDNN or bf16 units.
+const std::string& bf16_layout();
 
 }  // namespace minidl::ops

@@ -133,7 +133,7 @@ void Executable::plan_memory(const ir::Graph& g) {
   for (const ir::Node* n : g.nodes()) {
     for (const ir::Value* v : n->outputs()) {
       if (root.at(v) != v) continue;
-      const std::size_t bytes = round_up(v->shape().numel() * dtype_size(v->dtype()));
+      const std::size_t bytes = round_up(v->shape().numel() * dtype_size(v->stored()));
       if (n->def().is_source()) {
         if (n->op() == "input") persistent[v] = bytes;
         continue;
@@ -210,7 +210,7 @@ void Executable::plan_memory(const ir::Graph& g) {
       } else {
         data = base[buffer_of.at(v)];
       }
-      view[v] = Tensor::view(data, v->shape(), v->dtype());
+      view[v] = Tensor::view(data, v->shape(), v->stored());
       tensors_.emplace_back(v, view[v]);
       if (n->op() == "input") inputs_.emplace_back(n->name(), view[v]);
       if (n->def().is_source() || last_use.at(r) == kForever) readable_.push_back(v);

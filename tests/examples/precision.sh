@@ -4,6 +4,7 @@
 # bf16 units, the MLP (native kernels preferred) and the MNIST CNN (oneDNN's) train with their
 # products and convolutions in oneDNN's bf16 kernels (the dispatch log names them), end near the
 # f32 run but not on its bits, and in deterministic mode give the same bits on 1x1, 1x2 and 2x1 ranks x threads.
+# The CNN keeps its activations between bf16 kernels in bf16. Checkpoints resume across precisions.
 # Exits 77 (skipped) after the refusals on a CPU without bf16 units.
 # Usage: precision.sh path/to/mnist_mlp path/to/mnist_cnn path/to/mpirun
 set -u
@@ -58,9 +59,10 @@ final_loss() { grep -o "^epoch.*loss *[0-9.]*" "$tmp/$1.out" | tail -1 | awk '{p
 
 for model in mlp cnn; do
   bin=$mlp flags=(--hidden 32 --lr 0.05) epochs=3
-  [ $model = cnn ] && bin=$cnn flags=(--lr 0.05) epochs=2
+  # The CNN on oneDNN's kernels: its pooling and ReLU backward then run on bf16 activations.
+  [ $model = cnn ] && bin=$cnn flags=(--lr 0.05 --backend onednn) epochs=2
   run $model-f32 "$bin" --data "$tmp/data" --seed 5 "${flags[@]}" --epochs $epochs
-  MINIDL_VERBOSE=dispatch run $model-bf16 "$bin" --data "$tmp/data" --seed 5 "${flags[@]}" \
+  MINIDL_VERBOSE=dispatch,layouts,reorders run $model-bf16 "$bin" --data "$tmp/data" --seed 5 "${flags[@]}" \
     --epochs $epochs --precision bf16
   op=matmul
   [ $model = cnn ] && op=conv2d_bwd_weights
@@ -69,6 +71,19 @@ for model in mlp cnn; do
   else
     fail "$model: no $op node runs a bf16 kernel:"
     grep -m5 -- "->" "$tmp/$model-bf16.out"
+  fi
+  if [ $model = cnn ]; then
+    # The CNN's activations between bf16 kernels are stored as bf16 (the layouts log), the
+    # pooling after its convolution runs on them, and the reorders log names the conversions
+    # from f32 (the input image, the weights).
+    if grep -q "of conv2d .* bf16$" "$tmp/$model-bf16.out" &&
+      grep -q "max_pool2d .*-> onednn bf16" "$tmp/$model-bf16.out" &&
+      grep -q "\[reorders\] conv2d .* f32 .* -> bf16 " "$tmp/$model-bf16.out"; then
+      echo "ok   $model: bf16 activations between bf16 kernels ($(grep -c " bf16$" "$tmp/$model-bf16.out") values)"
+    else
+      fail "$model: no activation stored as bf16 or no conversion named:"
+      grep -m10 "bf16" "$tmp/$model-bf16.out"
+    fi
   fi
   if cmp -s "$tmp/$model-f32.safetensors" "$tmp/$model-bf16.safetensors"; then
     fail "$model: bf16 gave the f32 run's bits"
@@ -96,5 +111,21 @@ for model in mlp cnn; do
       fail "$model deterministic bf16 $layout: parameters differ from 1x1"
     fi
   done
+done
+# Checkpoints hold f32 tensors whatever the precision: a bf16 run resumes in f32 and an f32 run in
+# bf16, with a note naming the changed setting, and trains on.
+for pair in bf16:f32 f32:bf16; do
+  from=${pair%:*} to=${pair#*:}
+  run ck-$from "$cnn" --data "$tmp/data" --seed 5 --lr 0.05 --backend onednn --epochs 1 --precision "$from" \
+    --checkpoint-dir "$tmp/ck-$from"
+  run resumed-$to "$cnn" --data "$tmp/data" --seed 5 --lr 0.05 --backend onednn --epochs 2 --precision "$to" \
+    --resume "$tmp/ck-$from"
+  if grep -q "resumed from" "$tmp/resumed-$to.out" && grep -q "note: .*precision" "$tmp/resumed-$to.out" &&
+    [ -n "$(final_loss resumed-$to)" ]; then
+    echo "ok   a $from checkpoint resumes in $to (final loss $(final_loss resumed-$to))"
+  else
+    fail "a $from checkpoint did not resume in $to:"
+    cat "$tmp/resumed-$to.out"
+  fi
 done
 [ "$fails" -eq 0 ]

@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "../support/synthetic.hpp"
 #include "../support/training_graph.hpp"
@@ -14,6 +15,7 @@
 #include "minidl/ops/fusion.hpp"
 #include "minidl/ops/layouts.hpp"
 #include "minidl/ops/ops.hpp"
+#include "minidl/ops/precision.hpp"
 #include "minidl/runtime/executable.hpp"
 
 using namespace minidl;
@@ -207,14 +209,42 @@ TEST(Layouts, SetLayoutChecksTheValue) {
       ThrowsMessage<Error>(HasSubstr("needs a 4-D f32 or i32 value")));
   EXPECT_THAT(
       [&] {
-        ops::input(g, "c", {2, 16, 4, 4})->set_layout("nhwc");
+        ops::input(g, "c", {2, 16, 4, 4})->set_layout("nchw");
       },
-      ThrowsMessage<Error>(HasSubstr("unknown layout 'nhwc'")));
+      ThrowsMessage<Error>(HasSubstr("unknown layout 'nchw'")));
+  EXPECT_THAT(
+      [&] {
+        ops::input(g, "e", {2, 16})->set_layout("nhwc");
+      },
+      ThrowsMessage<Error>(HasSubstr("needs a 4-D f32 or i32 value")));
   ir::Value* ok = ops::input(g, "d", {2, 8, 4, 4});
   ok->set_layout("nChw8c");
   EXPECT_EQ(ok->layout(), "nChw8c");
   EXPECT_EQ(ir::channel_block("nChw8c"), 8);
   EXPECT_EQ(ir::channel_block(""), 1);
+  ir::Value* channels_last = ops::input(g, "f", {2, 3, 4, 4});
+  channels_last->set_layout("nhwc");  // no blocks: any channel count
+  EXPECT_EQ(ir::channel_block("nhwc"), 1);
+  // Only an f32 value may be stored as bf16.
+  channels_last->set_stored(DType::BF16);
+  EXPECT_EQ(channels_last->stored(), DType::BF16);
+  EXPECT_EQ(channels_last->dtype(), DType::F32);
+  ir::Value* labels = ops::input(g, "labels", {2}, DType::I32);
+  EXPECT_THAT([&] { labels->set_stored(DType::BF16); },
+              ThrowsMessage<Error>(HasSubstr("is i32 and cannot be stored as bf16")));
+}
+
+// A kernel without KernelDef::bf16_values is not given a value stored as bf16: the runtime
+// refuses the node, naming the value.
+TEST(Layouts, KernelsRefuseBf16ValuesUnlessTheyDeclareThem) {
+  ir::Graph g;
+  ir::Value* x = ops::input(g, "x", {2, 16, 4, 4});
+  ir::Value* y = ops::sigmoid(x);  // sigmoid's kernels take f32 values only
+  ir::Value* z = ops::sigmoid(y);
+  g.add_output(z);
+  y->set_stored(DType::BF16);
+  EXPECT_THAT([&] { runtime::Executable exe(g); },
+              ThrowsMessage<Error>(HasSubstr("is stored as bf16; this kernel takes f32")));
 }
 
 // The native bias gradient reads a blocked diff_dst: element (n, c, h, w) at
@@ -245,6 +275,159 @@ TEST(Layouts, BiasGradientOfBlockedInput) {
     }
   }
 }
+
+namespace {
+/// The bf16 nearest to f (ties to even), as oneDNN's conversions round, as its 16 bits.
+std::uint16_t to_bf16(float f) {
+  std::uint32_t u = 0;
+  std::memcpy(&u, &f, sizeof u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<std::uint16_t>(u >> 16);
+}
+float from_bf16(std::uint16_t b) {
+  const std::uint32_t u = static_cast<std::uint32_t>(b) << 16;
+  float f = 0.0f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+}  // namespace
+
+// The native bias gradient reads a diff_dst stored as bf16, in the layouts of oneDNN's bf16
+// convolutions (nhwc: element (n, c, h, w) at ((n * H + h) * W + w) * C + c; blocked) and plain,
+// and sums the bf16 values exactly as f32 (they are f32 values with 8-bit significands).
+TEST(Layouts, BiasGradientOfBf16Input) {
+  for (const char* layout : {"nhwc", "nChw16c", ""}) {
+    const std::int64_t n = 3, ch = 32, h = 5, w = 7, sp = h * w;
+    Tensor plain = Tensor::empty({n, ch, h, w});
+    CounterRng(12).fill_normal(plain, 0, 0.0f, 1.0f);
+    ir::Graph g;
+    ir::Value* dy = ops::input(g, "dy", {n, ch, h, w});
+    dy->set_layout(layout);
+    dy->set_stored(DType::BF16);
+    ir::Value* db = g.add_node(ops::op("bias_add_bwd"), {dy})->output();
+    g.add_output(db);
+    runtime::Executable exe(g);
+    Tensor in = exe.input("dy");
+    ASSERT_EQ(in.dtype(), DType::BF16);
+    ASSERT_EQ(in.nbytes(), static_cast<std::size_t>(n * ch * sp * 2));
+    auto* stored = static_cast<std::uint16_t*>(in.raw());
+    const std::string l = layout;
+    const std::int64_t block = l == "nhwc" ? ch : ir::channel_block(l);
+    for (std::int64_t i = 0; i < n; ++i)
+      for (std::int64_t c = 0; c < ch; ++c)
+        for (std::int64_t s = 0; s < sp; ++s) {
+          const std::int64_t at =
+              block == 1 ? (i * ch + c) * sp + s
+                         : ((i * (ch / block) + c / block) * sp + s) * block + c % block;
+          stored[at] = to_bf16(plain.at((i * ch + c) * sp + s));
+        }
+    exe.run();
+    EXPECT_NE(exe.kernel_table().find("native bf16"), std::string::npos) << exe.kernel_table();
+    for (std::int64_t c = 0; c < ch; ++c) {
+      double want = 0.0;
+      for (std::int64_t i = 0; i < n; ++i)
+        for (std::int64_t s = 0; s < sp; ++s)
+          want += from_bf16(to_bf16(plain.at((i * ch + c) * sp + s)));
+      EXPECT_NEAR(exe.value(db).at(c), want, 1e-4) << "'" << layout << "' channel " << c;
+    }
+  }
+}
+
+#if MINIDL_WITH_ONEDNN
+namespace {
+/// max |a - b| / max |b| over a tensor: bf16's errors are relative to a tensor's scale.
+double scaled_difference(const Tensor& a, const Tensor& b) {
+  double diff = 0.0, scale = 0.0;
+  for (std::int64_t i = 0; i < a.numel(); ++i) {
+    diff = std::max(diff, std::abs(double(a.at(i)) - b.at(i)));
+    scale = std::max(scale, std::abs(double(b.at(i))));
+  }
+  return scale > 0.0 ? diff / scale : diff;
+}
+}  // namespace
+
+// --precision bf16 on the CNN: the activations between the bf16 convolutions, their pooling and
+// the ReLU backward are stored as bf16 in the layout the bf16 convolutions want; the input
+// image, the flatten's input, parameters, their gradients and the loss stay f32. The memory plan
+// holds those values in half the bytes, the kernel table names the bf16 kernels, and loss and
+// gradients stay near the f32 run's.
+TEST(Layouts, Bf16ValuesBetweenBf16Kernels) {
+  if (std::string why = ops::bf16_unavailable(); !why.empty()) GTEST_SKIP() << "bf16 " << why;
+  const std::string& bf16 = ops::bf16_layout();
+  if (bf16.empty()) GTEST_SKIP() << "oneDNN's bf16 convolutions use no layout minidl names here";
+  const Dataset batch = minidl::testing::blobs(8, 3);
+  auto model = small_cnn();
+  model->reset(5);
+  TrainingGraph f32(*model, batch);
+  TrainingGraph mixed(*model, batch);
+  ops::MixedPrecision(ir::Precision::BF16).run(mixed.g);  // the trainer's order
+  for (TrainingGraph* t : {&f32, &mixed}) {
+    ops::FuseBiasActivation().run(t->g);
+    ops::PropagateLayouts(ir::Backend::OneDnn).run(t->g);
+  }
+  const ir::Graph& g = mixed.g;
+  auto stored = [&](std::string_view node, int output = 0) {
+    const ir::Node* n = g.find(node);
+    return n ? n->output(output)->stored() : DType::I64;
+  };
+  // In bf16, in the bf16 convolutions' layout: the convolutions' outputs, the pooling between
+  // them, the ReLU backward and the data gradient between them.
+  for (const char* node :
+       {"conv1.conv2d+bias+relu", "pool1.max_pool2d", "conv2.conv2d+bias+relu", "relu2.relu.bwd",
+        "conv2.conv2d.bwd", "pool2.max_pool2d.bwd", "relu1.relu.bwd"}) {
+    EXPECT_EQ(stored(node), DType::BF16) << node << "\n" << ir::to_text(g);
+    EXPECT_EQ(layout_of(g, node), bf16) << node;
+  }
+  // f32: the input image, the flatten's input, the argmax indices, the loss and the gradients
+  // (graph outputs), the parameters.
+  EXPECT_EQ(stored("pool2.max_pool2d"), DType::F32);
+  EXPECT_EQ(stored("pool1.max_pool2d", 1), DType::I32);
+  EXPECT_EQ(stored("x"), DType::F32);
+  for (const ir::Value* v : g.outputs()) EXPECT_EQ(v->stored(), DType::F32) << v->ref();
+  for (const ir::Node* n : g.nodes())
+    if (n->def().is_source()) EXPECT_EQ(n->output()->stored(), n->output()->dtype());
+  EXPECT_THAT(ir::to_text(g), HasSubstr("(stored bf16)"));
+
+  runtime::Executable f32_exe(f32.g, {.backend = ir::Backend::OneDnn});
+  runtime::Executable mixed_exe(g, {.backend = ir::Backend::OneDnn});
+  // Without reuse, the plan is smaller by half of each bf16 value's bytes (rounded to the
+  // buffers' alignment, at most 64 bytes apart per value).
+  std::size_t halved = 0, count = 0;
+  for (const ir::Node* n : g.nodes())
+    for (const ir::Value* v : n->outputs())
+      if (v->stored() == DType::BF16) halved += v->shape().numel() * 2, ++count;
+  ASSERT_GT(count, 0u);
+  const std::size_t saved = f32_exe.memory().naive_bytes - mixed_exe.memory().naive_bytes;
+  EXPECT_GE(saved + 64 * count, halved);
+  EXPECT_LE(saved, halved + 64 * count);
+  // The kernel table names the kernels that read or write bf16: oneDNN's pooling and ReLU
+  // backward, the native bias gradient.
+  const std::string table = mixed_exe.kernel_table();
+  EXPECT_THAT(table, HasSubstr("max_pool2d_bwd 'pool1.max_pool2d.bwd'"));
+  for (const char* kernel : {"relu2.relu.bwd' (%", "pool1.max_pool2d' (%"}) {
+    const std::size_t at = table.find(kernel);
+    ASSERT_NE(at, std::string::npos) << kernel << "\n" << table;
+    const std::string line = table.substr(at, table.find('\n', at) - at);
+    EXPECT_THAT(line, HasSubstr("-> onednn bf16")) << line;
+  }
+  EXPECT_THAT(table, HasSubstr("-> native bf16"));  // bias_add_bwd
+
+  // Near the f32 run. Each product rounds its factors to bf16 (2^-9 relative each) and now each
+  // stored activation and activation gradient is rounded once more: a few 2^-9 of a tensor's
+  // scale through two layers; 3% of the scale bounds it with room, and 1e-4 would not (the
+  // run differs from f32 by more, EXPECT_GT below).
+  f32_exe.run();
+  mixed_exe.run();
+  double largest = 0.0;
+  for (std::size_t i = 0; i < g.outputs().size(); ++i) {
+    const double d =
+        scaled_difference(mixed_exe.value(g.outputs()[i]), f32_exe.value(f32.g.outputs()[i]));
+    EXPECT_LT(d, 3e-2) << "output " << i;
+    largest = std::max(largest, d);
+  }
+  EXPECT_GT(largest, 1e-4);
+}
+#endif
 
 // ---- BatchNorm ------------------------------------------------------------------------------
 

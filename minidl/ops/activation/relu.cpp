@@ -26,6 +26,7 @@ MINIDL_OP(relu)
     .elementwise()
 #if MINIDL_WITH_ONEDNN
     .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::relu_kernel, onednn::eltwise_supports)
+    .bf16_values()
 #endif
     .kernel(ir::Backend::Native, relu_native)
     .grad(grad);
@@ -38,6 +39,7 @@ MINIDL_OP(relu_bwd)
 #if MINIDL_WITH_ONEDNN
     .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::relu_bwd_kernel,
                     onednn::eltwise_supports)
+    .bf16_values()
 #endif
     .kernel(ir::Backend::Native, relu_bwd_native)
     .no_grad("backward-only op; second derivatives are not supported");

@@ -121,6 +121,7 @@ MINIDL_OP(avg_pool2d)
     .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::avg_pool2d_kernel,
                     onednn::avg_pool2d_supports)
     .layout_aware()
+    .bf16_values()
 #endif
     .kernel(ir::Backend::Native, avg_pool2d_fwd)
     .grad(grad);
@@ -138,6 +139,7 @@ MINIDL_OP(avg_pool2d_bwd)
     .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::avg_pool2d_bwd_kernel,
                     onednn::avg_pool2d_bwd_supports)
     .layout_aware()
+    .bf16_values()
 #endif
     .kernel(ir::Backend::Native, avg_pool2d_bwd)
     .no_grad("backward-only op; second derivatives are not supported");

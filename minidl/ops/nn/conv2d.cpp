@@ -310,6 +310,7 @@ MINIDL_OP(conv2d)
     .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::conv2d_kernel, onednn::conv2d_supports)
     .layout_aware()
     .mixed_precision()
+    .bf16_values()
 #endif
     .kernel_factory(ir::Backend::Native, "native", make_conv2d_fwd)
     .grad(grad);
@@ -327,6 +328,7 @@ MINIDL_OP(conv2d_bwd_data)
                     onednn::conv2d_bwd_data_supports)
     .layout_aware()
     .mixed_precision()
+    .bf16_values()
 #endif
     .kernel(ir::Backend::Native, conv2d_bwd_data)
     .no_grad("backward-only op; second derivatives are not supported");
@@ -344,6 +346,7 @@ MINIDL_OP(conv2d_bwd_weights)
                     onednn::conv2d_bwd_weights_supports)
     .layout_aware()
     .mixed_precision()
+    .bf16_values()
 #endif
     .kernel_factory(ir::Backend::Native, "native", make_conv2d_bwd_weights)
     .no_grad("backward-only op; second derivatives are not supported");

@@ -144,6 +144,7 @@ MINIDL_OP(max_pool2d)
     .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::max_pool2d_kernel,
                     onednn::max_pool2d_supports)
     .layout_aware()
+    .bf16_values()
 #endif
     .kernel(ir::Backend::Native, max_pool2d_fwd)
     .grad(grad);
@@ -160,6 +161,7 @@ MINIDL_OP(max_pool2d_bwd)
     .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::max_pool2d_bwd_kernel,
                     onednn::max_pool2d_bwd_supports)
     .layout_aware()
+    .bf16_values()
 #endif
     .kernel(ir::Backend::Native, max_pool2d_bwd)
     .no_grad("backward-only op; second derivatives are not supported");

@@ -72,7 +72,7 @@ ir::Kernel batch_norm_kernel(const ir::Node& n) {
   return create(n, [&] {
     const auto pd = forward_pd(n);
     const std::int64_t ch = n.input(0)->shape()[1];
-    Staged s{dnnl::batch_normalization_forward(pd)};
+    Staged s{dnnl::batch_normalization_forward(pd), n};
     s.add(DNNL_ARG_SRC, value_desc(n.input(0)), pd.src_desc(), Args::Side::In, 0);
     s.add(DNNL_ARG_MEAN, flat_desc(ch), pd.mean_desc(), Args::Side::In, 1);
     s.add(DNNL_ARG_VARIANCE, flat_desc(ch), pd.variance_desc(), Args::Side::In, 2);
@@ -90,7 +90,7 @@ ir::KernelFactory batch_norm_bwd_kernel(ir::KernelFn mean_var_grads) {
     return create(n, [&] {
       const auto pd = backward_pd(n);
       const std::int64_t ch = n.input(1)->shape()[1];
-      Staged s{dnnl::batch_normalization_backward(pd)};
+      Staged s{dnnl::batch_normalization_backward(pd), n};
       s.add(DNNL_ARG_DIFF_DST, value_desc(n.input(0)), pd.diff_dst_desc(), Args::Side::In, 0);
       s.add(DNNL_ARG_SRC, value_desc(n.input(1)), pd.src_desc(), Args::Side::In, 1);
       s.add(DNNL_ARG_MEAN, flat_desc(ch), pd.mean_desc(), Args::Side::In, 2);

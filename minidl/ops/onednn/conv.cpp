@@ -24,11 +24,19 @@ struct Problem {
   bool bias = false;
   bool relu = false;
   bool bf16 = false;  // mixed precision: bf16 activations and weights, f32 results
+  // The result (y forward, dx backward) is a value stored as bf16 (ir::Value::stored): the
+  // primitive writes bf16, so the next bf16 kernel reads it without a conversion.
+  bool bf16_result = false;
+  // Some activation of the node is stored as bf16 (in the bf16 convolutions' layout).
+  bool bf16_values = false;
 };
 
 Problem problem(const ir::Node& n, Shape x, Shape w, Shape y) {
   Problem p{std::move(x), std::move(w), std::move(y), {}, {}, {}};
   p.bf16 = ir::node_precision(n) == ir::Precision::BF16;
+  p.bf16_result = n.output(0)->stored() == DType::BF16;
+  for (const ir::Value* v : n.inputs()) p.bf16_values |= v->stored() == DType::BF16;
+  p.bf16_values |= p.bf16_result;
   const auto& stride = n.attrs().get<ir::Ints>("stride");
   const auto& pad = n.attrs().get<ir::Ints>("pad");
   for (int i = 0; i < 2; ++i) {
@@ -58,18 +66,20 @@ struct Descs {
 
 /// The element types of x, w and y a pass's primitive works in: f32, or in mixed precision bf16
 /// for the two factors of its product and f32 for what it computes (y forward, x's gradient,
-/// w's gradient), which the kernel stores straight into our f32 tensors.
+/// w's gradient), which the kernel stores straight into our f32 tensors; bf16 for y or x's
+/// gradient when that value is stored as bf16 (the weights' gradient stays f32).
 struct Types {
   memory::data_type x, w, y;
 };
 Types types(const Problem& p, Pass pass) {
   using dt = memory::data_type;
   if (!p.bf16) return {dt::f32, dt::f32, dt::f32};
+  const dt result = p.bf16_result ? dt::bf16 : dt::f32;
   switch (pass) {
     case Pass::Forward:
-      return {dt::bf16, dt::bf16, dt::f32};
+      return {dt::bf16, dt::bf16, result};
     case Pass::BwdData:
-      return {dt::f32, dt::bf16, dt::bf16};
+      return {result, dt::bf16, dt::bf16};
     case Pass::BwdWeights:
       return {dt::bf16, dt::f32, dt::bf16};
   }
@@ -87,11 +97,13 @@ memory::desc plain_typed(const Shape& s, memory::data_type t) {
 /// GEMM convolution by about 1.7x even with the reorders around them, except where the input has
 /// fewer channels than a block (a first layer). There the forward and weight-gradient kernels
 /// read our plain NCHW input directly (no reorder into a mostly padded block), and the data
-/// gradient, whose blocked output would be mostly padding, runs in plain layouts. The types are
-/// those of `t` (types(p, pass), or the forward's for a backward primitive's hint).
+/// gradient, whose blocked output would be mostly padding, runs in plain layouts. Not next to bf16
+/// activations: the input is converted to bf16 anyway, and with a plain input oneDNN 2.6 has only
+/// its reference convolution for their nhwc layout (with `any` it takes its AMX one, in nhwc). The
+/// types are those of `t` (types(p, pass), or the forward's for a backward primitive's hint).
 Descs descs(const Problem& p, Pass pass, Types t) {
   constexpr std::int64_t kBlock = 16;
-  const bool few_channels = p.x[1] < kBlock;
+  const bool few_channels = p.x[1] < kBlock && !p.bf16_values;
   if (pass == Pass::BwdData && few_channels) {
     return {plain_typed(p.x, t.x), plain_typed(p.w, t.w), plain_typed(p.y, t.y)};
   }
@@ -184,7 +196,7 @@ ir::Kernel conv2d_kernel(const ir::Node& n) {
   return create(n, [&] {
     const Problem p = forward_problem(n);
     const auto pd = forward_pd(p, Pass::Forward);
-    Staged s{dnnl::convolution_forward(pd)};
+    Staged s{dnnl::convolution_forward(pd), n};
     s.add(DNNL_ARG_SRC, value_desc(n.input(0)), pd.src_desc(), Args::Side::In, 0);
     s.add(DNNL_ARG_WEIGHTS, plain_desc(p.w), pd.weights_desc(), Args::Side::In, 1);
     if (p.bias) s.add(DNNL_ARG_BIAS, plain_desc(Shape{p.w[0]}), pd.bias_desc(), Args::Side::In, 2);
@@ -198,7 +210,7 @@ ir::Kernel conv2d_bwd_data_kernel(const ir::Node& n) {
   return create(n, [&] {
     const Problem p = bwd_data_problem(n);
     const auto pd = bwd_data_pd(p);
-    Staged s{dnnl::convolution_backward_data(pd)};
+    Staged s{dnnl::convolution_backward_data(pd), n};
     s.add(DNNL_ARG_DIFF_DST, value_desc(n.input(0)), pd.diff_dst_desc(), Args::Side::In, 0);
     s.add(DNNL_ARG_WEIGHTS, plain_desc(p.w), pd.weights_desc(), Args::Side::In, 1);
     s.add(DNNL_ARG_DIFF_SRC, value_desc(n.output(0)), pd.diff_src_desc(), Args::Side::Out, 0);
@@ -211,7 +223,7 @@ ir::Kernel conv2d_bwd_weights_kernel(const ir::Node& n) {
   return create(n, [&] {
     const Problem p = bwd_weights_problem(n);
     const auto pd = bwd_weights_pd(p);
-    Staged s{dnnl::convolution_backward_weights(pd)};
+    Staged s{dnnl::convolution_backward_weights(pd), n};
     s.add(DNNL_ARG_DIFF_DST, value_desc(n.input(0)), pd.diff_dst_desc(), Args::Side::In, 0);
     s.add(DNNL_ARG_SRC, value_desc(n.input(1)), pd.src_desc(), Args::Side::In, 1);
     s.add(DNNL_ARG_DIFF_WEIGHTS, value_desc(n.output(0)), pd.diff_weights_desc(), Args::Side::Out,

@@ -1,6 +1,7 @@
 // oneDNN eltwise for relu, sigmoid and tanh and their backward ops, and for exp, log, sqrt, neg
 // (linear), pow and clamp (clip). The backward ops receive
-// the forward output y, not x, so they use the *_use_dst_for_bwd algorithms.
+// the forward output y, not x, so they use the *_use_dst_for_bwd algorithms. The node's values
+// share one stored type (ir::layout_refusal): f32, or bf16 between bf16 kernels.
 #include "minidl/ops/onednn/kernels.hpp"
 #include "minidl/ops/onednn/onednn.hpp"
 
@@ -13,7 +14,8 @@ using dnnl::prop_kind;
 // src x -> dst y, over all elements as one dimension; alpha and beta as the algorithm reads them.
 ir::Kernel eltwise_fwd(const ir::Node& n, algorithm alg, float alpha = 0.0f, float beta = 0.0f) {
   return create(n, [&] {
-    const dnnl::memory::desc md = flat_desc(n.input(0)->shape().numel());
+    const dnnl::memory::desc md =
+        flat_desc(n.input(0)->shape().numel(), data_type_of(n.input(0)->stored()));
     const dnnl::eltwise_forward::primitive_desc pd(
         dnnl::eltwise_forward::desc(prop_kind::forward_inference, alg, md, alpha, beta), engine());
     Args args;
@@ -27,7 +29,8 @@ ir::Kernel eltwise_fwd(const ir::Node& n, algorithm alg, float alpha = 0.0f, flo
 // for every backward one; it is built for the same algorithm and never run.
 ir::Kernel eltwise_bwd(const ir::Node& n, algorithm alg) {
   return create(n, [&] {
-    const dnnl::memory::desc md = flat_desc(n.input(0)->shape().numel());
+    const dnnl::memory::desc md =
+        flat_desc(n.input(0)->shape().numel(), data_type_of(n.input(0)->stored()));
     const dnnl::eltwise_forward::primitive_desc hint(
         dnnl::eltwise_forward::desc(prop_kind::forward_training, alg, md), engine());
     const dnnl::eltwise_backward::primitive_desc pd(dnnl::eltwise_backward::desc(alg, md, md),

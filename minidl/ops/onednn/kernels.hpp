@@ -98,6 +98,9 @@ bool batch_norm_bwd_supports(const ir::Node& n, std::string* why);
 /// The channel-blocked layout (ir::Value::layout) oneDNN picks for a convolution's output on
 /// this machine: "nChw16c" or "nChw8c", or "" when it picks another one.
 std::string blocked_conv_layout();
+/// The layout oneDNN's bf16 convolutions pick for a bf16 result on this machine: "nhwc" (AMX),
+/// "nChw16c" or "nChw8c", or "" when it has no bf16 convolution or picks another one.
+std::string bf16_conv_layout();
 /// Why oneDNN cannot compute in bf16 on this CPU (no AVX512-BF16 or AMX-BF16 in its effective
 /// instruction set), or "" when it can.
 std::string bf16_unavailable();

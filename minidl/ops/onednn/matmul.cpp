@@ -55,7 +55,7 @@ ir::Kernel matmul_kernel(const ir::Node& n) {
       const Shape& b = n.input(1)->shape();
       const bool ta = n.attrs().get<bool>("trans_a");
       const bool tb = n.attrs().get<bool>("trans_b");
-      Staged s{dnnl::matmul(pd)};
+      Staged s{dnnl::matmul(pd), n};
       s.add(DNNL_ARG_SRC, matrix_desc(ta ? a[1] : a[0], ta ? a[0] : a[1], ta), pd.src_desc(),
             Args::Side::In, 0);
       s.add(DNNL_ARG_WEIGHTS, matrix_desc(tb ? b[1] : b[0], tb ? b[0] : b[1], tb),

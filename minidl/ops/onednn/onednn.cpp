@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 
+#include "minidl/core/log.hpp"
 #include "minidl/ops/onednn/kernels.hpp"
 
 namespace minidl::ops::onednn {
@@ -27,7 +28,7 @@ memory::dims dims_of(const Shape& s) {
   return memory::dims(s.dims().begin(), s.dims().end());
 }
 
-memory::desc plain_desc(const Shape& s) {
+memory::desc plain_desc(const Shape& s, memory::data_type t) {
   const memory::dims d = dims_of(s);
   memory::dims strides(d.size());
   memory::dim stride = 1;
@@ -35,21 +36,36 @@ memory::desc plain_desc(const Shape& s) {
     strides[i] = stride;
     stride *= d[i];
   }
-  return memory::desc(d, memory::data_type::f32, strides);
+  return memory::desc(d, t, strides);
 }
 
-memory::desc layout_desc(const Shape& s, const std::string& layout) {
-  switch (ir::channel_block(layout)) {
-    case 16:
-      return memory::desc(dims_of(s), memory::data_type::f32, memory::format_tag::nChw16c);
-    case 8:
-      return memory::desc(dims_of(s), memory::data_type::f32, memory::format_tag::nChw8c);
+memory::data_type data_type_of(DType t) {
+  switch (t) {
+    case DType::BF16:
+      return memory::data_type::bf16;
+    case DType::I32:
+      return memory::data_type::s32;
     default:
-      return plain_desc(s);
+      return memory::data_type::f32;
   }
 }
 
-memory::desc value_desc(const ir::Value* v) { return layout_desc(v->shape(), v->layout()); }
+memory::desc layout_desc(const Shape& s, const std::string& layout, DType stored) {
+  const memory::data_type t = data_type_of(stored);
+  if (layout == "nhwc") return memory::desc(dims_of(s), t, memory::format_tag::nhwc);
+  switch (ir::channel_block(layout)) {
+    case 16:
+      return memory::desc(dims_of(s), t, memory::format_tag::nChw16c);
+    case 8:
+      return memory::desc(dims_of(s), t, memory::format_tag::nChw8c);
+    default:
+      return plain_desc(s, t);
+  }
+}
+
+memory::desc value_desc(const ir::Value* v) {
+  return layout_desc(v->shape(), v->layout(), v->stored());
+}
 
 namespace {
 std::string isa_name(unsigned isa) {
@@ -94,6 +110,26 @@ std::string blocked_conv_layout() {
   return {};
 }
 
+std::string bf16_conv_layout() {
+  if (!bf16_unavailable().empty()) return {};
+  // As blocked_conv_layout, on bf16 factors with a bf16 result: AMX's convolutions pick nhwc,
+  // AVX512-BF16's a channel-blocked layout.
+  const memory::dims x{1, 32, 8, 8}, w{32, 32, 3, 3};
+  const memory::desc any_x(x, memory::data_type::bf16, memory::format_tag::any);
+  const memory::desc any_w(w, memory::data_type::bf16, memory::format_tag::any);
+  try {
+    const dnnl::convolution_forward::primitive_desc pd(
+        dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
+                                        dnnl::algorithm::convolution_direct, any_x, any_w, any_x,
+                                        {1, 1}, {1, 1}, {1, 1}),
+        engine());
+    for (const char* layout : {"nhwc", "nChw16c", "nChw8c"})
+      if (pd.dst_desc() == layout_desc(Shape{1, 32, 8, 8}, layout, DType::BF16)) return layout;
+  } catch (const dnnl::error&) {
+  }
+  return {};
+}
+
 std::string bf16_unavailable() {
   const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
   constexpr auto kBf16 = static_cast<unsigned>(dnnl_cpu_isa_avx512_core_bf16);
@@ -111,8 +147,8 @@ memory::desc matrix_desc(std::int64_t rows, std::int64_t cols, bool transposed) 
   return memory::desc({rows, cols}, memory::data_type::f32, strides);
 }
 
-memory::desc flat_desc(std::int64_t n) {
-  return memory::desc({n}, memory::data_type::f32, memory::format_tag::a);
+memory::desc flat_desc(std::int64_t n, memory::data_type t) {
+  return memory::desc({n}, t, memory::format_tag::a);
 }
 
 std::string check_f32_nonempty(const ir::Node& n) {
@@ -189,6 +225,48 @@ ir::Kernel primitive_kernel(dnnl::primitive p, Args args, ir::KernelFn then) {
   };
 }
 
+namespace {
+std::string arg_name(int arg) {
+  switch (arg) {
+    case DNNL_ARG_SRC:
+      return "src";
+    case DNNL_ARG_DST:
+      return "dst";
+    case DNNL_ARG_WEIGHTS:
+      return "weights";
+    case DNNL_ARG_BIAS:
+      return "bias";
+    case DNNL_ARG_DIFF_SRC:
+      return "diff_src";
+    case DNNL_ARG_DIFF_DST:
+      return "diff_dst";
+    case DNNL_ARG_DIFF_WEIGHTS:
+      return "diff_weights";
+    default:
+      return fmt::format("argument {}", arg);
+  }
+}
+
+/// "bf16 nhwc", "f32 plain", "f32 nChw16c", or "bf16 (oneDNN's own blocking)".
+std::string desc_name(const memory::desc& d) {
+  const char* type = d.data_type() == memory::data_type::bf16  ? "bf16"
+                     : d.data_type() == memory::data_type::f32 ? "f32"
+                                                               : "other";
+  const DType t = d.data_type() == memory::data_type::bf16 ? DType::BF16 : DType::F32;
+  const memory::dims dims = d.dims();
+  const Shape s(std::vector<std::int64_t>(dims.begin(), dims.end()));
+  if (d == plain_desc(s, d.data_type())) return fmt::format("{} plain", type);
+  if (s.rank() == 4) {
+    for (const char* layout : {"nChw16c", "nChw8c", "nhwc"}) {
+      if ((layout == std::string("nhwc") || s[1] % ir::channel_block(layout) == 0) &&
+          d == layout_desc(s, layout, t))
+        return fmt::format("{} {}", type, layout);
+    }
+  }
+  return fmt::format("{} (oneDNN's own blocking)", type);
+}
+}  // namespace
+
 void Staged::add(int arg, const memory::desc& plain, const memory::desc& chosen, Args::Side side,
                  int index) {
   user_.add(arg, plain, side, index);
@@ -197,6 +275,11 @@ void Staged::add(int arg, const memory::desc& plain, const memory::desc& chosen,
     args_.emplace(arg, tensor);
     return;
   }
+  // Every step: where the tensors' layouts and types meet the primitive's (a conversion between
+  // f32 and bf16 when the types differ).
+  log_verbose("reorders", "{}: {} {} -> {}, every step", node_->describe(), arg_name(arg),
+              desc_name(side == Args::Side::In ? plain : chosen),
+              desc_name(side == Args::Side::In ? chosen : plain));
   memory own(chosen, engine());
   args_.emplace(arg, own);
   if (side == Args::Side::In) {

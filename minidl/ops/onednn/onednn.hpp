@@ -23,18 +23,23 @@ dnnl::stream& stream();
 
 /// Dimensions of s; a scalar (rank 0) is one element, [1].
 dnnl::memory::dims dims_of(const Shape& s);
-/// Dense row-major f32 descriptor of s: [N,C] is ab, [N,C,H,W] is nchw (abcd).
-dnnl::memory::desc plain_desc(const Shape& s);
-/// Descriptor of a value in its layout (ir::Value::layout): plain_desc, or a channel-blocked
-/// nChw16c / nChw8c one.
+/// Dense row-major descriptor of s (f32 unless told): [N,C] is ab, [N,C,H,W] is nchw (abcd).
+dnnl::memory::desc plain_desc(const Shape& s,
+                              dnnl::memory::data_type t = dnnl::memory::data_type::f32);
+/// oneDNN's data type for a stored element type (f32, bf16, s32).
+dnnl::memory::data_type data_type_of(DType t);
+/// Descriptor of a value in its layout (ir::Value::layout) and stored type (ir::Value::stored):
+/// plain_desc, a channel-blocked nChw16c / nChw8c one, or nhwc.
 dnnl::memory::desc value_desc(const ir::Value* v);
-/// Descriptor of s in the named layout ("" plain).
-dnnl::memory::desc layout_desc(const Shape& s, const std::string& layout);
+/// Descriptor of s in the named layout ("" plain) holding elements of type `stored`.
+dnnl::memory::desc layout_desc(const Shape& s, const std::string& layout,
+                               DType stored = DType::F32);
 /// Row-major f32 [rows, cols] descriptor over memory stored transposed ([cols, rows] row-major)
 /// when transposed: the transpose is only a stride, nothing is copied.
 dnnl::memory::desc matrix_desc(std::int64_t rows, std::int64_t cols, bool transposed);
 /// All n elements as one dimension: elementwise primitives do not care about the shape.
-dnnl::memory::desc flat_desc(std::int64_t n);
+dnnl::memory::desc flat_desc(std::int64_t n,
+                             dnnl::memory::data_type t = dnnl::memory::data_type::f32);
 
 /// Why a oneDNN kernel cannot take node n, or empty: every input and output must be f32 and
 /// non-empty (oneDNN's zero-volume tensors are not worth a special case here).
@@ -104,7 +109,8 @@ ir::Kernel primitive_kernel(dnnl::primitive p, Args args, ir::KernelFn then = nu
 /// created once, that run every step before (inputs) or after (outputs) the primitive.
 class Staged {
  public:
-  explicit Staged(dnnl::primitive p) : p_(std::move(p)) {}
+  /// The primitive that runs node n (named in the log of the reorders, MINIDL_VERBOSE=reorders).
+  Staged(dnnl::primitive p, const ir::Node& n) : p_(std::move(p)), node_(&n) {}
 
   /// Argument `arg` is the kernel's input or output `index`, stored as `plain`; the primitive
   /// wants it as `chosen`.
@@ -122,6 +128,7 @@ class Staged {
     std::unordered_map<int, dnnl::memory> args;
   };
   dnnl::primitive p_;
+  const ir::Node* node_;
   Args user_;                                   // the node's tensors, plain
   std::unordered_map<int, dnnl::memory> args_;  // what p_ receives
   std::vector<Step> before_, after_;

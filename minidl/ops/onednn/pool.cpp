@@ -38,12 +38,15 @@ struct Problem {
   ConvGeom g;
   algorithm alg;
   std::string layout;         // of both x and y inside the primitive ("" plain)
+  DType stored = DType::F32;  // of both x and y inside the primitive: f32 or bf16
   std::string argmax_layout;  // max pooling: the argmax value's
 };
 
+/// The input-side value `data` (x, or dx for the backward) decides the primitive's layout and
+/// element type.
 Problem problem(const ir::Node& n, const Shape& x, const Shape& y, bool max,
-                const std::string& layout) {
-  Problem p{x, y, pool_geom(x, n.attrs()), algorithm::pooling_max, layout};
+                const ir::Value* data) {
+  Problem p{x, y, pool_geom(x, n.attrs()), algorithm::pooling_max, data->layout(), data->stored()};
   if (!max) {
     p.alg = n.attrs().get<bool>("count_include_pad") ? algorithm::pooling_avg_include_padding
                                                      : algorithm::pooling_avg_exclude_padding;
@@ -55,8 +58,8 @@ dnnl::pooling_forward::desc forward_desc(const Problem& p, prop_kind kind) {
   const ConvGeom& g = p.g;
   return {kind,
           p.alg,
-          layout_desc(p.x, p.layout),
-          layout_desc(p.y, p.layout),
+          layout_desc(p.x, p.layout, p.stored),
+          layout_desc(p.y, p.layout, p.stored),
           {g.SH, g.SW},
           {g.KH, g.KW},
           {g.PH, g.PW},
@@ -72,9 +75,9 @@ dnnl::pooling_forward::primitive_desc forward_pd(const Problem& p) {
 
 dnnl::pooling_backward::primitive_desc backward_pd(const Problem& p) {
   const ConvGeom& g = p.g;
-  const dnnl::pooling_backward::desc bd(p.alg, layout_desc(p.x, p.layout),
-                                        layout_desc(p.y, p.layout), {g.SH, g.SW}, {g.KH, g.KW},
-                                        {g.PH, g.PW}, {g.PH, g.PW});
+  const dnnl::pooling_backward::desc bd(p.alg, layout_desc(p.x, p.layout, p.stored),
+                                        layout_desc(p.y, p.layout, p.stored), {g.SH, g.SW},
+                                        {g.KH, g.KW}, {g.PH, g.PW}, {g.PH, g.PW});
   const dnnl::pooling_forward::primitive_desc hint(forward_desc(p, prop_kind::forward_training),
                                                    engine());
   return {bd, engine(), hint};
@@ -94,7 +97,8 @@ bool for_each_output(const Problem& p, const Fn& fn_shared) {
   std::atomic<bool> any_bad{false};
   const ConvGeom& g = p.g;
   const int64_t out_plane = g.OH * g.OW, channels = p.x[1];
-  const int64_t block = ir::channel_block(p.layout);
+  // nhwc is the blocked walk with one block of all the channels.
+  const int64_t block = p.layout == "nhwc" ? channels : ir::channel_block(p.layout);
   const int64_t groups = p.x[0] * channels / block;  // planes, or blocks of planes
   // The argmax in the primitive's layout too (ops::PropagateLayouts does that when both pooling
   // kernels are oneDNN's): then o is wi, and both walks are contiguous.
@@ -191,13 +195,13 @@ bool supports(const ir::Node& n, std::string* why, const ir::Value* data, Make&&
 
 // max_pool2d, avg_pool2d: x -> y[, argmax]
 Problem forward_problem(const ir::Node& n, bool max) {
-  Problem p = problem(n, n.input(0)->shape(), n.output(0)->shape(), max, n.input(0)->layout());
+  Problem p = problem(n, n.input(0)->shape(), n.output(0)->shape(), max, n.input(0));
   if (max) p.argmax_layout = n.output(1)->layout();
   return p;
 }
 // max_pool2d_bwd: dy, argmax -> dx; avg_pool2d_bwd: dy -> dx
 Problem backward_problem(const ir::Node& n, bool max) {
-  Problem p = problem(n, n.output(0)->shape(), n.input(0)->shape(), max, n.output(0)->layout());
+  Problem p = problem(n, n.output(0)->shape(), n.input(0)->shape(), max, n.output(0));
   if (max) p.argmax_layout = n.input(1)->layout();
   return p;
 }
@@ -221,7 +225,7 @@ ir::Kernel max_pool2d_kernel(const ir::Node& n) {
   return create(n, [&]() -> ir::Kernel {
     const Problem p = forward_problem(n, true);
     const auto pd = forward_pd(p);
-    auto s = std::make_shared<Staged>(dnnl::pooling_forward(pd));
+    auto s = std::make_shared<Staged>(dnnl::pooling_forward(pd), n);
     s->add(DNNL_ARG_SRC, value_desc(n.input(0)), pd.src_desc(), Args::Side::In, 0);
     s->add(DNNL_ARG_DST, value_desc(n.output(0)), pd.dst_desc(), Args::Side::Out, 0);
     const memory ws = s->buffer(DNNL_ARG_WORKSPACE, pd.workspace_desc());
@@ -243,7 +247,7 @@ ir::Kernel max_pool2d_bwd_kernel(const ir::Node& n) {
   return create(n, [&]() -> ir::Kernel {
     const Problem p = backward_problem(n, true);
     const auto pd = backward_pd(p);
-    auto s = std::make_shared<Staged>(dnnl::pooling_backward(pd));
+    auto s = std::make_shared<Staged>(dnnl::pooling_backward(pd), n);
     s->add(DNNL_ARG_DIFF_DST, value_desc(n.input(0)), pd.diff_dst_desc(), Args::Side::In, 0);
     s->add(DNNL_ARG_DIFF_SRC, value_desc(n.output(0)), pd.diff_src_desc(), Args::Side::Out, 0);
     const memory ws = s->buffer(DNNL_ARG_WORKSPACE, pd.workspace_desc());
@@ -264,7 +268,7 @@ ir::Kernel avg_pool2d_kernel(const ir::Node& n) {
   return create(n, [&] {
     const Problem p = forward_problem(n, false);
     const auto pd = forward_pd(p);
-    Staged s{dnnl::pooling_forward(pd)};
+    Staged s{dnnl::pooling_forward(pd), n};
     s.add(DNNL_ARG_SRC, value_desc(n.input(0)), pd.src_desc(), Args::Side::In, 0);
     s.add(DNNL_ARG_DST, value_desc(n.output(0)), pd.dst_desc(), Args::Side::Out, 0);
     return staged_kernel(std::move(s));
@@ -275,7 +279,7 @@ ir::Kernel avg_pool2d_bwd_kernel(const ir::Node& n) {
   return create(n, [&] {
     const Problem p = backward_problem(n, false);
     const auto pd = backward_pd(p);
-    Staged s{dnnl::pooling_backward(pd)};
+    Staged s{dnnl::pooling_backward(pd), n};
     s.add(DNNL_ARG_DIFF_DST, value_desc(n.input(0)), pd.diff_dst_desc(), Args::Side::In, 0);
     s.add(DNNL_ARG_DIFF_SRC, value_desc(n.output(0)), pd.diff_src_desc(), Args::Side::Out, 0);
     return staged_kernel(std::move(s));
