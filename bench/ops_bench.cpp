@@ -12,6 +12,7 @@
 // kernels. A variant whose kernel would not compute in bf16 is skipped with the reason.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -301,7 +302,7 @@ void fill_input(const Tensor& t, const Input& in, std::uint64_t stream) {
   }
 }
 
-/// The kernel the executable chose for its only node, from its kernel table ("<node> -> name").
+/// The kernel the executable chose for its only node, from its kernel table ("<node> -> label").
 const ir::KernelDef& chosen_kernel(const runtime::Executable& exe, const ir::Node& node) {
   std::istringstream lines(exe.kernel_table());
   std::string line, name;
@@ -314,8 +315,9 @@ const ir::KernelDef& chosen_kernel(const runtime::Executable& exe, const ir::Nod
   }
   MINIDL_CHECK(steps == 1, "expected one kernel for ", node.describe(), ", the table has ", steps,
                ":\n", exe.kernel_table());
+  // The table shows the kernel's label: its name, with " bf16" when it computes in bf16.
   for (const ir::KernelDef& k : node.def().kernels())
-    if (k.name == name) return k;
+    if (ir::kernel_label(node, k) == name) return k;
   MINIDL_FAIL(node.describe(), " got kernel '", name, "', which its op does not declare");
 }
 
@@ -394,6 +396,16 @@ void run_case(benchmark::State& state, const Case& c, const Flavour& f) {
     if (const std::string missing = bf16_missing(f.variant); !missing.empty()) {
       state.SkipWithError(missing.c_str());
       return;
+    }
+    if (f.variant != Variant::F32) {
+      const auto& kernels = ops::op(c.op).kernels();
+      if (std::none_of(kernels.begin(), kernels.end(),
+                       [&](const ir::KernelDef& k) { return k.backend == backend && k.bf16; })) {
+        state.SkipWithError(
+            fmt::format("no {} kernel of {} computes in bf16", ir::backend_name(backend), c.op)
+                .c_str());
+        return;
+      }
     }
     if (const std::string missing = missing_in_schema(c); !missing.empty()) {
       state.SkipWithError(missing.c_str());

@@ -412,20 +412,24 @@ TEST(Layouts, Bf16ValuesBetweenBf16Kernels) {
   }
   EXPECT_THAT(table, HasSubstr("-> native bf16"));  // bias_add_bwd
 
-  // Near the f32 run. Each product rounds its factors to bf16 (2^-9 relative each) and now each
-  // stored activation and activation gradient is rounded once more: a few 2^-9 of a tensor's
-  // scale through two layers; 3% of the scale bounds it with room, and 1e-4 would not (the
-  // run differs from f32 by more, EXPECT_GT below).
+  // Near the f32 run. Each product rounds its factors to bf16 (8 significant bits: 2^-9
+  // relative) and each stored activation and activation gradient is rounded once more, so the
+  // errors grow along the chain of bf16 values: measured on an AMX CPU, the loss 0.13% off, the
+  // gradients 0.1-0.4% of their scale, the first convolution's weight gradient (the end of the
+  // longest chain, a sum with cancellations) 2.2%. The bounds, 1% for the loss and 5% of a
+  // gradient's scale, leave room for another CPU's kernels and still fail for a wrong layout or
+  // type (errors of the order of the values); the run must differ from f32 (bf16 did happen).
   f32_exe.run();
   mixed_exe.run();
   double largest = 0.0;
   for (std::size_t i = 0; i < g.outputs().size(); ++i) {
     const double d =
         scaled_difference(mixed_exe.value(g.outputs()[i]), f32_exe.value(f32.g.outputs()[i]));
-    EXPECT_LT(d, 3e-2) << "output " << i;
+    EXPECT_LT(d, i == 0 ? 1e-2 : 5e-2) << "output " << i << (i == 0 ? " (the loss)" : "");
     largest = std::max(largest, d);
   }
   EXPECT_GT(largest, 1e-4);
+  RecordProperty("largest_scaled_difference", std::to_string(largest));
 }
 #endif
 
