@@ -165,6 +165,30 @@ int assign_bf16(ir::Graph& g, ir::Backend preferred, const std::string& layout) 
       }
     }
   }
+  // i32 indices between kernels that run in the bf16 layout (max pooling's argmax, between the
+  // forward and the backward on bf16 activations) take it too: the pooling then converts its
+  // workspace to and from argmax contiguously (in a plain argmax a position's channels lie a
+  // plane apart).
+  auto indices = candidates(g, ir::channel_block(layout), [](DType t) { return t == DType::I32; });
+  for (ir::Node* n : g.nodes()) {
+    for (ir::Value* v : n->outputs()) {
+      if (!indices.count(v)) continue;
+      std::vector<const ir::Node*> touching(v->users().begin(), v->users().end());
+      touching.push_back(n);
+      const bool all_bf16 = std::all_of(touching.begin(), touching.end(), [&](const ir::Node* u) {
+        const ir::KernelChoice* c = u->kernel(preferred);
+        if (c == nullptr || c->kernel == nullptr || !c->kernel->layouts || !c->kernel->bf16_values)
+          return false;
+        const std::vector<ir::Value*> vals = values_of(*u);
+        return std::any_of(vals.begin(), vals.end(),
+                           [](const ir::Value* w) { return w->stored() == DType::BF16; });
+      });
+      if (!all_bf16) continue;
+      v->set_layout(layout);
+      log_verbose("layouts", "{} of {} -> {}", v->ref(), n->describe(), layout);
+    }
+  }
+  ir::choose_kernels(g, preferred);
   return count;
 }
 

@@ -378,10 +378,12 @@ TEST(Layouts, Bf16ValuesBetweenBf16Kernels) {
     EXPECT_EQ(stored(node), DType::BF16) << node << "\n" << ir::to_text(g);
     EXPECT_EQ(layout_of(g, node), bf16) << node;
   }
-  // f32: the input image, the flatten's input, the argmax indices, the loss and the gradients
+  // f32: the input image, the flatten's input, the loss and the gradients
   // (graph outputs), the parameters.
   EXPECT_EQ(stored("pool2.max_pool2d"), DType::F32);
   EXPECT_EQ(stored("pool1.max_pool2d", 1), DType::I32);
+  // Max pooling's argmax, between two poolings on bf16 values, in their layout.
+  EXPECT_EQ(layout_of(g, "pool1.max_pool2d", 1), bf16);
   EXPECT_EQ(stored("x"), DType::F32);
   for (const ir::Value* v : g.outputs()) EXPECT_EQ(v->stored(), DType::F32) << v->ref();
   for (const ir::Node* n : g.nodes())
