@@ -17,29 +17,44 @@ namespace {
 
 std::size_t round_up(std::size_t n) { return (n + kAlignment - 1) / kAlignment * kAlignment; }
 
-/// Index of the first NaN or Inf among t's elements (f32 only), or -1.
-std::int64_t first_nonfinite(const Tensor& t) {
-  if (t.dtype() != DType::F32 || t.raw() == nullptr) return -1;
-  const auto* bits = static_cast<const std::uint32_t*>(t.raw());
-  const std::int64_t n = t.numel();
-  constexpr std::uint32_t kExponent = 0x7f800000u;  // all ones: Inf or NaN
+/// Index of the first element of `bits` (n words) whose exponent bits are all ones (Inf or NaN),
+/// or -1.
+template <typename Word>
+std::int64_t first_all_ones(const Word* bits, std::int64_t n, Word exponent) {
   constexpr std::int64_t kChunk = 4096;
   for (std::int64_t b = 0; b < n; b += kChunk) {
     const std::int64_t e = std::min(n, b + kChunk);
     bool any = false;
 #pragma omp simd reduction(| : any)
-    for (std::int64_t i = b; i < e; ++i) any |= (bits[i] & kExponent) == kExponent;
+    for (std::int64_t i = b; i < e; ++i) any |= (bits[i] & exponent) == exponent;
     if (!any) continue;
     for (std::int64_t i = b; i < e; ++i)
-      if ((bits[i] & kExponent) == kExponent) return i;
+      if ((bits[i] & exponent) == exponent) return i;
   }
   return -1;
 }
 
+/// Index of the first NaN or Inf among t's elements (f32, or bf16: an f32's upper half), or -1.
+std::int64_t first_nonfinite(const Tensor& t) {
+  if (t.raw() == nullptr) return -1;
+  if (t.dtype() == DType::F32)
+    return first_all_ones(static_cast<const std::uint32_t*>(t.raw()), t.numel(),
+                          std::uint32_t{0x7f800000u});
+  if (t.dtype() == DType::BF16)
+    return first_all_ones(static_cast<const std::uint16_t*>(t.raw()), t.numel(),
+                          std::uint16_t{0x7f80u});
+  return -1;
+}
+
 const char* nonfinite_name(const Tensor& t, std::int64_t i) {
-  const float x = t.data<float>()[i];
-  if (std::isnan(x)) return "NaN";
-  return x > 0 ? "+Inf" : "-Inf";
+  std::uint32_t bits = 0;
+  if (t.dtype() == DType::BF16) {
+    bits = static_cast<std::uint32_t>(static_cast<const std::uint16_t*>(t.raw())[i]) << 16;
+  } else {
+    bits = static_cast<const std::uint32_t*>(t.raw())[i];
+  }
+  if ((bits & 0x007fffffu) != 0) return "NaN";
+  return (bits >> 31) == 0 ? "+Inf" : "-Inf";
 }
 
 /// Throws when one of step s's outputs holds a NaN or Inf (CompileOptions::check_numerics).
@@ -54,8 +69,8 @@ void check_numerics(const ir::Node& n, const std::vector<Tensor>& in,
       const ir::Value* v = n.input(static_cast<int>(k));
       inputs +=
           fmt::format("{}{} ({}) {}", inputs.empty() ? "" : ", ", v->ref(), v->producer()->name(),
-                      in[k].dtype() != DType::F32 ? "(not f32)"
-                      : j < 0                     ? "finite"
+                      in[k].dtype() != DType::F32 && in[k].dtype() != DType::BF16 ? "(not f32)"
+                      : j < 0                                                     ? "finite"
                               : fmt::format("has {} at element {}", nonfinite_name(in[k], j), j));
     }
     MINIDL_FAIL("check-numerics: ", n.describe(), " produced ", nonfinite_name(out[o], i),

@@ -6,6 +6,7 @@
 #include "minidl/autograd/autograd.hpp"
 #include "minidl/core/rng.hpp"
 #include "minidl/ops/ops.hpp"
+#include "minidl/ops/precision.hpp"
 #include "minidl/runtime/executable.hpp"
 
 using namespace minidl;
@@ -159,3 +160,26 @@ TEST(Executable, CheckNumericsNamesTheFirstNonFiniteNode) {
                                         std::to_string(x->id()) + " (x) has NaN at element 4")));
   }
 }
+
+#if MINIDL_WITH_ONEDNN
+// Values stored as bf16 (between bf16 kernels, --precision bf16) are scanned too.
+TEST(Executable, CheckNumericsScansBf16Values) {
+  if (!ops::bf16_unavailable().empty()) GTEST_SKIP() << "bf16 " << ops::bf16_unavailable();
+  ir::Graph g;
+  ir::Value* x = ops::input(g, "x", {2, 16, 2, 2});
+  ir::Value* y = ops::relu(x);  // oneDNN's bf16 eltwise, on bf16 in and out
+  g.add_output(y);
+  x->set_stored(DType::BF16);
+  y->set_stored(DType::BF16);
+  runtime::Executable exe(g, {.backend = ir::Backend::OneDnn, .check_numerics = true});
+  auto* in = static_cast<std::uint16_t*>(exe.input("x").raw());
+  for (int i = 0; i < 128; ++i) in[i] = 0x3f80;  // 1.0
+  exe.run();
+  in[5] = 0x7f80;  // +Inf
+  EXPECT_THAT([&] { exe.run(); },
+              ::testing::ThrowsMessage<Error>(
+                  ::testing::AllOf(::testing::HasSubstr("check-numerics: relu"),
+                                   ::testing::HasSubstr("produced +Inf at element 5 of output 0"),
+                                   ::testing::HasSubstr("(x) has +Inf at element 5"))));
+}
+#endif
