@@ -2,9 +2,9 @@
 # Tensor parallelism (--tensor-parallel): the MLP's Linear pair split over 2 shards (2 ranks,
 # and 4 ranks as 2 replicas x 2 shards) ends a short run with parameters within 1e-5 (relative,
 # per tensor, in the 2-norm) of the one-process run's; in deterministic mode it saves the same
-# bytes on 2 and on 4 ranks; a checkpoint of a tensor-parallel run (whole tensors, the usual
-# file) resumes with and without --tensor-parallel, and a plain one with it; the metrics'
-# per-rank memory figures give each shard its half of the split parameters' gradients and
+# bytes on 2 and on 4 ranks (and 2 threads per rank); a checkpoint of a tensor-parallel run
+# (whole tensors, the usual file) resumes with and without --tensor-parallel, and a plain one
+# with it; the metrics' per-rank memory figures give each shard its half of the split parameters' gradients and
 # optimizer state; the CIFAR CNN's fc1 pair (gradients flowing on into the convolutions) when
 # data/cifar10 is there; combinations that do not apply are refused naming the flags.
 # Usage: tensor_parallel.sh path/to/mnist_mlp path/to/cifar_cnn path/to/mpirun CIFAR_DIR
@@ -76,10 +76,14 @@ det=(--data "$tmp/data" --hidden 64,32 --epochs 2 --seed 3 --optimizer adamw --l
   --weight-decay 0.01 --deterministic --tensor-parallel 2)
 run det2 2 "$mlp" "${det[@]}" --save "$tmp/det2.safetensors"
 run det4 4 "$mlp" "${det[@]}" --save "$tmp/det4.safetensors"
-if cmp -s "$tmp/det2.safetensors" "$tmp/det4.safetensors"; then
-  echo "ok   --deterministic --tensor-parallel 2: the same bytes on 2 and on 4 ranks"
+# 2 threads per rank: the micro-shards' sections hold collectives and run one after another.
+on_layout 2 2 "$mlp" --threads 2 "${det[@]}" --save "$tmp/det2t2.safetensors" >"$tmp/det2t2.out" 2>&1 ||
+  fail "det2t2: the run failed: $(cat "$tmp/det2t2.out")"
+if cmp -s "$tmp/det2.safetensors" "$tmp/det4.safetensors" &&
+  cmp -s "$tmp/det2.safetensors" "$tmp/det2t2.safetensors"; then
+  echo "ok   --deterministic --tensor-parallel 2: the same bytes on 2 ranks, 4 ranks and 2x2 threads"
 else
-  fail "--deterministic --tensor-parallel 2: 2 and 4 ranks saved different bytes"
+  fail "--deterministic --tensor-parallel 2: 2 ranks, 4 ranks and 2 threads saved different bytes"
 fi
 
 # A checkpoint at step 3 of the deterministic AdamW run (killed right after it), resumed on 4

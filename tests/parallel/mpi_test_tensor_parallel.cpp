@@ -1,7 +1,7 @@
 // The tensor-parallel collective ops under mpirun (ctest runs 2 and 3 ranks), all ranks one
-// group of shards: each forward against the serial formula, and each gradient rule (the
-// transposed collective) against central finite differences of the loss summed over the
-// ranks, every rank's input perturbed in turn; a bad input is refused on every rank.
+// replica's shards: each forward against the serial formula, and each gradient rule (the
+// transposed collective) against central finite differences of the replica's loss (see
+// Kind); a bad input is refused on every rank.
 #include <gmock/gmock.h>
 
 #include <cmath>
@@ -28,18 +28,25 @@ Tensor filled(int r, const Shape& s) {
 
 using Op = std::function<ir::Value*(ir::Value*)>;
 
-// y = op(x) for this rank's x; loss = sum(y * w_r), with w_r a rank's own weights.
+// The two kinds of op, as the shards use them. tp_copy and tp_scatter take a value every shard
+// holds alike (a replica's activation) and give each shard its own; the replica's loss is the
+// sum of the shards' parts. tp_reduce and tp_gather take each shard's own value and give every
+// shard the same; the replica's loss is computed alike on every shard, and counts once.
+enum class Kind { SharedInput, SharedOutput };
+
+// y = op(x) for this rank's x; loss = sum(y * w), w a rank's own weights for a SharedInput op,
+// the same on every rank for a SharedOutput one.
 struct Case {
   ir::Graph g;
   Tensor x, w;
   ir::Value *y = nullptr, *loss = nullptr, *dx = nullptr;
   std::unique_ptr<runtime::Executable> exe;
-  Case(const Shape& in, const Op& op, int r) : x(filled(r, in)) {
+  Case(const Shape& in, const Op& op, int xr, int wr) : x(filled(xr, in)) {
     ir::Value* xv = ops::parameter(g, "x", x);
     y = op(xv);
     w = Tensor::empty(y->shape());
     for (std::int64_t i = 0; i < w.numel(); ++i)
-      w.data<float>()[i] = std::sin(1.0f + 0.7f * static_cast<float>(i) + 1.3f * r);
+      w.data<float>()[i] = std::sin(1.0f + 0.7f * static_cast<float>(i) + 1.3f * wr);
     loss = ops::sum(ops::mul(y, ops::parameter(g, "w", w)));
     dx = autograd::differentiate(g, loss, {xv})[0];
     g.add_output(y);
@@ -47,37 +54,42 @@ struct Case {
     g.add_output(dx);
     exe = std::make_unique<runtime::Executable>(g);
   }
-  // The loss summed over the ranks, after one run.
-  double total(parallel::Communicator& comm) {
+  double run() {
     exe->run();
-    double l = exe->value(loss).at(0);
-    comm.allreduce_sum(&l, 1);
-    return l;
+    return exe->value(loss).at(0);
   }
 };
 
-// d(sum over ranks of loss)/dx on this rank, by central differences: every rank's elements
-// are perturbed in turn, all ranks running every step.
-void check_gradient(const Shape& in, const Op& op, const char* what) {
+// The gradient rule against central differences of the replica's loss. SharedInput: element i
+// of the shared x is perturbed on every rank at once, the loss summed over the ranks.
+// SharedOutput: rank q's element i alone, the loss read on each rank (the same everywhere).
+void check_gradient(const Shape& in, const Op& op, Kind kind, const char* what) {
   parallel::Communicator& comm = parallel::world();
   const int p = comm.size(), me = comm.rank();
-  Case c(in, op, me);
+  const bool shared_in = kind == Kind::SharedInput;
+  Case c(in, op, shared_in ? 0 : me, shared_in ? me : 0);
   c.exe->run();
   const Tensor analytic = c.exe->value(c.dx).clone();
+  auto loss = [&] {
+    double l = c.run();
+    if (shared_in) comm.allreduce_sum(&l, 1);
+    return l;
+  };
   const double h = 1e-2;
-  for (int q = 0; q < p; ++q) {
+  for (int q = 0; q < (shared_in ? 1 : p); ++q) {
+    const bool mine = shared_in || me == q;
     for (std::int64_t i = 0; i < c.x.numel(); ++i) {
       float* xi = c.x.data<float>() + i;
       const float keep = *xi;
-      if (me == q) *xi = keep + static_cast<float>(h);
-      const double up = c.total(comm);
-      if (me == q) *xi = keep - static_cast<float>(h);
-      const double down = c.total(comm);
-      if (me == q) *xi = keep;
-      if (me != q) continue;
+      if (mine) *xi = keep + static_cast<float>(h);
+      const double up = loss();
+      if (mine) *xi = keep - static_cast<float>(h);
+      const double down = loss();
+      if (mine) *xi = keep;
+      if (!mine) continue;
       const double numeric = (up - down) / (2 * h);
       EXPECT_NEAR(analytic.at(i), numeric, 1e-3 * (1 + std::abs(numeric)))
-          << what << ": rank " << q << " element " << i;
+          << what << ": rank " << me << " element " << i;
     }
   }
 }
@@ -125,16 +137,20 @@ TEST(MpiTensorParallel, ForwardMatchesTheSerialFormulas) {
 
 TEST(MpiTensorParallel, GradientsAreTheTransposedCollectives) {
   const int p = parallel::world().size();
+  const Kind in = Kind::SharedInput, out = Kind::SharedOutput;
   check_gradient(
-      {2, 3}, [](ir::Value* x) { return parallel::tp_copy(x, 0); }, "tp_copy");
+      {2, 3}, [](ir::Value* x) { return parallel::tp_copy(x, 0); }, in, "tp_copy");
   check_gradient(
-      {2, 3}, [](ir::Value* x) { return parallel::tp_reduce(x, 0); }, "tp_reduce");
+      {2, 3}, [](ir::Value* x) { return parallel::tp_reduce(x, 0); }, out, "tp_reduce");
   check_gradient(
-      {2, 2 * p}, [](ir::Value* x) { return parallel::tp_scatter(x, -1, 0); }, "tp_scatter");
+      {2, 2 * p}, [](ir::Value* x) { return parallel::tp_scatter(x, -1, 0); }, in, "tp_scatter");
   check_gradient(
-      {2, 3}, [](ir::Value* x) { return parallel::tp_gather(x, 1, 0); }, "tp_gather");
+      {2 * p, 3}, [](ir::Value* x) { return parallel::tp_scatter(x, 0, 0); }, in,
+      "tp_scatter axis 0");
   check_gradient(
-      {2, 3}, [](ir::Value* x) { return parallel::tp_gather(x, 0, 0); }, "tp_gather axis 0");
+      {2, 3}, [](ir::Value* x) { return parallel::tp_gather(x, 1, 0); }, out, "tp_gather");
+  check_gradient(
+      {2, 3}, [](ir::Value* x) { return parallel::tp_gather(x, 0, 0); }, out, "tp_gather axis 0");
 }
 
 TEST(MpiTensorParallel, RefusesAFeatureDimensionThatDoesNotSplit) {
