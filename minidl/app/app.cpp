@@ -265,7 +265,6 @@ std::string build_identity(const std::string& program) {
   return fmt::format("binary {} ({} bytes, hash {:016x})", program, bytes, hash);
 }
 
-/// Refuses sizes that would train nothing or leave a rank without samples, naming the flags.
 // The replicas x shards layout of --tensor-parallel (connected after the preflight), and the
 // combinations it does not support; the flag table refuses the flags it excludes outright.
 std::unique_ptr<parallel::TensorParallelComms> tensor_parallel_comms(const AppConfig& c,
@@ -279,6 +278,7 @@ std::unique_ptr<parallel::TensorParallelComms> tensor_parallel_comms(const AppCo
   return std::make_unique<parallel::TensorParallelComms>(comm, c.tensor_parallel);
 }
 
+/// Refuses sizes that would train nothing or leave a rank without samples, naming the flags.
 void check_sizes(const AppConfig& c, std::int64_t train_samples, std::int64_t test_samples,
                  int ranks) {
   MINIDL_CHECK(train_samples > 0, "the training set is empty (--train-limit ", c.train_limit,

@@ -92,8 +92,10 @@ TEST(TensorParallel, SplitsTheLinearPairAndKeepsTheResults) {
       // One pair per forward call; tp_reduce's gradient is a tp_copy (x itself needs none).
       EXPECT_EQ(std::count(ops.begin(), ops.end(), "tp_copy"), 4);
       EXPECT_EQ(std::count(ops.begin(), ops.end(), "tp_reduce"), 2);
-      EXPECT_EQ(plan.pieces.size(), 3u);  // fc1.weight, fc1.bias, fc2.weight
-      EXPECT_EQ(plan.pairs, std::vector<std::string>({"fc1.matmul + fc2.matmul"}));
+      // fc1.weight, fc1.bias, fc2.weight: one piece each, read by both pairs.
+      EXPECT_EQ(plan.pieces.size(), 3u);
+      EXPECT_EQ(plan.pairs, std::vector<std::string>(
+                                {"fc1.matmul + fc2.matmul", "fc1.matmul.1 + fc2.matmul.1"}));
     }
     runtime::Executable exe(g);
     exe.run();
