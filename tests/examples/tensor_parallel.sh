@@ -4,8 +4,9 @@
 # per tensor, in the 2-norm) of the one-process run's; in deterministic mode it saves the same
 # bytes on 2 and on 4 ranks (and 2 threads per rank); a checkpoint of a tensor-parallel run
 # (whole tensors, the usual file) resumes with and without --tensor-parallel, and a plain one
-# with it; the metrics' per-rank memory figures give each shard its half of the split parameters' gradients and
-# optimizer state; the CIFAR CNN's fc1 pair (gradients flowing on into the convolutions) when
+# with it; the metrics' per-rank memory figures give each shard its half of the split
+# parameters' gradients and optimizer state, and the bytes per step handed to collectives are
+# the pair's; the CIFAR CNN's fc1 pair (gradients flowing on into the convolutions) when
 # data/cifar10 is there; combinations that do not apply are refused naming the flags.
 # Usage: tensor_parallel.sh path/to/mnist_mlp path/to/cifar_cnn path/to/mpirun CIFAR_DIR
 set -u
@@ -150,8 +151,19 @@ for r in ranks("mem2"):
     assert r["gradients"] == 4 * split, (r, 4 * split)
     assert r["optimizer_state"] == 8 * split, (r, 8 * split)
     assert r["parameters"] == whole["parameters"], (r, whole)
+# Bytes per step handed to collectives by rank 0: tp_reduce's [64, 32] partial products, and
+# the gathers of its pieces of fc1.weight, fc1.bias and fc2.weight (one replica: no gradient
+# reduction); none on one rank.
+def epoch(name):
+    with open(f"{d}/{name}.jsonl") as f:
+        return [json.loads(l) for l in f if '"epoch"' in l][0]
+e0, e2 = epoch("mem0"), epoch("mem2")
+assert e0["steps"] == e2["steps"] == 1 and e0["comm_bytes_per_step"] == 0, (e0, e2)
+want = 4 * (64 * 32 + 32 * pixels + 32 + 32 * 32)
+assert e2["comm_bytes_per_step"] == want, (e2, want)
 PY
-  echo "ok   memory per rank: each shard keeps its half of the split gradients and state"
+  echo "ok   memory per rank: each shard keeps its half of the split gradients and state;" \
+    "bytes per step to collectives"
 else
   fail "memory per rank with --tensor-parallel 2"
 fi
