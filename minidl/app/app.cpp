@@ -25,10 +25,13 @@
 #include "minidl/frontend/trainer.hpp"
 #include "minidl/io/file.hpp"
 #include "minidl/ir/printer.hpp"
+#include "minidl/ops/ops.hpp"
 #include "minidl/ops/precision.hpp"
 #include "minidl/parallel/communicator.hpp"
 #include "minidl/parallel/layout.hpp"
 #include "minidl/parallel/preflight.hpp"
+#include "minidl/parallel/tensor_parallel.hpp"
+#include "minidl/parallel/traffic.hpp"
 #include "minidl/train/loss.hpp"
 #include "minidl/train/optimizer.hpp"
 
@@ -262,6 +265,19 @@ std::string build_identity(const std::string& program) {
   return fmt::format("binary {} ({} bytes, hash {:016x})", program, bytes, hash);
 }
 
+// The replicas x shards layout of --tensor-parallel (connected after the preflight), and the
+// combinations it does not support; the flag table refuses the flags it excludes outright.
+std::unique_ptr<parallel::TensorParallelComms> tensor_parallel_comms(const AppConfig& c,
+                                                                     parallel::Communicator& comm) {
+  MINIDL_CHECK(c.thread_mode != "replicas", "--tensor-parallel ", c.tensor_parallel,
+               " does not combine with --thread-mode replicas (use intra-op)");
+  MINIDL_CHECK(c.reduce == "allreduce", "--tensor-parallel ", c.tensor_parallel,
+               " reduces the gradients over each shard's replicas with --reduce allreduce only, "
+               "got --reduce ",
+               c.reduce);
+  return std::make_unique<parallel::TensorParallelComms>(comm, c.tensor_parallel);
+}
+
 /// Refuses sizes that would train nothing or leave a rank without samples, naming the flags.
 void check_sizes(const AppConfig& c, std::int64_t train_samples, std::int64_t test_samples,
                  int ranks) {
@@ -299,11 +315,13 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
   std::unique_ptr<train::Loss> loss;
   std::unique_ptr<optim::LrSchedule> schedule;
   TrainerOptions topt;
+  std::unique_ptr<parallel::TensorParallelComms> tensor;
   std::unique_ptr<Trainer> trainer_ptr;
   std::string description, error;
   try {
     (void)c.hidden_sizes();
     if (c.threads > 0) set_num_threads(c.threads);
+    if (c.tensor_parallel > 1) tensor = tensor_parallel_comms(c, comm);
     // Before the first collective (the preflight).
     comm.set_timeout(c.collective_timeout);
     doing = "checking the output paths";
@@ -316,7 +334,7 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
     }
     data.train = upscale(data.train, c.upscale);
     data.test = upscale(data.test, c.upscale);
-    check_sizes(c, data.train.size(), data.test.size(), comm.size());
+    check_sizes(c, data.train.size(), data.test.size(), comm.size() / c.tensor_parallel);
     if (c.normalize) {
       const ChannelStats stats = channel_stats(data.train);
       normalize_channels(data.train, stats);
@@ -327,6 +345,15 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
     doing = "building the model";
     model = build(c, sample);
     model->reset(c.seed);
+    if (tensor) {
+      // The split of the model's Linear pairs, tried on a scratch graph: a model it cannot
+      // split fails here, before the preflight, as one line.
+      ir::Graph scratch;
+      std::vector<std::int64_t> dims{1};
+      dims.insert(dims.end(), sample.dims().begin(), sample.dims().end());
+      model->forward(ops::input(scratch, "x", Shape(dims)));
+      parallel::split_matmul_pairs(scratch, {.shards = c.tensor_parallel});
+    }
     doing = fmt::format("loading --init '{}'", printable(c.init));
     if (!c.init.empty()) nn::load_state_dict(*model, c.init);
     doing = "setting up the training";
@@ -346,7 +373,8 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
     loss = train::make_loss(c.loss, c.label_smoothing);
     // The schedule counts optimizer steps, each of --accumulate micro-batches.
     const std::int64_t steps_per_epoch = std::max<std::int64_t>(
-        1, Trainer::steps_per_epoch(data.train.size(), c.batch_size * c.accumulate, comm.size()));
+        1, Trainer::steps_per_epoch(data.train.size(), c.batch_size * c.accumulate,
+                                    comm.size() / c.tensor_parallel));
     schedule = std::make_unique<optim::LrSchedule>(
         c.lr,
         optim::ScheduleOptions{.kind = optim::parse_schedule(c.lr_schedule),
@@ -375,6 +403,10 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
     topt.micro_batch = c.deterministic ? c.micro_batch : 0;
     topt.clip_grad_norm = c.clip_grad_norm;
     topt.zero = c.zero;
+    if (tensor) {
+      topt.comm = &tensor->data();
+      topt.tensor_comm = &tensor->tensor();
+    }
     topt.loss = loss.get();
     topt.targets =
         c.reconstruct ? TrainerOptions::Targets::Inputs : TrainerOptions::Targets::Labels;
@@ -398,6 +430,7 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
   }
   doing = "checking that the ranks agree";
   parallel::preflight(comm, description, error);
+  if (tensor) tensor->connect();  // the first collective after the preflight
   Trainer& trainer = *trainer_ptr;
   Dataset& train_set = data.train;
   Dataset& test_set = data.test;
@@ -556,7 +589,16 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
     comm.barrier();
   };
   bool stopped = false;  // --max-steps reached
+  // The bytes this rank's training steps handed to collectives (parallel/traffic.hpp): counted
+  // from the end of one step's callback to the next step's, so checkpoints are left out.
+  std::int64_t step_bytes = 0, steps_counted = 0, bytes_mark = 0;
   auto on_step = [&](const StepInfo& info) {
+    step_bytes += parallel::collective_bytes() - bytes_mark;
+    ++steps_counted;
+    struct Mark {
+      std::int64_t& at;
+      ~Mark() { at = parallel::collective_bytes(); }
+    } mark{bytes_mark};
     start_outputs();
     progress.update(info.position, info.running_loss);
     if (c.max_steps > 0 && info.step >= c.max_steps) {
@@ -586,6 +628,8 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
   for (int epoch = first_epoch; epoch <= c.epochs; ++epoch) {
     doing = fmt::format("training epoch {}", epoch);
     progress.start_epoch(epoch, train_set.size(), epoch == first_epoch ? first_sample : 0);
+    step_bytes = steps_counted = 0;
+    bytes_mark = parallel::collective_bytes();
     const EpochStats s = trainer.train_epoch(train_set, epoch, on_step);
     data_wait += s.data_wait_seconds;
     data_prepare += s.data_prepare_seconds;
@@ -617,16 +661,19 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
       }
       std::fflush(stdout);
     }
-    nlohmann::json record = {{"epoch", epoch},
-                             {"train_loss", s.loss},
-                             {"test_loss", e.loss},
-                             {"epoch_seconds", s.seconds},
-                             {"samples_per_second", sps},
-                             {"comm_seconds", s.comm_seconds},
-                             {"wait_seconds", s.wait_seconds},
-                             {"data_wait_seconds", s.data_wait_seconds},
-                             {"data_prepare_seconds", s.data_prepare_seconds},
-                             {"lr", s.lr}};
+    nlohmann::json record = {
+        {"epoch", epoch},
+        {"train_loss", s.loss},
+        {"test_loss", e.loss},
+        {"epoch_seconds", s.seconds},
+        {"samples_per_second", sps},
+        {"comm_seconds", s.comm_seconds},
+        {"wait_seconds", s.wait_seconds},
+        {"steps", steps_counted},
+        {"comm_bytes_per_step", steps_counted > 0 ? step_bytes / steps_counted : 0},
+        {"data_wait_seconds", s.data_wait_seconds},
+        {"data_prepare_seconds", s.data_prepare_seconds},
+        {"lr", s.lr}};
     if (loss->classification()) {
       record["train_accuracy"] = s.accuracy;
       record["test_accuracy"] = e.accuracy;

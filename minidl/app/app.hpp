@@ -64,6 +64,9 @@ struct AppConfig {
   bool deterministic = false;
   std::int64_t micro_batch = 8;
   int zero = 0;  // ZeRO stage (TrainerOptions::zero): 1 optimizer state sharded, 2 gradients too
+  // Tensor-parallel shards per replica (TrainerOptions::tensor_comm): the ranks are replicas x
+  // shards, and the model's Linear pairs are split over the shards.
+  int tensor_parallel = 1;
   bool no_fuse = false;      // keep bias_add and relu as separate nodes
   std::int64_t upscale = 1;  // images enlarged k times per side (granularity studies)
   // Random transforms of the training images (train::Augment::parse): none, crop, flip or

@@ -511,6 +511,15 @@ std::vector<Flag> make_table() {
        .resume = {"zero", Rule::Note},
        .metric = {"zero"},
        .excludes = {"--overlap", "--accumulate"}},
+      {.name = "--tensor-parallel",
+       .field = &AppConfig::tensor_parallel,
+       .help = "tensor-parallel shards per replica: the ranks are data-parallel replicas x "
+               "shards, and each pair of Linear layers is split over the shards as Megatron "
+               "splits them (1: off)",
+       .check = range(1, 64),
+       .resume = {"tensor_parallel", Rule::Note},
+       .metric = {"tensor_parallel"},
+       .excludes = {"--zero", "--accumulate", "--overlap", "--clip-grad-norm"}},
       {.name = "--sync-bn",
        .field = &AppConfig::sync_bn,
        .help = "normalise with the statistics of the whole global batch, summed over thread "

@@ -16,6 +16,7 @@
 #include "minidl/core/rng.hpp"
 #include "minidl/parallel/preflight.hpp"
 #include "minidl/train/batch.hpp"
+#include "minidl/train/tensor_parallel.hpp"
 
 namespace minidl {
 
@@ -25,7 +26,8 @@ train::StepOptions step_options(const TrainerOptions& o, parallel::Communicator&
   return {.layout = parallel::Layout({.ranks = comm.size(),
                                       .replicas = o.replicas,
                                       .micro_batch = o.micro_batch,
-                                      .accumulate = o.accumulate}),
+                                      .accumulate = o.accumulate,
+                                      .shards = o.tensor_comm ? o.tensor_comm->size() : 1}),
           .comm = &comm,
           .compile = o.compile,
           .fuse = o.fuse,
@@ -34,7 +36,8 @@ train::StepOptions step_options(const TrainerOptions& o, parallel::Communicator&
           .overlap = o.overlap,
           .clip_grad_norm = o.clip_grad_norm,
           .sync_batch_stats = o.sync_batch_stats,
-          .zero = o.zero};
+          .zero = o.zero,
+          .tensor_comm = o.tensor_comm};
 }
 
 Shape sample_shape(const Dataset& d) {
@@ -152,6 +155,8 @@ Trainer::Trainer(train::Model& model, optim::Optimizer& optimizer, TrainerOption
 }
 
 NamedTensors Trainer::optimizer_state() {
+  if (options_.tensor_comm != nullptr)
+    return train::whole_state(optimizer_.state(), model_, *options_.tensor_comm);
   if (options_.zero == 0) return optimizer_.state();
   const parallel::ZeroPlan plan = train::zero_plan(model_, comm_.size());
   const NamedTensors own = optimizer_.state();
@@ -181,6 +186,10 @@ NamedTensors Trainer::optimizer_state() {
 }
 
 void Trainer::set_optimizer_state(const NamedTensors& state) {
+  if (options_.tensor_comm != nullptr) {
+    train::load_state_pieces(optimizer_.state(), state, *options_.tensor_comm);
+    return;
+  }
   if (options_.zero == 0) {
     for (const auto& [key, t] : state) {
       for (const auto& [name, own] : optimizer_.state())

@@ -50,6 +50,9 @@ struct TrainerOptions {
   // `reduce_strategy` and `overlap` do not apply.
   std::int64_t micro_batch = 0;
   parallel::Communicator* comm = nullptr;  // null: parallel::world()
+  /// Tensor parallelism (train::StepOptions::tensor_comm): the shards of this rank's replica;
+  /// `comm` is then the replicas of this rank's shard. Null: none.
+  parallel::Communicator* tensor_comm = nullptr;
   // How the data-parallel pass reduces gradients (with more than one rank).
   parallel::ReduceStrategy reduce_strategy = parallel::ReduceStrategy::Allreduce;
   std::int64_t bucket_bytes = parallel::DataParallelOptions{}.bucket_bytes;  // 0: no buckets

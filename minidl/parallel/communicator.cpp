@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "minidl/core/error.hpp"
+#include "minidl/parallel/traffic.hpp"
 
 namespace minidl::parallel {
 namespace {
@@ -48,6 +50,11 @@ double stall_warning_seconds(bool strict) {
                "got '",
                env, "'");
   return v;
+}
+
+std::atomic<std::int64_t>& traffic() {
+  static std::atomic<std::int64_t> bytes{0};
+  return bytes;
 }
 
 class LocalCommunicator final : public Communicator {
@@ -99,6 +106,9 @@ class LocalCommunicator final : public Communicator {
                  ": expected ", bytes, " bytes, the message has ", m.size());
     std::memcpy(data, m.data(), m.size());
     it->second.pop_front();
+  }
+  std::unique_ptr<Communicator> split(int, int) override {
+    return std::make_unique<LocalCommunicator>();
   }
   const SharedSplit& split_shared(int ranks_per_node) override {
     resolve_ranks_per_node(ranks_per_node);  // a bad value fails here as under mpirun
@@ -316,6 +326,7 @@ class MpiCommunicator final : public Communicator {
       done_.resize(requests_.size());
     }
     announce();
+    traffic().fetch_add(n * 4, std::memory_order_relaxed);
     check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data, checked_count(n, "allreduce"), MPI_FLOAT, MPI_SUM,
                              comm_, &requests_[id]),
               "MPI_Iallreduce");
@@ -360,6 +371,13 @@ class MpiCommunicator final : public Communicator {
                  " bytes, the message has ", got);
   }
 
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    MPI_Comm sub = MPI_COMM_NULL;
+    check_mpi(MPI_Comm_split(comm_, color, key, &sub), "MPI_Comm_split");
+    auto c = std::make_unique<MpiCommunicator>(sub);
+    c->set_timeout(timeout_);
+    return c;
+  }
   const SharedSplit& split_shared(int ranks_per_node) override {
     const int k = resolve_ranks_per_node(ranks_per_node);
     auto& s = splits_[k];
@@ -485,6 +503,7 @@ class MpiCommunicator final : public Communicator {
       blocking();
       return;
     }
+    traffic().fetch_add(bytes, std::memory_order_relaxed);
     announce();
     MPI_Request r = MPI_REQUEST_NULL;
     start(&r);
@@ -698,6 +717,8 @@ bool launched_by_mpi() {
     if (std::getenv(v) != nullptr) return true;
   return false;
 }
+
+std::int64_t collective_bytes() { return traffic().load(std::memory_order_relaxed); }
 
 std::unique_ptr<Communicator> make_local_communicator() {
   return std::make_unique<LocalCommunicator>();

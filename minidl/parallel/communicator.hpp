@@ -73,6 +73,10 @@ class Communicator {
   /// this communicator and later calls return it.
   virtual const SharedSplit& split_shared(int ranks_per_node = 0) = 0;
 
+  /// The ranks of this communicator with the same color, ordered by key (MPI_Comm_split):
+  /// collective over all of its ranks. The new communicator takes this one's timeout.
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+
   /// Memory every rank of this communicator addresses directly, for ranks that share a node
   /// (MPI_Win_allocate_shared): `bytes` bytes, the same region on every rank. One window per
   /// communicator, of two halves: each call returns the other half, so what a call writes never

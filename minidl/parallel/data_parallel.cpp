@@ -129,14 +129,13 @@ bool shares_storage(const ir::Value* v) {
 
 bool DataParallel::run(ir::Graph& g) {
   const Partition& part = options_.partition;
-  MINIDL_CHECK(part.trivial(), "data-parallel: a partition into ", part.stages, " stages x ",
-               part.shards,
-               " shards is not implemented (only one stage and one shard: every rank "
-               "holds the whole model)");
+  MINIDL_CHECK(part.stages == 1 && part.shards >= 1, "data-parallel: a partition into ",
+               part.stages, " stages x ", part.shards,
+               " shards is not implemented (one stage; tensor-parallel shards, each rank one)");
   for (const ir::Node* n : g.nodes()) {
-    MINIDL_CHECK(stage_of(*n) == 0 && shard_of(*n) == 0, n->describe(), ": stage ", stage_of(*n),
-                 ", shard ", shard_of(*n), " lies outside the partition (", part.stages,
-                 " stage(s), ", part.shards, " shard(s))");
+    MINIDL_CHECK(stage_of(*n) == 0 && shard_of(*n) < part.shards, n->describe(), ": stage ",
+                 stage_of(*n), ", shard ", shard_of(*n), " lies outside the partition (",
+                 part.stages, " stage(s), ", part.shards, " shard(s))");
   }
 
   // Match first: every update's gradient input, in the order the gradients become final. A node
@@ -150,7 +149,10 @@ bool DataParallel::run(ir::Graph& g) {
     if (!role) {
       for (std::size_t o = 0; o < n->outputs().size(); ++o) {
         const int in = n->def().shares_input(static_cast<int>(o));
-        MINIDL_CHECK(in < 0 || n->def().is_alias() || n->input(in)->producer()->op() != "parameter",
+        // assign_slice writes a parameter from its updated pieces, gathered (ZeRO, tensor
+        // parallelism): the pieces' gradients are the ones reduced.
+        MINIDL_CHECK(in < 0 || n->def().is_alias() || n->op() == "assign_slice" ||
+                         n->input(in)->producer()->op() != "parameter",
                      "data-parallel: ", n->describe(), " writes parameter '",
                      n->input(in)->producer()->name(),
                      "' in place but its op declares no update role (OpDef::update(param, grad)), "

@@ -29,11 +29,11 @@ std::string_view reduce_strategy_name(ReduceStrategy s);
 /// "allreduce", "root", "hierarchical" or "tree"; anything else fails naming the allowed values.
 ReduceStrategy parse_reduce_strategy(std::string_view s);
 
-/// Hook for pipeline and tensor (model) parallelism: which part of the model a node belongs to.
-/// Nodes carry optional int annotations "stage" (pipeline stage) and "shard" (tensor-parallel
-/// shard), default 0; ranks would be laid out as replicas x stages x shards, and the gradients of
-/// a node reduced over the replicas of its (stage, shard) only. Only the trivial partition (one
-/// stage, one shard: every rank holds the whole model) is implemented; the pass refuses others.
+/// Pipeline and tensor (model) parallelism: which part of the model a node belongs to. Nodes
+/// carry optional int annotations "stage" (pipeline stage) and "shard" (tensor-parallel shard),
+/// default 0; ranks are laid out as replicas x shards (parallel/tensor_parallel.hpp), and the
+/// gradients of a rank's graph are reduced over the communicator the pass is given: the
+/// replicas of its shard. Pipeline stages are not implemented; the pass refuses more than one.
 struct Partition {
   int stages = 1;
   int shards = 1;

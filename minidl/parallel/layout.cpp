@@ -22,10 +22,10 @@ Layout::Layout(LayoutOptions options) : options_(options) {
                options.micro_batch);
   MINIDL_CHECK(options.accumulate >= 1, "layout: accumulate must be at least 1, got ",
                options.accumulate);
-  MINIDL_CHECK(options.stages == 1 && options.shards == 1, "layout: ", options.stages,
-               " pipeline stage(s) x ", options.shards,
-               " tensor shard(s) are not implemented (only one stage and one shard: every rank "
-               "holds the whole model)");
+  MINIDL_CHECK(options.stages == 1, "layout: ", options.stages,
+               " pipeline stages are not implemented (only one stage)");
+  MINIDL_CHECK(options.shards >= 1, "layout: tensor-parallel shards must be at least 1, got ",
+               options.shards);
 }
 
 std::int64_t Layout::micro_shards(std::int64_t n) const {
@@ -137,10 +137,12 @@ void Layout::check_batch(std::int64_t n, const std::string& what) const {
 std::string Layout::describe() const {
   const std::string steps =
       accumulate() > 1 ? fmt::format("{} micro-step(s) x ", accumulate()) : "";
+  const std::string shards =
+      options_.shards > 1 ? fmt::format(" x {} tensor-parallel shard(s)", options_.shards) : "";
   if (deterministic())
-    return fmt::format("{}{} rank(s), deterministic: micro-batch {}", steps, ranks(),
+    return fmt::format("{}{} rank(s){}, deterministic: micro-batch {}", steps, ranks(), shards,
                        micro_batch());
-  return fmt::format("{}{} rank(s) x {} replica(s)", steps, ranks(), options_.replicas);
+  return fmt::format("{}{} rank(s){} x {} replica(s)", steps, ranks(), shards, options_.replicas);
 }
 
 }  // namespace minidl::parallel

@@ -2,8 +2,9 @@
 // one after another (gradient accumulation) x ranks x thread replicas x micro-shards. The step
 // compiler builds each rank's graphs from it, the training loop feeds each rank its share from
 // it, and deterministic mode is one of its properties (micro-shards summed in the fixed tree of
-// reduction_tree.hpp) rather than a branch of the loop. Pipeline stages and tensor shards have
-// their fields here; only one of each exists so far.
+// reduction_tree.hpp) rather than a branch of the loop. With tensor-parallel shards, `ranks`
+// counts the data-parallel replicas: each replica's samples go to all of its shards
+// (parallel/tensor_parallel.hpp). Pipeline stages have their field here; only one exists.
 #pragma once
 
 #include <cstdint>
@@ -33,12 +34,12 @@ struct LayoutOptions {
   /// of the whole batch in one step.
   std::int64_t accumulate = 1;
   int stages = 1;  // pipeline stages (1: every rank holds the whole model)
-  int shards = 1;  // tensor-parallel shards
+  int shards = 1;  // tensor-parallel shards of every replica (ranks x shards processes in all)
 };
 
 class Layout {
  public:
-  /// Checks the options (positive counts; only one stage and one shard so far).
+  /// Checks the options (positive counts; only one stage so far).
   explicit Layout(LayoutOptions options = {});
   const LayoutOptions& options() const { return options_; }
   int ranks() const { return options_.ranks; }

@@ -302,7 +302,7 @@ void Executable::find_sections() {
       ++i;
       continue;
     }
-    Section sec{i, i, 0};
+    Section sec{i, i, 0, false};
     producer_replica.clear();
     for (; sec.end < steps_.size() && step_replica_[sec.end] >= 0; ++sec.end) {
       const ir::Node* n = steps_[sec.end].node;
@@ -315,6 +315,7 @@ void Executable::find_sections() {
       }
       for (const ir::Value* out : n->outputs()) producer_replica[out] = r;
       sec.replicas = std::max(sec.replicas, r + 1);
+      sec.serial = sec.serial || n->def().comm_role() != ir::CommRole::None;
     }
     sections_.push_back(sec);
     i = sec.end;
@@ -363,6 +364,18 @@ void Executable::run_section(const Section& sec) {
   // At most one thread per replica; with fewer threads than replicas, thread t runs a
   // contiguous block of them, one after the other. An exception in any is rethrown once all
   // have stopped.
+  if (sec.serial) {
+    const int threads = omp_get_max_threads();
+    omp_set_num_threads(1);  // the kernels were made for one thread
+    try {
+      for (int r = 0; r < sec.replicas; ++r) run_steps(sec.begin, sec.end, r);
+    } catch (...) {
+      omp_set_num_threads(threads);
+      throw;
+    }
+    omp_set_num_threads(threads);
+    return;
+  }
   const int threads = std::min(sec.replicas, omp_get_max_threads());
   std::exception_ptr error;
 #pragma omp parallel num_threads(threads)

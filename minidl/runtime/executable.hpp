@@ -105,6 +105,10 @@ class Executable {
   struct Section {
     std::size_t begin, end;
     int replicas;
+    /// A node of the section communicates (tensor parallelism's collectives inside each
+    /// replica): MPI is called from the main thread only, so the replicas run one after another
+    /// there, in replica order (every rank issues the collectives in the same order).
+    bool serial = false;
   };
   /// One step per node that runs a kernel: its kernel (see ir::kernel_for), made for the node.
   void make_steps(const ir::Graph& g);

@@ -16,6 +16,7 @@
 #include "minidl/parallel/cross_replica_sums.hpp"
 #include "minidl/parallel/thread_replicas.hpp"
 #include "minidl/train/clip.hpp"
+#include "minidl/train/tensor_parallel.hpp"
 
 namespace minidl::train {
 
@@ -68,6 +69,7 @@ ir::PassManager pipeline(Job job, const StepOptions& o, parallel::Communicator& 
       dp.overlap = false;
       dp.tree_leaves = tree_leaves;
     }
+    dp.partition.shards = layout.options().shards;
     pm.add(std::make_unique<parallel::DataParallel>(comm, *reduce, dp));
   }
   if (job == Job::Step || job == Job::Apply) {
@@ -128,6 +130,20 @@ ir::Value* updated_param(ir::Node* u) {
   MINIDL_FAIL(u->describe(), ": no output writes the parameter");
 }
 
+// The combinations tensor parallelism supports (the app refuses the others by flag first).
+void check_tensor_parallel(const StepOptions& o, int shards) {
+  MINIDL_CHECK(shards == o.layout.options().shards, "compile_step: the layout has ",
+               o.layout.options().shards, " tensor-parallel shard(s), the shards' communicator ",
+               shards);
+  if (shards == 1) return;
+  MINIDL_CHECK(o.zero == 0, "--tensor-parallel does not combine with --zero");
+  MINIDL_CHECK(o.layout.accumulate() == 1, "--tensor-parallel does not combine with --accumulate");
+  MINIDL_CHECK(o.clip_grad_norm == 0.0,
+               "--tensor-parallel does not combine with --clip-grad-norm (the norm would need "
+               "the pieces' sums from every shard)");
+  MINIDL_CHECK(!o.overlap, "--tensor-parallel does not combine with --overlap");
+}
+
 }  // namespace
 
 parallel::ZeroPlan zero_plan(Model& model, int ranks) {
@@ -166,6 +182,11 @@ CompiledStep compile_step(Model& model, const Loss& loss, optim::Optimizer* opti
                " (expected 0: off, 1: optimizer state sharded, 2: gradients too)");
   MINIDL_CHECK(o.zero == 0 || !spec.train || layout.accumulate() == 1,
                "--zero does not combine with --accumulate (gradient accumulation) yet");
+  const parallel::TensorParallelOptions tensor{
+      .shards = o.tensor_comm ? o.tensor_comm->size() : 1,
+      .rank = o.tensor_comm ? o.tensor_comm->rank() : 0,
+      .group = o.tensor_comm ? parallel::register_group(o.tensor_comm) : 0};
+  check_tensor_parallel(o, tensor.shards);
   CompiledStep s;
   s.classification_ = loss.classification();
   s.check_numerics_ = o.compile.check_numerics;
@@ -236,9 +257,25 @@ CompiledStep compile_step(Model& model, const Loss& loss, optim::Optimizer* opti
     ir::Value* clip_total = nullptr;  // with ZeRO, from the shards
     if (spec.train) {
       if (o.sync_batch_stats) parallel::use_global_statistics(g);
-      const std::vector<ir::Value*> params = parameters_of(g);
+      // Tensor parallelism: the pieces of the split parameters take their place from here on.
+      parallel::TensorParallelPlan split;
+      if (tensor.shards > 1) {
+        ir::PassManager before;
+        auto pass = std::make_unique<parallel::TensorParallel>(tensor);
+        const parallel::TensorParallel& tp = *pass;
+        before.add(std::move(pass));
+        before.run(g);
+        split = tp.plan();
+      }
+      std::vector<ir::Value*> params = parameters_of(g);
+      for (ir::Value*& v : params) v = split.piece_of(v);
       grads = autograd::differentiate(g, total, params);
-      if (job == Job::Step && o.zero > 0) {
+      if (job == Job::Step && tensor.shards > 1) {
+        const optim::StepInputs in{
+            ops::role_input(g, ir::Role::LearningRate, "lr", Shape{}, DType::F32),
+            ops::role_input(g, ir::Role::OptimizerStep, "optimizer_step", Shape{}, DType::I64)};
+        tensor_parallel_updates(g, *optimizer, split, tensor, params, grads, in);
+      } else if (job == Job::Step && o.zero > 0) {
         // ZeRO: this rank updates the pieces of its shard, with state for them only.
         const optim::StepInputs in{
             ops::role_input(g, ir::Role::LearningRate, "lr", Shape{}, DType::F32),

@@ -49,6 +49,10 @@ struct StepOptions {
   /// gradients; 0: every rank updates the whole model. The optimizer's state must then be
   /// initialised for this rank's pieces (zero_state_shapes).
   int zero = 0;
+  /// Tensor parallelism (parallel/tensor_parallel.hpp, train/tensor_parallel.hpp): the shards
+  /// of this rank's replica, over which training graphs split the model's Linear pairs; `comm`
+  /// is then the replicas of this rank's shard. Null: none.
+  parallel::Communicator* tensor_comm = nullptr;
 };
 
 /// The flat space of model's parameters (in its order) cut into one shard per rank.

@@ -1,0 +1,546 @@
+#include "minidl/parallel/tensor_parallel.hpp"
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <utility>
+
+#include "minidl/ops/common.hpp"
+#include "minidl/ops/ops.hpp"
+#include "minidl/parallel/collectives.hpp"
+#include "minidl/parallel/data_parallel.hpp"
+#include "minidl/parallel/op_table.hpp"
+
+namespace minidl::parallel {
+namespace {
+
+Communicator* comm_of(const ir::Node& node) {
+  const auto id = node.attrs().get<std::int64_t>("group");
+  try {
+    return &group(static_cast<int>(id));
+  } catch (const Error& e) {
+    MINIDL_FAIL(node.describe(), ": ", e.what());
+  }
+}
+
+// Kernels name their node in the errors they throw (a collective timeout, an MPI failure).
+ir::KernelFactory naming(ir::Kernel (*make)(const ir::Node&)) {
+  return [make](const ir::Node& node) -> ir::Kernel {
+    return [kernel = make(node)](const ir::KernelArgs& k) {
+      try {
+        kernel(k);
+      } catch (const Error& e) {
+        MINIDL_FAIL(k.node->describe(), ": ", e.what());
+      }
+    };
+  };
+}
+
+Communicator* comm_of_size(const ir::Node& node) {
+  Communicator* comm = comm_of(node);
+  const auto ranks = node.attrs().get<std::int64_t>("ranks");
+  MINIDL_CHECK(ranks == comm->size(), node.describe(), ": ranks=", ranks,
+               " but communicator group ", node.attrs().get<std::int64_t>("group"), " has ",
+               comm->size(), " ranks");
+  return comm;
+}
+
+// x [...] with `axis` (negative from the end) cut as outer x dims[axis] x inner.
+struct Cut {
+  std::int64_t outer = 1, row = 1;  // row: dims[axis] * inner, the elements of one outer index
+};
+
+int normalized_axis(ir::InferCtx& c, const Shape& x) {
+  const auto axis = c.attr<std::int64_t>("axis");
+  const auto rank = static_cast<std::int64_t>(x.rank());
+  MINIDL_CHECK_NODE(c, rank >= 1 && axis >= -rank && axis < rank, "axis ", axis,
+                    " is outside the input's ", rank, " dimension(s)");
+  return static_cast<int>(axis < 0 ? axis + rank : axis);
+}
+
+Cut cut_of(const Shape& x, std::int64_t axis) {
+  const auto rank = static_cast<std::int64_t>(x.rank());
+  if (axis < 0) axis += rank;
+  Cut c;
+  for (std::int64_t d = 0; d < axis; ++d) c.outer *= x[d];
+  for (std::int64_t d = axis; d < rank; ++d) c.row *= x[d];
+  return c;
+}
+
+void check_ranks(ir::InferCtx& c) {
+  const auto ranks = c.attr<std::int64_t>("ranks");
+  MINIDL_CHECK_NODE(c, ranks >= 1, "ranks must be at least 1, got ", ranks);
+}
+
+void infer_copy_reduce(ir::InferCtx& c) { ops::infer_unary_f32(c); }
+
+// x [.., d, ..] -> [.., d / ranks, ..] along axis.
+void infer_scatter(ir::InferCtx& c) {
+  ops::infer_unary_f32(c);
+  check_ranks(c);
+  const auto ranks = c.attr<std::int64_t>("ranks");
+  std::vector<std::int64_t> dims = c.input(0).dims();
+  const int axis = normalized_axis(c, c.input(0));
+  MINIDL_CHECK_NODE(c, dims[axis] % ranks == 0, "dimension ", axis, " of ", c.input(0), " (",
+                    dims[axis], ") does not split into ", ranks, " equal parts");
+  dims[axis] /= ranks;
+  c.set_output(0, Shape(dims));
+}
+
+// x [.., d, ..] -> [.., ranks * d, ..] along axis.
+void infer_gather(ir::InferCtx& c) {
+  ops::infer_unary_f32(c);
+  check_ranks(c);
+  std::vector<std::int64_t> dims = c.input(0).dims();
+  dims[normalized_axis(c, c.input(0))] *= c.attr<std::int64_t>("ranks");
+  c.set_output(0, Shape(dims));
+}
+
+void copy_native(const ir::KernelArgs& k) {
+  std::memcpy(k.out[0].raw(), k.in[0].raw(), k.in[0].nbytes());
+}
+
+// Every shard's x gathered, then added in shard order on every rank: the same bits everywhere,
+// whatever the MPI library would do.
+ir::Kernel make_reduce(const ir::Node& node) {
+  Communicator* comm = comm_of(node);
+  const std::int64_t n = node.input(0)->shape().numel();
+  auto parts = std::make_shared<std::vector<float>>(static_cast<std::size_t>(n * comm->size()));
+  return [comm, n, parts](const ir::KernelArgs& k) {
+    const int ranks = comm->size();
+    float* y = k.out[0].data<float>();
+    if (ranks == 1) {
+      std::memcpy(y, k.in[0].raw(), k.in[0].nbytes());
+      return;
+    }
+    float* all = parts->data();
+    comm->allgather(k.in[0].raw(), all, n * static_cast<std::int64_t>(sizeof(float)));
+    ops::elementwise(n, [&](std::int64_t lo, std::int64_t hi) {
+      for (std::int64_t i = lo; i < hi; ++i) {
+        float s = all[i];
+        for (int r = 1; r < ranks; ++r) s += all[r * n + i];
+        y[i] = s;
+      }
+    });
+  };
+}
+
+ir::Kernel make_scatter(const ir::Node& node) {
+  Communicator* comm = comm_of_size(node);
+  const Cut cut = cut_of(node.input(0)->shape(), node.attrs().get<std::int64_t>("axis"));
+  const std::int64_t piece = cut.row / comm->size();
+  const std::int64_t first = piece * comm->rank();
+  return [cut, piece, first](const ir::KernelArgs& k) {
+    const float* x = k.in[0].data<float>();
+    float* y = k.out[0].data<float>();
+    for (std::int64_t o = 0; o < cut.outer; ++o)
+      std::memcpy(y + o * piece, x + o * cut.row + first,
+                  static_cast<std::size_t>(piece) * sizeof(float));
+  };
+}
+
+ir::Kernel make_gather(const ir::Node& node) {
+  Communicator* comm = comm_of_size(node);
+  const Cut cut = cut_of(node.input(0)->shape(), node.attrs().get<std::int64_t>("axis"));
+  const int ranks = comm->size();
+  auto parts =
+      std::make_shared<std::vector<float>>(static_cast<std::size_t>(cut.outer * cut.row * ranks));
+  return [comm, cut, ranks, parts](const ir::KernelArgs& k) {
+    const std::int64_t n = cut.outer * cut.row;
+    float* all = parts->data();
+    comm->allgather(k.in[0].raw(), all, n * static_cast<std::int64_t>(sizeof(float)));
+    float* y = k.out[0].data<float>();
+    for (std::int64_t o = 0; o < cut.outer; ++o)
+      for (int r = 0; r < ranks; ++r)
+        std::memcpy(y + (o * ranks + r) * cut.row, all + r * n + o * cut.row,
+                    static_cast<std::size_t>(cut.row) * sizeof(float));
+  };
+}
+
+ir::Attrs group_attrs(const ir::GradCtx& g) {
+  return {{"group", g.attrs().get<std::int64_t>("group")}};
+}
+
+void grad_copy(ir::GradCtx& g) {
+  g.set_input_grad(0, g.op(op_tp_reduce, {g.out_grad(0)}, group_attrs(g)));
+}
+void grad_reduce(ir::GradCtx& g) {
+  g.set_input_grad(0, g.op(op_tp_copy, {g.out_grad(0)}, group_attrs(g)));
+}
+void grad_scatter(ir::GradCtx& g) {
+  g.set_input_grad(0, g.op(op_tp_gather, {g.out_grad(0)}, g.attrs()));
+}
+void grad_gather(ir::GradCtx& g) {
+  g.set_input_grad(0, g.op(op_tp_scatter, {g.out_grad(0)}, g.attrs()));
+}
+
+}  // namespace
+
+MINIDL_OP(tp_copy)
+    .inputs({"x"})
+    .attr<int>("group", 0)
+    .infer(infer_copy_reduce)
+    .kernel(ir::Backend::Native, copy_native)
+    .grad(grad_copy);
+
+MINIDL_OP(tp_reduce)
+    .inputs({"x"})
+    .attr<int>("group", 0)
+    .infer(infer_copy_reduce)
+    .kernel_factory(ir::Backend::Native, "mpi", naming(make_reduce))
+    .side_effect()
+    .communication(ir::CommRole::Collective)
+    .grad(grad_reduce);
+
+MINIDL_OP(tp_scatter)
+    .inputs({"x"})
+    .attr<int>("axis", -1)
+    .attr<int>("ranks")
+    .attr<int>("group", 0)
+    .infer(infer_scatter)
+    .kernel_factory(ir::Backend::Native, "mpi", naming(make_scatter))
+    .grad(grad_scatter);
+
+MINIDL_OP(tp_gather)
+    .inputs({"x"})
+    .attr<int>("axis", -1)
+    .attr<int>("ranks")
+    .attr<int>("group", 0)
+    .infer(infer_gather)
+    .kernel_factory(ir::Backend::Native, "mpi", naming(make_gather))
+    .side_effect()
+    .communication(ir::CommRole::Collective)
+    .grad(grad_gather);
+
+namespace {
+
+ir::Value* add(const ir::OpDef& def, ir::Value* x, ir::Attrs attrs, const std::string& name) {
+  register_ops();
+  return x->graph().add_node(def, {x}, std::move(attrs), name)->output();
+}
+
+}  // namespace
+
+ir::Value* tp_copy(ir::Value* x, int group, const std::string& name) {
+  return add(op_tp_copy, x, {{"group", std::int64_t{group}}}, name);
+}
+
+ir::Value* tp_reduce(ir::Value* x, int group, const std::string& name) {
+  return add(op_tp_reduce, x, {{"group", std::int64_t{group}}}, name);
+}
+
+ir::Value* tp_scatter(ir::Value* x, int axis, int group, const std::string& name) {
+  const std::int64_t ranks = parallel::group(group).size();
+  return add(op_tp_scatter, x,
+             {{"axis", std::int64_t{axis}}, {"ranks", ranks}, {"group", std::int64_t{group}}},
+             name);
+}
+
+ir::Value* tp_gather(ir::Value* x, int axis, int group, const std::string& name) {
+  const std::int64_t ranks = parallel::group(group).size();
+  return add(op_tp_gather, x,
+             {{"axis", std::int64_t{axis}}, {"ranks", ranks}, {"group", std::int64_t{group}}},
+             name);
+}
+
+ir::Value* TensorParallelPlan::piece_of(ir::Value* param) const {
+  for (const TensorParallelPiece& p : pieces)
+    if (p.param == param) return p.piece;
+  return param;
+}
+
+// ---- the rewrite ------------------------------------------------------------------------------
+
+namespace {
+
+bool is_parameter(const ir::Value* v) { return v->producer()->op() == "parameter"; }
+
+ir::Node* only_user(const ir::Value* v) {
+  return v->users().size() == 1 ? v->users().front() : nullptr;
+}
+
+// A Linear's product: matmul(x, weight [out, in], trans_b), no bias input yet (fusion comes
+// later), the weight a parameter.
+bool linear_product(const ir::Node* n) {
+  return n != nullptr && n->op() == "matmul" && n->inputs().size() == 2 &&
+         !n->attrs().get<bool>("trans_a") && n->attrs().get<bool>("trans_b") &&
+         n->attrs().get<std::string>("activation") == "none" && is_parameter(n->input(1)) &&
+         n->input(1)->shape().rank() == 2;
+}
+
+// bias_add(v, a parameter) reading v.
+ir::Node* bias_of(const ir::Value* v) {
+  ir::Node* u = only_user(v);
+  return u != nullptr && u->op() == "bias_add" && u->input(0) == v && is_parameter(u->input(1))
+             ? u
+             : nullptr;
+}
+
+struct Pair {
+  ir::Node* first = nullptr;  // column-parallel product
+  ir::Node* first_bias = nullptr;
+  ir::Node* activation = nullptr;
+  ir::Node* second = nullptr;  // row-parallel product
+  ir::Node* second_bias = nullptr;
+};
+
+// The pair starting at product a, if there is one.
+std::optional<Pair> pair_at(ir::Node* a) {
+  if (!linear_product(a)) return std::nullopt;
+  Pair p{.first = a};
+  ir::Value* v = a->output();
+  if (only_user(v) == nullptr) return std::nullopt;
+  if ((p.first_bias = bias_of(v))) v = p.first_bias->output();
+  ir::Node* u = only_user(v);
+  if (u != nullptr && u->def().is_elementwise() && u->inputs().size() == 1 &&
+      u->outputs().size() == 1) {
+    p.activation = u;
+    v = u->output();
+    u = only_user(v);
+  }
+  if (!linear_product(u) || u->input(0) != v) return std::nullopt;
+  p.second = u;
+  p.second_bias = bias_of(u->output());
+  return p;
+}
+
+}  // namespace
+
+TensorParallelPlan split_matmul_pairs(ir::Graph& g, const TensorParallelOptions& o) {
+  MINIDL_CHECK(o.shards >= 1 && o.rank >= 0 && o.rank < o.shards, "tensor parallelism: shard ",
+               o.rank, " of ", o.shards);
+  register_ops();
+  // Match first, then rewrite.
+  std::vector<Pair> pairs;
+  std::set<const ir::Node*> taken;
+  for (ir::Node* n : g.nodes()) {
+    if (taken.count(n)) continue;
+    const std::optional<Pair> p = pair_at(n);
+    if (!p) continue;
+    for (ir::Node* m : {p->first, p->first_bias, p->activation, p->second, p->second_bias})
+      if (m) taken.insert(m);
+    pairs.push_back(*p);
+  }
+  MINIDL_CHECK(!pairs.empty(), "--tensor-parallel ", o.shards,
+               ": the model has no pair of Linear layers (matmul, optional bias and activation, "
+               "matmul) to split");
+  TensorParallelPlan plan;
+  const std::int64_t t = o.rank;
+  // One piece per parameter, read by every replica's pair (thread replicas, micro-shards).
+  std::map<ir::Value*, ir::Value*> pieces;
+  for (const Pair& p : pairs) {
+    ir::Value* w1 = p.first->input(1);
+    ir::Value* w2 = p.second->input(1);
+    const std::int64_t hidden = w1->shape()[0];
+    MINIDL_CHECK(hidden % o.shards == 0, "--tensor-parallel ", o.shards, ": ", p.first->describe(),
+                 " has ", hidden, " output features, which do not split into ", o.shards,
+                 " equal shards");
+    const std::int64_t part = hidden / o.shards, lo = t * part, hi = lo + part;
+    ir::Node* last = p.second_bias ? p.second_bias : p.second;
+    ir::Value* old_out = last->output();
+    const std::size_t before = g.nodes().size();
+    const std::string base = p.first->name();
+    auto piece = [&](ir::Value* param, int axis) {
+      auto [it, added] = pieces.try_emplace(param, nullptr);
+      if (!added) return it->second;
+      ir::Value* v = ops::slice(param, axis, lo, hi);
+      set_shard(*v->producer(), o.rank);
+      plan.pieces.push_back({param->producer()->name(), param, v, axis});
+      return it->second = v;
+    };
+    ir::Value* y = tp_copy(p.first->input(0), o.group, base + ".tp_copy");
+    y = ops::matmul(y, piece(w1, 0), false, true);
+    set_shard(*y->producer(), o.rank);
+    if (p.first_bias) y = ops::bias_add(y, piece(p.first_bias->input(1), 0));
+    if (p.activation) {
+      y = g.add_node(p.activation->def(), {y}, p.activation->attrs(),
+                     p.activation->name() + ".shard")
+              ->output();
+    }
+    y = ops::matmul(y, piece(w2, 1), false, true);
+    set_shard(*y->producer(), o.rank);
+    y = tp_reduce(y, o.group, p.second->name() + ".tp_reduce");
+    if (p.second_bias) y = ops::bias_add(y, p.second_bias->input(1));
+    const std::vector<ir::Node*> added(g.nodes().begin() + static_cast<std::ptrdiff_t>(before),
+                                       g.nodes().end());
+    for (ir::Node* n : added) {
+      n->set_phase(p.first->phase());
+      n->set_replica(n->op() == "slice" ? -1 : p.first->replica());
+      g.move_before(n, last);
+    }
+    g.replace_uses(old_out, y);
+    std::vector<ir::Node*> old;
+    for (ir::Node* m : {p.second_bias, p.second, p.activation, p.first_bias, p.first})
+      if (m) old.push_back(m);
+    g.remove(old);
+    plan.pairs.push_back(base + " + " + p.second->name());
+  }
+  return plan;
+}
+
+void gather_updated_pieces(ir::Graph& g, const TensorParallelPlan& plan,
+                           const std::vector<ir::Value*>& updated, const TensorParallelOptions& o) {
+  MINIDL_CHECK(updated.size() == plan.pieces.size(), "tensor parallelism: ", updated.size(),
+               " updated pieces of ", plan.pieces.size());
+  for (std::size_t i = 0; i < updated.size(); ++i) {
+    const TensorParallelPiece& p = plan.pieces[i];
+    ir::Value* whole = tp_gather(updated[i], p.axis, o.group, p.name + ".tp_gather");
+    whole->producer()->set_phase(ir::Phase::Communication);
+    ir::Value* flat = ops::reshape(whole, {whole->shape().numel()});
+    flat->producer()->set_phase(ir::Phase::Update);
+    g.add_node(op_assign_slice, {p.param, flat}, {{"offset", std::int64_t{0}}},
+               p.name + ".tp_assign")
+        ->set_phase(ir::Phase::Update);
+  }
+}
+
+// ---- pieces of tensors ------------------------------------------------------------------------
+
+int piece_axis(const Shape& whole, const Shape& piece) {
+  MINIDL_CHECK(whole.rank() == piece.rank(), "tensor parallelism: a piece ", piece, " of ", whole);
+  int axis = -1;
+  for (std::size_t d = 0; d < whole.rank(); ++d) {
+    if (whole[d] == piece[d]) continue;
+    MINIDL_CHECK(axis < 0 && piece[d] > 0 && whole[d] % piece[d] == 0,
+                 "tensor parallelism: ", piece, " is not a piece of ", whole,
+                 " along one dimension");
+    axis = static_cast<int>(d);
+  }
+  return axis;
+}
+
+Tensor take_piece(const Tensor& whole, const Shape& piece, int rank, int shards) {
+  const int axis = piece_axis(whole.shape(), piece);
+  Tensor out = Tensor::empty(piece);
+  if (axis < 0) {
+    out.copy_from(whole);
+    return out;
+  }
+  MINIDL_CHECK(whole.shape()[axis] == piece[axis] * shards, "tensor parallelism: ", piece,
+               " is not one of ", shards, " pieces of ", whole.shape());
+  const Cut cut = cut_of(whole.shape(), axis);
+  const std::int64_t part = cut.row / shards;
+  for (std::int64_t o = 0; o < cut.outer; ++o)
+    std::memcpy(out.data<float>() + o * part, whole.data<float>() + o * cut.row + rank * part,
+                static_cast<std::size_t>(part) * sizeof(float));
+  return out;
+}
+
+Tensor gather_pieces(Communicator& comm, const Tensor& piece, const Shape& whole) {
+  const int axis = piece_axis(whole, piece.shape());
+  Tensor out = Tensor::empty(whole);
+  if (axis < 0) {
+    out.copy_from(piece);
+    return out;
+  }
+  const int ranks = comm.size();
+  MINIDL_CHECK(whole[axis] == piece.shape()[axis] * ranks, "tensor parallelism: ", piece.shape(),
+               " is not one of ", ranks, " pieces of ", whole);
+  const Cut cut = cut_of(piece.shape(), axis);
+  const std::int64_t n = cut.outer * cut.row;
+  std::vector<float> all(static_cast<std::size_t>(n * ranks));
+  comm.allgather(piece.raw(), all.data(), n * static_cast<std::int64_t>(sizeof(float)));
+  for (std::int64_t o = 0; o < cut.outer; ++o)
+    for (int r = 0; r < ranks; ++r)
+      std::memcpy(out.data<float>() + (o * ranks + r) * cut.row, all.data() + r * n + o * cut.row,
+                  static_cast<std::size_t>(cut.row) * sizeof(float));
+  return out;
+}
+
+// ---- communicators ----------------------------------------------------------------------------
+
+namespace {
+
+// A communicator whose rank and size are known before it exists; every operation needs the
+// split made by connect().
+class Deferred final : public Communicator {
+ public:
+  Deferred(int rank, int size) : rank_(rank), size_(size) {}
+  void connect(std::unique_ptr<Communicator> c) {
+    MINIDL_CHECK(c->rank() == rank_ && c->size() == size_,
+                 "tensor parallelism: the split gave rank ", c->rank(), " of ", c->size(),
+                 ", the layout expects ", rank_, " of ", size_);
+    inner_ = std::move(c);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string kind() const override { return inner_ ? inner_->kind() : "unconnected"; }
+  void allreduce_sum(float* d, std::int64_t n) override { get().allreduce_sum(d, n); }
+  void allreduce_sum(double* d, std::int64_t n) override { get().allreduce_sum(d, n); }
+  void allreduce_sum(std::int64_t* d, std::int64_t n) override { get().allreduce_sum(d, n); }
+  void reduce_sum(float* d, std::int64_t n, int root) override { get().reduce_sum(d, n, root); }
+  void broadcast(void* d, std::int64_t bytes, int root) override {
+    get().broadcast(d, bytes, root);
+  }
+  void allgather(const void* in, void* out, std::int64_t bytes) override {
+    get().allgather(in, out, bytes);
+  }
+  void allgatherv(const void* in, void* out, const std::vector<std::int64_t>& bytes) override {
+    get().allgatherv(in, out, bytes);
+  }
+  void reduce_scatter_sum(const float* d, float* out,
+                          const std::vector<std::int64_t>& counts) override {
+    get().reduce_scatter_sum(d, out, counts);
+  }
+  void barrier() override { get().barrier(); }
+  Request start_allreduce_sum(float* d, std::int64_t n) override {
+    return get().start_allreduce_sum(d, n);
+  }
+  void wait(Request r) override { get().wait(r); }
+  int progress() override { return get().progress(); }
+  void send(const void* d, std::int64_t bytes, int peer, int tag) override {
+    get().send(d, bytes, peer, tag);
+  }
+  void recv(void* d, std::int64_t bytes, int peer, int tag) override {
+    get().recv(d, bytes, peer, tag);
+  }
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    return get().split(color, key);
+  }
+  const SharedSplit& split_shared(int ranks_per_node) override {
+    return get().split_shared(ranks_per_node);
+  }
+  void* shared_region(std::int64_t bytes) override { return get().shared_region(bytes); }
+  void shared_sync() override { get().shared_sync(); }
+  std::string host() const override { return inner_ ? inner_->host() : std::string("?"); }
+  [[noreturn]] void abort(int code) override {
+    if (inner_) inner_->abort(code);
+    std::exit(code);
+  }
+  void set_timeout(double seconds) override { get().set_timeout(seconds); }
+
+ private:
+  Communicator& get() {
+    MINIDL_CHECK(inner_ != nullptr,
+                 "tensor parallelism: a communicator of the layout used before it was connected");
+    return *inner_;
+  }
+  int rank_, size_;
+  std::unique_ptr<Communicator> inner_;
+};
+
+}  // namespace
+
+TensorParallelComms::TensorParallelComms(Communicator& world, int shards)
+    : world_(world), shards_(shards) {
+  MINIDL_CHECK(shards >= 1, "--tensor-parallel must be at least 1, got ", shards);
+  MINIDL_CHECK(world.size() % shards == 0, "--tensor-parallel ", shards,
+               " needs a rank count divisible by ", shards, ", got ", world.size(), " rank(s)");
+  const int r = world.rank();
+  data_ = std::make_unique<Deferred>(r / shards, world.size() / shards);
+  tensor_ = std::make_unique<Deferred>(r % shards, shards);
+}
+
+TensorParallelComms::~TensorParallelComms() = default;
+
+void TensorParallelComms::connect() {
+  const int r = world_.rank();
+  static_cast<Deferred&>(*data_).connect(world_.split(r % shards_, r));
+  static_cast<Deferred&>(*tensor_).connect(world_.split(r / shards_, r));
+}
+
+}  // namespace minidl::parallel
