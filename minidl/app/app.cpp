@@ -125,13 +125,28 @@ class MetricsWriter {
 /// Fails, before any work, unless every output of the run can be written: --save, --metrics,
 /// --trace, --dump-graph, --checkpoint-dir (which need not exist yet). Creates nothing.
 void check_outputs(const AppConfig& c) {
-  const std::pair<const std::string*, std::string_view> files[] = {{&c.save, "--save"},
-                                                                   {&c.metrics, "--metrics"},
-                                                                   {&c.trace, "--trace"},
-                                                                   {&c.dump_graph, "--dump-graph"}};
+  const std::pair<const std::string*, std::string_view> files[] = {
+      {&c.save, "--save"},
+      {&c.metrics, "--metrics"},
+      {&c.trace, "--trace"},
+      {&c.dump_graph, "--dump-graph"},
+      {&c.dump_schedule, "--dump-schedule"}};
   for (const auto& [path, flag] : files)
     if (!path->empty()) check_writable(*path, flag);
   if (!c.checkpoint_dir.empty()) check_writable_directory(c.checkpoint_dir, "--checkpoint-dir");
+}
+
+/// --pipeline-stages P: one rank per stage, M micro-batches per batch (0: P), which are the
+/// layout's micro-shards in deterministic mode (--batch-size / M samples each).
+void apply_pipeline_flags(AppConfig& c, int ranks) {
+  if (c.pipeline_stages <= 1) return;
+  MINIDL_CHECK(ranks == c.pipeline_stages, "--pipeline-stages ", c.pipeline_stages,
+               " needs one rank per stage (mpirun -np ", c.pipeline_stages, "); this job has ",
+               ranks, " rank(s)");
+  if (c.micro_batches == 0) c.micro_batches = c.pipeline_stages;
+  MINIDL_CHECK(c.batch_size % c.micro_batches == 0, "--micro-batches ", c.micro_batches,
+               " does not divide --batch-size ", c.batch_size);
+  if (c.deterministic) c.micro_batch = c.batch_size / c.micro_batches;
 }
 
 /// Writes the graph to path (--dump-graph), as DOT when it ends in ".dot", else as text.
@@ -213,8 +228,9 @@ void warn_if_spinning_oversubscribed(const std::string& program) {
 }
 
 /// What a checkpoint of this model and optimizer holds (a collective with ZeRO, which gathers
-/// the optimizer state's pieces).
+/// the optimizer state's pieces, and with pipeline stages, which gathers the stages').
 checkpoint::Tensors checkpoint_tensors(nn::Module& model, Trainer& trainer) {
+  trainer.gather_stages();
   return {model.parameters(), model.buffers(), trainer.optimizer_state()};
 }
 
@@ -316,7 +332,9 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
     }
     data.train = upscale(data.train, c.upscale);
     data.test = upscale(data.test, c.upscale);
-    check_sizes(c, data.train.size(), data.test.size(), comm.size());
+    apply_pipeline_flags(c, comm.size());
+    check_sizes(c, data.train.size(), data.test.size(),
+                c.pipeline_stages > 1 ? comm.size() / c.pipeline_stages : comm.size());
     if (c.normalize) {
       const ChannelStats stats = channel_stats(data.train);
       normalize_channels(data.train, stats);
@@ -375,6 +393,9 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
     topt.micro_batch = c.deterministic ? c.micro_batch : 0;
     topt.clip_grad_norm = c.clip_grad_norm;
     topt.zero = c.zero;
+    topt.pipeline_stages = c.pipeline_stages;
+    topt.pipeline_schedule = c.schedule;
+    if (c.pipeline_stages > 1) topt.replicas = static_cast<int>(c.micro_batches);
     topt.loss = loss.get();
     topt.targets =
         c.reconstruct ? TrainerOptions::Targets::Inputs : TrainerOptions::Targets::Labels;
@@ -514,6 +535,12 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
     }
     doing = fmt::format("writing --dump-graph '{}'", printable(c.dump_graph));
     if (!c.dump_graph.empty()) write_graph(trainer.training_graph(sample), c.dump_graph);
+    doing = fmt::format("writing --dump-schedule '{}'", printable(c.dump_schedule));
+    if (!c.dump_schedule.empty())
+      write_file_atomically(c.dump_schedule,
+                            train::format_schedule(train::make_schedule(
+                                c.schedule, c.pipeline_stages, static_cast<int>(c.micro_batches))),
+                            "schedule dump");
     doing = fmt::format("writing --metrics '{}'", printable(c.metrics));
     metrics.start();
     doing = was;

@@ -63,6 +63,10 @@ struct AppConfig {
   // ranks x threads, with micro-shards of micro_batch samples.
   bool deterministic = false;
   std::int64_t micro_batch = 8;
+  int pipeline_stages = 1;  // pipeline stages, one rank each (TrainerOptions::pipeline_stages)
+  std::int64_t micro_batches = 0;  // micro-batches per batch with pipeline stages (0: 1 per stage)
+  std::string schedule = "gpipe";  // pipeline schedule: gpipe or 1f1b
+  std::string dump_schedule;       // file for every stage's actions
   int zero = 0;  // ZeRO stage (TrainerOptions::zero): 1 optimizer state sharded, 2 gradients too
   bool no_fuse = false;      // keep bias_add and relu as separate nodes
   std::int64_t upscale = 1;  // images enlarged k times per side (granularity studies)

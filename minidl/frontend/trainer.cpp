@@ -9,6 +9,7 @@
 #include <exception>
 #include <mutex>
 #include <numeric>
+#include <set>
 #include <thread>
 #include <tuple>
 #include <unordered_map>
@@ -130,6 +131,23 @@ Trainer::Trainer(train::Model& model, optim::Optimizer& optimizer, TrainerOption
   if (options.loss == nullptr) own_loss_ = std::make_unique<train::CrossEntropy>();
   loss_ = options.loss ? options.loss : own_loss_.get();
   train::check_names(model_);
+  if (options.pipeline_stages > 1) {
+    // One rank per stage: each stage's data-parallel group is the rank alone.
+    MINIDL_CHECK(comm_.size() == options.pipeline_stages, "--pipeline-stages ",
+                 options.pipeline_stages, " with ", comm_.size(),
+                 " rank(s): one rank per stage is implemented so far (mpirun -np ",
+                 options.pipeline_stages, ")");
+    stage_comm_ = parallel::make_local_communicator();
+    step_options_.comm = stage_comm_.get();
+    step_options_.layout = parallel::Layout({.ranks = 1,
+                                             .replicas = options.replicas,
+                                             .micro_batch = options.micro_batch,
+                                             .accumulate = options.accumulate});
+    step_options_.pipeline = {.stages = options.pipeline_stages,
+                              .stage = comm_.rank(),
+                              .comm = &comm_,
+                              .schedule = options.pipeline_schedule};
+  }
   MINIDL_CHECK(options.zero >= 0 && options.zero <= 2, "--zero ", options.zero,
                " (expected 0: off, 1: optimizer state sharded, 2: gradients too)");
   if (options.zero > 0) {
@@ -178,6 +196,35 @@ NamedTensors Trainer::optimizer_state() {
     }
   }
   return out;
+}
+
+void Trainer::gather_stages() {
+  if (options_.pipeline_stages <= 1) return;
+  // Which rank updates each parameter: the one whose training program holds it.
+  std::set<std::string> mine;
+  for (const auto& [key, program] : programs_) {
+    if (!std::get<0>(key) || std::get<3>(key) >= 0) continue;
+    for (const ir::Graph* g : program->graphs())
+      for (const ir::Node* n : g->nodes())
+        if (n->op() == "parameter" && !n->output()->users().empty()) mine.insert(n->name());
+  }
+  const NamedTensors params = model_.parameters();
+  std::vector<std::int64_t> owner(params.size(), 0);
+  for (std::size_t i = 0; i < params.size(); ++i)
+    if (mine.count(params[i].first)) owner[i] = comm_.rank() + 1;
+  comm_.allreduce_sum(owner.data(), static_cast<std::int64_t>(owner.size()));
+  const NamedTensors state = optimizer_.state();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (owner[i] == 0) continue;  // not trained yet
+    const int from = static_cast<int>(owner[i] - 1);
+    Tensor p = params[i].second;
+    comm_.broadcast(p.raw(), static_cast<std::int64_t>(p.nbytes()), from);
+    for (const auto& [key, t] : state) {
+      if (key.rfind(params[i].first + ".", 0) != 0) continue;
+      Tensor st = t;
+      comm_.broadcast(st.raw(), static_cast<std::int64_t>(st.nbytes()), from);
+    }
+  }
 }
 
 void Trainer::set_optimizer_state(const NamedTensors& state) {
@@ -273,6 +320,14 @@ void Trainer::check_ranks_agree(const Dataset& d) {
   std::string description =
       fmt::format("data {} samples of {}\nbatch {}\nseed {}\nshuffle {}\nlayout {}\n", d.size(),
                   sample, step_batch(), options_.seed, options_.shuffle, layout().describe());
+  if (options_.pipeline_stages > 1) {
+    // Each stage's graph is its own: compare the schedules of all stages, which every rank
+    // has checked (replayed together) when compiling.
+    description += train::format_schedule(program(true, step_batch(), sample).pipeline_schedule());
+    parallel::preflight(comm_, description);
+    preflight_done_ = true;
+    return;
+  }
   // Ranks may own subtrees of different sizes (3 ranks: 4, 2 and 2 of 8 micro-shards), so their
   // graphs differ in the number of replicas: every rank compares rank 0's.
   // So do their shards with ZeRO.
@@ -437,6 +492,7 @@ EpochStats Trainer::train_epoch(const Dataset& d, int epoch, const StepCallback&
   // Stopped inside the epoch, the position stays there (a checkpoint resumes from it).
   if (!stopped) position_ = TrainerPosition{.epoch = epoch + 1, .step = steps_};
   sums.reduce(comm_);
+  gather_stages();
   const auto [comm, wait] = comm_wait_seconds();
   s.comm_seconds = comm - comm_wait_.first;
   s.wait_seconds = wait - comm_wait_.second;

@@ -24,6 +24,7 @@
 #include "minidl/train/loss.hpp"
 #include "minidl/train/model.hpp"
 #include "minidl/train/optimizer.hpp"
+#include "minidl/train/pipeline.hpp"
 
 namespace minidl::train {
 
@@ -49,6 +50,10 @@ struct StepOptions {
   /// gradients; 0: every rank updates the whole model. The optimizer's state must then be
   /// initialised for this rank's pieces (zero_state_shapes).
   int zero = 0;
+  /// Pipeline stages (train/pipeline.hpp): with stages > 1 the training program holds this
+  /// rank's stage only, the layout's replicas (or micro-shards) are the micro-batches, and the
+  /// communicator above is the stage's own (its data-parallel replicas).
+  PipelineOptions pipeline;
 };
 
 /// The flat space of model's parameters (in its order) cut into one shard per rank.
@@ -183,6 +188,11 @@ class CompiledStep {
   double loss_sum_ = 0.0;
   std::int64_t correct_ = 0;
   bool check_numerics_ = false;
+  std::vector<std::vector<PipelineAction>> schedule_;  // with pipeline stages
+
+ public:
+  /// With pipeline stages: every stage's actions (this rank's is its stage's).
+  const std::vector<std::vector<PipelineAction>>& pipeline_schedule() const { return schedule_; }
 };
 
 /// Compiles this rank's program. Training needs an optimizer; evaluation takes none. A

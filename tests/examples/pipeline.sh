@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Pipeline parallelism (--pipeline-stages, --micro-batches, --schedule): in deterministic mode the
+# MLP cut into 2 stages (GPipe and 1F1B) and 3 stages, one rank each, saves parameters bitwise
+# identical to the one-process run with --micro-batch of batch / M (the ragged last batch has
+# fewer micro-batches); a checkpoint written by 2 stages resumes on 1 process and on 3 stages
+# with the same bits; --dump-schedule writes every stage's actions; flags that do not combine
+# and a stage count without its ranks are refused with one line.
+# Usage: pipeline.sh path/to/mnist_mlp path/to/mpirun
+set -u
+mlp=$1 mpirun=$2
+# shellcheck source=common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+synthetic_idx "$tmp/data" 300 40 # batches of 64: 4 full, then 44 (micro-batches 16, 16, 12)
+
+launch() {
+  local ranks=$1
+  shift
+  on_layout "$ranks" 1 "$mlp" --threads 1 "$@"
+}
+
+flags=(--data "$tmp/data" --epochs 2 --seed 3 --momentum 0.9 --lr 0.05 --deterministic)
+if ! launch 1 "${flags[@]}" --micro-batch 16 --save "$tmp/ref.safetensors" >"$tmp/ref.out" 2>&1; then
+  fail "the reference run failed: $(cat "$tmp/ref.out")"
+fi
+
+# same NAME RANKS FLAGS...: a pipelined run's parameters against the reference's.
+same() {
+  local name=$1 ranks=$2
+  shift 2
+  if ! launch "$ranks" "${flags[@]}" "$@" --save "$tmp/$name.safetensors" >"$tmp/$name.out" 2>&1; then
+    fail "$name: the run failed:"
+    cat "$tmp/$name.out"
+  elif cmp -s "$tmp/ref.safetensors" "$tmp/$name.safetensors"; then
+    echo "ok   $name: bitwise identical to one process with --micro-batch 16"
+  else
+    fail "$name: parameters differ from one process with --micro-batch 16"
+  fi
+}
+same gpipe-2 2 --pipeline-stages 2 --micro-batches 4
+same 1f1b-2 2 --pipeline-stages 2 --micro-batches 4 --schedule 1f1b
+same gpipe-3 3 --pipeline-stages 3 --micro-batches 4
+same 1f1b-3 3 --pipeline-stages 3 --micro-batches 4 --schedule 1f1b
+
+if grep -q "pipeline: 2 stages, cut after 'fc2.relu'" "$tmp/gpipe-2.out"; then
+  echo "ok   the cut and the stages' shares are printed"
+else
+  fail "no cut printed: $(cat "$tmp/gpipe-2.out")"
+fi
+
+# A checkpoint of 2 stages (the epoch boundary) resumes on 1 process and on 3 stages.
+if ! launch 2 "${flags[@]}" --epochs 1 --pipeline-stages 2 --micro-batches 4 \
+  --checkpoint-dir "$tmp/ck" >"$tmp/ck.out" 2>&1; then
+  fail "the checkpointing run failed: $(cat "$tmp/ck.out")"
+else
+  for resume in "1" "3 --pipeline-stages 3 --micro-batches 4"; do
+    read -r -a r <<<"$resume"
+    if ! launch "${r[@]}" "${flags[@]}" --micro-batch 16 --resume "$tmp/ck" \
+      --save "$tmp/resumed.safetensors" >"$tmp/resumed.out" 2>&1; then
+      fail "resume on ${r[0]} rank(s) failed: $(cat "$tmp/resumed.out")"
+    elif cmp -s "$tmp/ref.safetensors" "$tmp/resumed.safetensors"; then
+      echo "ok   a 2-stage checkpoint resumed on ${r[0]} rank(s): bitwise identical"
+    else
+      fail "a 2-stage checkpoint resumed on ${r[0]} rank(s): parameters differ"
+    fi
+  done
+fi
+
+# --dump-schedule: every stage's list.
+if launch 2 "${flags[@]}" --epochs 1 --pipeline-stages 2 --micro-batches 2 --schedule 1f1b \
+  --dump-schedule "$tmp/schedule.txt" >"$tmp/dump.out" 2>&1 &&
+  grep -qx "stage 0 (rank 0): F0 send-act0->1 F1 recv-grad0<-1 send-act1->1 B0 recv-grad1<-1 B1 update" "$tmp/schedule.txt" &&
+  grep -qx "stage 1 (rank 1): recv-act0<-0 F0 B0 send-grad0->0 recv-act1<-0 F1 B1 send-grad1->0 update" "$tmp/schedule.txt"; then
+  echo "ok   --dump-schedule lists every stage's actions"
+else
+  fail "--dump-schedule: $(cat "$tmp/dump.out" "$tmp/schedule.txt" 2>&1)"
+fi
+
+# refused RANKS MESSAGE FLAGS...: fails with one line containing MESSAGE.
+refused() {
+  local ranks=$1 message=$2
+  shift 2
+  if launch "$ranks" "${flags[@]}" --epochs 1 "$@" >"$tmp/refused.out" 2>&1; then
+    fail "accepted: $*"
+  elif grep -qF -- "$message" "$tmp/refused.out"; then
+    echo "ok   refused: $* ($message)"
+  else
+    fail "$*: expected '$message', got: $(cat "$tmp/refused.out")"
+  fi
+}
+refused 1 "--pipeline-stages 2 needs one rank per stage (mpirun -np 2); this job has 1 rank(s)" \
+  --pipeline-stages 2
+refused 2 "--micro-batches 5 does not divide --batch-size 64" --pipeline-stages 2 --micro-batches 5
+refused 1 "--zero" --pipeline-stages 2 --zero 1
+refused 1 "--schedule" --schedule 1f1b
+refused 1 "--schedule" --pipeline-stages 2 --schedule zigzag
+
+[ "$fails" -eq 0 ] || exit 1
