@@ -395,6 +395,12 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
     topt.zero = c.zero;
     topt.pipeline_stages = c.pipeline_stages;
     topt.pipeline_schedule = c.schedule;
+    for (std::size_t at = 0; !c.stage_boundaries.empty() && at <= c.stage_boundaries.size();) {
+      const std::size_t comma =
+          std::min(c.stage_boundaries.find(',', at), c.stage_boundaries.size());
+      topt.pipeline_boundaries.push_back(c.stage_boundaries.substr(at, comma - at));
+      at = comma + 1;
+    }
     if (c.pipeline_stages > 1) topt.replicas = static_cast<int>(c.micro_batches);
     topt.loss = loss.get();
     topt.targets =

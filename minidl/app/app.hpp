@@ -67,6 +67,9 @@ struct AppConfig {
   std::int64_t micro_batches = 0;  // micro-batches per batch with pipeline stages (0: 1 per stage)
   std::string schedule = "gpipe";  // pipeline schedule: gpipe or 1f1b
   std::string dump_schedule;       // file for every stage's actions
+  // Where the pipeline stages end: names of the model's children (or nodes), comma-separated;
+  // empty: cut automatically.
+  std::string stage_boundaries;
   int zero = 0;  // ZeRO stage (TrainerOptions::zero): 1 optimizer state sharded, 2 gradients too
   bool no_fuse = false;      // keep bias_add and relu as separate nodes
   std::int64_t upscale = 1;  // images enlarged k times per side (granularity studies)

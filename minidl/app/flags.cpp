@@ -534,6 +534,13 @@ std::vector<Flag> make_table() {
        .resume = {"pipeline_schedule", Rule::Note},
        .metric = {"pipeline_schedule"},
        .needs = {"--pipeline-stages"}},
+      {.name = "--stage-boundaries",
+       .field = &AppConfig::stage_boundaries,
+       .help = "with --pipeline-stages P: where stages end, P - 1 comma-separated names of the "
+               "model's children (e.g. act1) or nodes; default: cut balancing the parameters",
+       .resume = {"stage_boundaries", Rule::Note},
+       .metric = {"stage_boundaries"},
+       .needs = {"--pipeline-stages"}},
       {.name = "--dump-schedule",
        .field = &AppConfig::dump_schedule,
        .help = "write every pipeline stage's list of actions to FILE",

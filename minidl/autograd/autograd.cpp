@@ -117,7 +117,8 @@ class Differentiator {
       for (const ir::Value* in : n->inputs()) depends |= requires_.count(in) > 0;
       if (depends)
         for (const ir::Value* out : n->outputs()) requires_.insert(out);
-      if ((depends || std::count(params.begin(), params.end(), n->output(0)) > 0) &&
+      if ((depends ||
+           (!n->outputs().empty() && std::count(params.begin(), params.end(), n->output(0)) > 0)) &&
           reaches_loss.count(n))
         active_.insert(n);
     }

@@ -146,7 +146,8 @@ Trainer::Trainer(train::Model& model, optim::Optimizer& optimizer, TrainerOption
     step_options_.pipeline = {.stages = options.pipeline_stages,
                               .stage = comm_.rank(),
                               .comm = &comm_,
-                              .schedule = options.pipeline_schedule};
+                              .schedule = options.pipeline_schedule,
+                              .boundaries = options.pipeline_boundaries};
   }
   MINIDL_CHECK(options.zero >= 0 && options.zero <= 2, "--zero ", options.zero,
                " (expected 0: off, 1: optimizer state sharded, 2: gradients too)");

@@ -65,6 +65,8 @@ struct TrainerOptions {
   /// (deterministic: micro-shards) are the micro-batches.
   int pipeline_stages = 1;
   std::string pipeline_schedule = "gpipe";  // gpipe or 1f1b
+  /// Where the stages end (train::PipelineOptions::boundaries); empty: cut automatically.
+  std::vector<std::string> pipeline_boundaries;
   /// The loss; null: softmax cross-entropy against the labels.
   const train::Loss* loss = nullptr;
   /// What the loss's targets are: the dataset's labels, or the samples themselves (an

@@ -299,14 +299,22 @@ std::unordered_map<const ir::Node*, int> assign_stages(const ir::Graph& g,
     MINIDL_CHECK(static_cast<int>(boundaries.size()) == stages - 1, "pipeline: ", boundaries.size(),
                  " stage boundaries for ", stages, " stages (expected ", stages - 1, ")");
     for (const std::string& b : boundaries) {
-      const auto it = std::find_if(first.begin(), first.end(),
-                                   [&](const ir::Node* x) { return x->name() == b; });
+      // A node's name, or a module's: the last node in its scope ("act1" ends at "act1.relu").
+      auto it = std::find_if(first.begin(), first.end(),
+                             [&](const ir::Node* x) { return x->name() == b; });
+      if (it == first.end()) {
+        const auto r = std::find_if(first.rbegin(), first.rend(), [&](const ir::Node* x) {
+          return x->name().rfind(b + ".", 0) == 0;
+        });
+        if (r != first.rend()) it = std::prev(r.base());
+      }
       MINIDL_CHECK(it != first.end(), "pipeline: the stage boundary '", b,
-                   "' names no node of the model's forward");
+                   "' names no node or module of the model's forward");
       const auto i = static_cast<std::size_t>(it - first.begin());
       MINIDL_CHECK(std::count(candidates.begin(), candidates.end(), i) == 1,
-                   "pipeline: the forward cannot be cut after '", b, "': ", crossing[i],
-                   " value(s) cross there", clean[i] ? "" : ", or the next op is fused into it");
+                   "pipeline: the forward cannot be cut after '", b, "': ",
+                   crossing[i] != 1 ? fmt::format("{} values cross there (one must)", crossing[i])
+                                    : std::string("the next op is fused into it"));
       MINIDL_CHECK(cuts.empty() || i > cuts.back(),
                    "pipeline: the stage boundaries are not in "
                    "the forward's order ('",
@@ -319,17 +327,47 @@ std::unordered_map<const ir::Node*, int> assign_stages(const ir::Graph& g,
                  " place(s) where the forward can be cut (one value "
                  "crossing), the model has ",
                  candidates.size());
-    std::size_t from = 0;  // index into candidates
-    for (int k = 1; k < stages; ++k) {
-      const double target = static_cast<double>(total) * k / stages;
-      const std::size_t last = candidates.size() - static_cast<std::size_t>(stages - k);
-      std::size_t best = from;
-      for (std::size_t c = from; c <= last; ++c) {
-        const double d = std::abs(static_cast<double>(cum[candidates[c] + 1]) - target);
-        if (d < std::abs(static_cast<double>(cum[candidates[best] + 1]) - target)) best = c;
+    // The cuts whose heaviest stage is lightest, then with the smallest sum of squared stage
+    // weights (the most even): a search over the places to cut, P - 1 of them.
+    using Cost = std::pair<std::int64_t, double>;
+    const std::size_t c = candidates.size();
+    auto weight = [&](std::size_t from_pos, std::size_t to_pos) {  // positions [from, to)
+      return cum[to_pos] - cum[from_pos];
+    };
+    auto add = [](Cost a, std::int64_t w) {
+      return Cost{std::max(a.first, w), a.second + static_cast<double>(w) * static_cast<double>(w)};
+    };
+    // best[k][j]: the first k + 1 stages, the k-th cut at candidates[j].
+    std::vector<std::vector<Cost>> best(static_cast<std::size_t>(stages - 1),
+                                        std::vector<Cost>(c, {LLONG_MAX, 0.0}));
+    std::vector<std::vector<std::size_t>> prev(best.size(), std::vector<std::size_t>(c, 0));
+    for (std::size_t j = 0; j < c; ++j) best[0][j] = add({0, 0.0}, weight(0, candidates[j] + 1));
+    for (std::size_t k = 1; k < best.size(); ++k) {
+      for (std::size_t j = k; j < c; ++j) {
+        for (std::size_t i = k - 1; i < j; ++i) {
+          if (best[k - 1][i].first == LLONG_MAX) continue;
+          const Cost t = add(best[k - 1][i], weight(candidates[i] + 1, candidates[j] + 1));
+          if (t < best[k][j]) {
+            best[k][j] = t;
+            prev[k][j] = i;
+          }
+        }
       }
-      cuts.push_back(candidates[best]);
-      from = best + 1;
+    }
+    std::size_t end = 0;
+    Cost top{LLONG_MAX, 0.0};
+    for (std::size_t j = best.size() - 1; j < c; ++j) {
+      if (best.back()[j].first == LLONG_MAX) continue;
+      const Cost t = add(best.back()[j], weight(candidates[j] + 1, n));
+      if (t < top) {
+        top = t;
+        end = j;
+      }
+    }
+    cuts.resize(best.size());
+    for (std::size_t k = best.size(); k-- > 0;) {
+      cuts[k] = candidates[end];
+      end = prev[k][end];
     }
   }
   std::unordered_map<const ir::Node*, int> stage_of;

@@ -273,7 +273,12 @@ CompiledStep compile_step(Model& model, const Loss& loss, optim::Optimizer* opti
         std::string summary;
         const auto stage_of = assign_stages(g, forwards, stages, o.pipeline.boundaries, &summary);
         if (s.programs_.size() == 1) log_verbose("pipeline", "{}", summary);
-        if (s.programs_.size() == 1 && stage == 0 && spec.as_rank < 0) fmt::print("{}\n", summary);
+        // Once per cut (every batch size cuts alike).
+        static std::string printed;
+        if (stage == 0 && spec.as_rank < 0 && summary != printed) {
+          fmt::print("{}\n", summary);
+          printed = summary;
+        }
         const int group = parallel::register_group(o.pipeline.comm);
         const StageCut cut = cut_stage(g, stage_of, stage, stages, group);
         ir::DeadCodeElimination().run(g);  // the other stages' nodes

@@ -41,7 +41,7 @@ same 1f1b-2 2 --pipeline-stages 2 --micro-batches 4 --schedule 1f1b
 same gpipe-3 3 --pipeline-stages 3 --micro-batches 4
 same 1f1b-3 3 --pipeline-stages 3 --micro-batches 4 --schedule 1f1b
 
-if grep -q "pipeline: 2 stages, cut after 'fc2.relu'" "$tmp/gpipe-2.out"; then
+if grep -q "pipeline: 2 stages, cut after 'act1.relu'" "$tmp/gpipe-2.out"; then
   echo "ok   the cut and the stages' shares are printed"
 else
   fail "no cut printed: $(cat "$tmp/gpipe-2.out")"
