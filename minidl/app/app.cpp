@@ -136,16 +136,21 @@ void check_outputs(const AppConfig& c) {
   if (!c.checkpoint_dir.empty()) check_writable_directory(c.checkpoint_dir, "--checkpoint-dir");
 }
 
-/// --pipeline-stages P: one rank per stage, M micro-batches per batch (0: P), which are the
-/// layout's micro-shards in deterministic mode (--batch-size / M samples each).
+/// --pipeline-stages P: ranks / P data-parallel replicas per stage, M micro-batches per batch
+/// (0: P), which are the layout's micro-shards in deterministic mode (--batch-size / M samples
+/// each, shared out among a stage's replicas).
 void apply_pipeline_flags(AppConfig& c, int ranks) {
   if (c.pipeline_stages <= 1) return;
-  MINIDL_CHECK(ranks == c.pipeline_stages, "--pipeline-stages ", c.pipeline_stages,
-               " needs one rank per stage (mpirun -np ", c.pipeline_stages, "); this job has ",
-               ranks, " rank(s)");
+  MINIDL_CHECK(ranks % c.pipeline_stages == 0, "--pipeline-stages ", c.pipeline_stages,
+               " needs a multiple of ", c.pipeline_stages,
+               " ranks (stages x data-parallel replicas); this job has ", ranks, " rank(s)");
   if (c.micro_batches == 0) c.micro_batches = c.pipeline_stages;
   MINIDL_CHECK(c.batch_size % c.micro_batches == 0, "--micro-batches ", c.micro_batches,
                " does not divide --batch-size ", c.batch_size);
+  const int replicas = ranks / c.pipeline_stages;
+  MINIDL_CHECK(c.micro_batches % replicas == 0, "--micro-batches ", c.micro_batches,
+               " cannot be shared out equally among the ", replicas,
+               " data-parallel replicas of each stage");
   if (c.deterministic) c.micro_batch = c.batch_size / c.micro_batches;
 }
 
@@ -401,7 +406,9 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
       topt.pipeline_boundaries.push_back(c.stage_boundaries.substr(at, comma - at));
       at = comma + 1;
     }
-    if (c.pipeline_stages > 1) topt.replicas = static_cast<int>(c.micro_batches);
+    // Each replica of a stage runs its share of the micro-batches.
+    if (c.pipeline_stages > 1)
+      topt.replicas = static_cast<int>(c.micro_batches) / (comm.size() / c.pipeline_stages);
     topt.loss = loss.get();
     topt.targets =
         c.reconstruct ? TrainerOptions::Targets::Inputs : TrainerOptions::Targets::Labels;
@@ -543,10 +550,12 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
     if (!c.dump_graph.empty()) write_graph(trainer.training_graph(sample), c.dump_graph);
     doing = fmt::format("writing --dump-schedule '{}'", printable(c.dump_schedule));
     if (!c.dump_schedule.empty())
-      write_file_atomically(c.dump_schedule,
-                            train::format_schedule(train::make_schedule(
-                                c.schedule, c.pipeline_stages, static_cast<int>(c.micro_batches))),
-                            "schedule dump");
+      write_file_atomically(
+          c.dump_schedule,
+          train::format_schedule(train::make_schedule(
+              c.schedule, c.pipeline_stages,
+              static_cast<int>(c.micro_batches) / (comm.size() / c.pipeline_stages))),
+          "schedule dump");
     doing = fmt::format("writing --metrics '{}'", printable(c.metrics));
     metrics.start();
     doing = was;

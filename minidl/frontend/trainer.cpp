@@ -121,6 +121,33 @@ Trainer::Trainer(train::Model& model, optim::Optimizer& optimizer, TrainerOption
       comm_(options.comm ? *options.comm : parallel::world()),
       step_options_(step_options(options, comm_)) {
   MINIDL_CHECK(options.batch_size >= 1, "batch size must be at least 1, got ", options.batch_size);
+  if (options.pipeline_stages > 1) {
+    // Ranks are stages x data-parallel replicas, stage-major: stage s holds ranks
+    // [s * D, (s + 1) * D), whose gradients are reduced among themselves only.
+    const int stages = options.pipeline_stages;
+    MINIDL_CHECK(comm_.size() % stages == 0, "--pipeline-stages ", stages, " with ", comm_.size(),
+                 " rank(s): the ranks must be a multiple of the stages (each stage gets ranks / "
+                 "stages data-parallel replicas)");
+    const int replicas = comm_.size() / stages;
+    parallel::Communicator* stage_comm = nullptr;
+    if (replicas == 1) {
+      stage_comm_ = parallel::make_local_communicator();
+      stage_comm = stage_comm_.get();
+    } else {
+      // The split into groups of consecutive ranks is the stages' (collective).
+      stage_comm = comm_.split_shared(replicas).node;
+    }
+    step_options_.comm = stage_comm;
+    step_options_.layout = parallel::Layout({.ranks = replicas,
+                                             .replicas = options.replicas,
+                                             .micro_batch = options.micro_batch,
+                                             .accumulate = options.accumulate});
+    step_options_.pipeline = {.stages = stages,
+                              .stage = comm_.rank() / replicas,
+                              .comm = &comm_,
+                              .schedule = options.pipeline_schedule,
+                              .boundaries = options.pipeline_boundaries};
+  }
   MINIDL_CHECK(options.micro_batch == 0 || options.batch_size % options.micro_batch == 0,
                "deterministic mode: the micro-batch ", options.micro_batch,
                " does not divide the batch size ", options.batch_size);
@@ -131,24 +158,6 @@ Trainer::Trainer(train::Model& model, optim::Optimizer& optimizer, TrainerOption
   if (options.loss == nullptr) own_loss_ = std::make_unique<train::CrossEntropy>();
   loss_ = options.loss ? options.loss : own_loss_.get();
   train::check_names(model_);
-  if (options.pipeline_stages > 1) {
-    // One rank per stage: each stage's data-parallel group is the rank alone.
-    MINIDL_CHECK(comm_.size() == options.pipeline_stages, "--pipeline-stages ",
-                 options.pipeline_stages, " with ", comm_.size(),
-                 " rank(s): one rank per stage is implemented so far (mpirun -np ",
-                 options.pipeline_stages, ")");
-    stage_comm_ = parallel::make_local_communicator();
-    step_options_.comm = stage_comm_.get();
-    step_options_.layout = parallel::Layout({.ranks = 1,
-                                             .replicas = options.replicas,
-                                             .micro_batch = options.micro_batch,
-                                             .accumulate = options.accumulate});
-    step_options_.pipeline = {.stages = options.pipeline_stages,
-                              .stage = comm_.rank(),
-                              .comm = &comm_,
-                              .schedule = options.pipeline_schedule,
-                              .boundaries = options.pipeline_boundaries};
-  }
   MINIDL_CHECK(options.zero >= 0 && options.zero <= 2, "--zero ", options.zero,
                " (expected 0: off, 1: optimizer state sharded, 2: gradients too)");
   if (options.zero > 0) {
@@ -210,10 +219,16 @@ void Trainer::gather_stages() {
         if (n->op() == "parameter" && !n->output()->users().empty()) mine.insert(n->name());
   }
   const NamedTensors params = model_.parameters();
-  std::vector<std::int64_t> owner(params.size(), 0);
+  // held[i * ranks + r]: rank r updates parameter i (every replica of its stage does).
+  const auto ranks = static_cast<std::size_t>(comm_.size());
+  std::vector<std::int64_t> held(params.size() * ranks, 0);
   for (std::size_t i = 0; i < params.size(); ++i)
-    if (mine.count(params[i].first)) owner[i] = comm_.rank() + 1;
-  comm_.allreduce_sum(owner.data(), static_cast<std::int64_t>(owner.size()));
+    if (mine.count(params[i].first)) held[i * ranks + static_cast<std::size_t>(comm_.rank())] = 1;
+  comm_.allreduce_sum(held.data(), static_cast<std::int64_t>(held.size()));
+  std::vector<std::int64_t> owner(params.size(), 0);  // the first such rank + 1; 0: none
+  for (std::size_t i = 0; i < params.size(); ++i)
+    for (std::size_t r = ranks; r-- > 0;)
+      if (held[i * ranks + r] != 0) owner[i] = static_cast<std::int64_t>(r) + 1;
   const NamedTensors state = optimizer_.state();
   for (std::size_t i = 0; i < params.size(); ++i) {
     if (owner[i] == 0) continue;  // not trained yet
@@ -324,6 +339,9 @@ void Trainer::check_ranks_agree(const Dataset& d) {
   if (options_.pipeline_stages > 1) {
     // Each stage's graph is its own: compare the schedules of all stages, which every rank
     // has checked (replayed together) when compiling.
+    description += fmt::format("pipeline {} stages, schedule {}\n", options_.pipeline_stages,
+                               options_.pipeline_schedule);
+    // Compiling checks all stages' schedules (replayed together) on every rank.
     description += train::format_schedule(program(true, step_batch(), sample).pipeline_schedule());
     parallel::preflight(comm_, description);
     preflight_done_ = true;

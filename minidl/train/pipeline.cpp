@@ -418,7 +418,7 @@ std::unordered_map<const ir::Node*, int> assign_stages(const ir::Graph& g,
 }
 
 StageCut cut_stage(ir::Graph& g, const std::unordered_map<const ir::Node*, int>& stage_of,
-                   int stage, int stages, int group) {
+                   int stage, int group, int prev_rank, int next_rank) {
   StageCut cut;
   int micro = 0;
   for (const ir::Node* n : g.nodes()) micro = std::max(micro, n->replica() + 1);
@@ -452,7 +452,7 @@ StageCut cut_stage(ir::Graph& g, const std::unordered_map<const ir::Node*, int>&
     const auto m = static_cast<std::size_t>(e.micro);
     if (e.from == stage) {
       const std::size_t edge = cut.sent[m].size();
-      ir::Node* s = parallel::send(e.v, stage + 1, pipeline_tag(e.micro, edge, false), group,
+      ir::Node* s = parallel::send(e.v, next_rank, pipeline_tag(e.micro, edge, false), group,
                                    fmt::format("pipeline.send_act{}.{}", e.micro, edge));
       s->set_replica(e.micro);
       s->set_phase(ir::Phase::Communication);
@@ -461,7 +461,7 @@ StageCut cut_stage(ir::Graph& g, const std::unordered_map<const ir::Node*, int>&
       cut.sent[m].push_back(e.v);
     } else if (e.to == stage) {
       const std::size_t edge = cut.received[m].size();
-      ir::Value* r = parallel::recv(g, e.v->shape(), e.v->dtype(), stage - 1,
+      ir::Value* r = parallel::recv(g, e.v->shape(), e.v->dtype(), prev_rank,
                                     pipeline_tag(e.micro, edge, false), group,
                                     fmt::format("pipeline.recv_act{}.{}", e.micro, edge));
       r->producer()->set_replica(e.micro);
@@ -475,17 +475,17 @@ StageCut cut_stage(ir::Graph& g, const std::unordered_map<const ir::Node*, int>&
   }
   for (ir::Node* n : g.nodes())
     if (stage_of.count(n)) parallel::set_stage(*n, stage_of.at(n));
-  (void)stages;
   return cut;
 }
 
 std::vector<std::pair<ir::Value*, ir::Value*>> receive_gradients(ir::Graph& g, const StageCut& cut,
-                                                                 int stage, int group) {
+                                                                 int stage, int next_rank,
+                                                                 int group) {
   std::vector<std::pair<ir::Value*, ir::Value*>> seeds;
   for (std::size_t m = 0; m < cut.sent.size(); ++m) {
     for (std::size_t e = 0; e < cut.sent[m].size(); ++e) {
       ir::Value* v = cut.sent[m][e];
-      ir::Value* r = parallel::recv(g, v->shape(), v->dtype(), stage + 1,
+      ir::Value* r = parallel::recv(g, v->shape(), v->dtype(), next_rank,
                                     pipeline_tag(static_cast<int>(m), e, true), group,
                                     fmt::format("pipeline.recv_grad{}.{}", m, e));
       r->producer()->set_replica(static_cast<int>(m));
@@ -499,13 +499,13 @@ std::vector<std::pair<ir::Value*, ir::Value*>> receive_gradients(ir::Graph& g, c
 }
 
 void send_gradients(ir::Graph& g, const StageCut& cut, const std::vector<ir::Value*>& grads,
-                    int stage, int group) {
+                    int stage, int prev_rank, int group) {
   (void)g;
   std::size_t k = 0;
   for (std::size_t m = 0; m < cut.received.size(); ++m) {
     for (std::size_t e = 0; e < cut.received[m].size(); ++e) {
       ir::Node* s =
-          parallel::send(grads.at(k++), stage - 1, pipeline_tag(static_cast<int>(m), e, true),
+          parallel::send(grads.at(k++), prev_rank, pipeline_tag(static_cast<int>(m), e, true),
                          group, fmt::format("pipeline.send_grad{}.{}", m, e));
       s->set_replica(static_cast<int>(m));
       s->set_phase(ir::Phase::Communication);

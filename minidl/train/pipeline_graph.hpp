@@ -36,21 +36,22 @@ struct StageCut {
   std::vector<std::vector<ir::Value*>> received, sent;
 };
 
-/// Keeps the nodes of `stage` alive: sends each value the next stage reads (send op, peer
-/// stage + 1) and replaces each value this stage reads from the previous one by a recv (peer
-/// stage - 1). The micro-batch of each node is its replica. Other stages' nodes are left for
+/// Keeps the nodes of `stage` alive: sends each value the next stage reads (send op, to rank
+/// next_rank) and replaces each value this stage reads from the previous one by a recv (from
+/// prev_rank). The micro-batch of each node is its replica. Other stages' nodes are left for
 /// dead-code elimination (nothing of this stage reads them any more).
 StageCut cut_stage(ir::Graph& g, const std::unordered_map<const ir::Node*, int>& stage_of,
-                   int stage, int stages, int group);
+                   int stage, int group, int prev_rank, int next_rank);
 
-/// Adds the recv of the gradient of each sent value (peer stage + 1): the seeds of this stage's
+/// Adds the recv of the gradient of each sent value (from next_rank): the seeds of this stage's
 /// backward, as (value, gradient) pairs.
 std::vector<std::pair<ir::Value*, ir::Value*>> receive_gradients(ir::Graph& g, const StageCut& cut,
-                                                                 int stage, int group);
+                                                                 int stage, int next_rank,
+                                                                 int group);
 
-/// Sends the gradient of each received value back (peer stage - 1).
+/// Sends the gradient of each received value back (to prev_rank).
 void send_gradients(ir::Graph& g, const StageCut& cut, const std::vector<ir::Value*>& grads,
-                    int stage, int group);
+                    int stage, int prev_rank, int group);
 
 /// Orders g's nodes by the stage's actions: each micro-batch's forward and backward nodes (its
 /// replica, by phase) and its sends and receives where the schedule puts them; work shared by

@@ -63,6 +63,7 @@ ir::PassManager pipeline(Job job, const StepOptions& o, parallel::Communicator& 
   if (reduce) {
     parallel::DataParallelOptions dp{
         .strategy = o.reduce, .bucket_bytes = o.bucket_bytes, .overlap = o.overlap};
+    dp.partition.stages = job == Job::Step ? o.pipeline.stages : 1;
     if (layout.deterministic()) {
       dp.strategy = parallel::ReduceStrategy::Tree;
       dp.tree_by_node = o.reduce == parallel::ReduceStrategy::Hierarchical;
@@ -181,11 +182,14 @@ CompiledStep compile_step(Model& model, const Loss& loss, optim::Optimizer* opti
   const int stages = o.pipeline.stages, stage = o.pipeline.stage;
   const bool last_stage = !piped || stage == stages - 1;
   if (piped) {
-    MINIDL_CHECK(!accumulate && o.zero == 0 && comm.size() == 1 && o.pipeline.comm != nullptr &&
-                     o.pipeline.comm->size() == stages && o.pipeline.comm->rank() == stage,
-                 "pipeline stages: one rank per stage (", stages, " stages, ",
-                 o.pipeline.comm ? o.pipeline.comm->size() : 0,
-                 " ranks), without gradient accumulation or ZeRO, so far");
+    // Ranks are stages x data-parallel replicas, stage-major: stage s's replica d is rank
+    // s * D + d of the pipeline's communicator, comm is its stage's replicas.
+    MINIDL_CHECK(!accumulate && o.zero == 0 && o.pipeline.comm != nullptr &&
+                     o.pipeline.comm->size() == stages * comm.size() &&
+                     o.pipeline.comm->rank() == stage * comm.size() + comm.rank(),
+                 "pipeline stages: ", stages, " stage(s) x ", comm.size(),
+                 " replica(s) do not lay out the ", o.pipeline.comm ? o.pipeline.comm->size() : 0,
+                 " ranks (stage-major), or gradient accumulation or ZeRO is on");
     MINIDL_CHECK(o.clip_grad_norm == 0.0,
                  "pipeline stages do not combine with --clip-grad-norm yet");
   }
@@ -275,14 +279,17 @@ CompiledStep compile_step(Model& model, const Loss& loss, optim::Optimizer* opti
         if (s.programs_.size() == 1) log_verbose("pipeline", "{}", summary);
         // Once per cut (every batch size cuts alike).
         static std::string printed;
-        if (stage == 0 && spec.as_rank < 0 && summary != printed) {
+        if (o.pipeline.comm->rank() == 0 && spec.as_rank < 0 && summary != printed) {
           fmt::print("{}\n", summary);
           printed = summary;
         }
         const int group = parallel::register_group(o.pipeline.comm);
-        const StageCut cut = cut_stage(g, stage_of, stage, stages, group);
+        // The same replica of the neighbouring stages.
+        const int prev_rank = (stage - 1) * comm.size() + rank;
+        const int next_rank = (stage + 1) * comm.size() + rank;
+        const StageCut cut = cut_stage(g, stage_of, stage, group, prev_rank, next_rank);
         ir::DeadCodeElimination().run(g);  // the other stages' nodes
-        const auto seeds = receive_gradients(g, cut, stage, group);
+        const auto seeds = receive_gradients(g, cut, stage, next_rank, group);
         params.clear();  // this stage's: those still read
         for (ir::Value* v : parameters_of(g))
           if (!v->users().empty()) params.push_back(v);
@@ -294,7 +301,7 @@ CompiledStep compile_step(Model& model, const Loss& loss, optim::Optimizer* opti
         send_gradients(g, cut,
                        std::vector<ir::Value*>(
                            all.begin() + static_cast<std::ptrdiff_t>(params.size()), all.end()),
-                       stage, group);
+                       stage, prev_rank, group);
         all.resize(params.size());
         grads = std::move(all);
       } else {
@@ -345,6 +352,8 @@ CompiledStep compile_step(Model& model, const Loss& loss, optim::Optimizer* opti
         for (ir::Value* v : grads) g.add_output(v);
       }
     }
+    if (piped)  // the backward and the updates too: the graph is one stage's
+      for (ir::Node* n : g.nodes()) parallel::set_stage(*n, stage);
     ClipGradNorm* clip = nullptr;
     // Without accumulation the data-parallel pass sums the ranks' gradients (each weighted by
     // its share of the batch already); a micro-step's gradients are reduced after the sum (the
