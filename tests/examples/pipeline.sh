@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Pipeline parallelism (--pipeline-stages, --micro-batches, --schedule): in deterministic mode the
-# MLP cut into 2 stages (GPipe and 1F1B) and 3 stages, one rank each, saves parameters bitwise
-# identical to the one-process run with --micro-batch of batch / M (the ragged last batch has
-# fewer micro-batches); a checkpoint written by 2 stages resumes on 1 process and on 3 stages
-# with the same bits; --dump-schedule writes every stage's actions; flags that do not combine
-# and a stage count without its ranks are refused with one line.
-# Usage: pipeline.sh path/to/mnist_mlp path/to/mpirun
+# MLP cut into 2 stages (GPipe and 1F1B) and 3 stages, one rank each, and 2 stages x 2
+# data-parallel replicas, saves parameters bitwise identical to the one-process run with
+# --micro-batch of batch / M (the ragged last batch has fewer micro-batches); so does cifar_cnn
+# (native kernels) on 2 stages when the CIFAR-10 data are there; a checkpoint written by 2
+# stages resumes on 1 process and on 3 stages with the same bits; --stage-boundaries cuts where
+# it is told; --dump-schedule writes every stage's actions; flags that do not combine and a
+# stage count without its ranks are refused with one line.
+# Usage: pipeline.sh path/to/mnist_mlp path/to/cifar_cnn path/to/mpirun [CIFAR_DIR]
 set -u
-mlp=$1 mpirun=$2
+mlp=$1 cifar=$2 mpirun=$3 cifar_dir=${4:-}
 # shellcheck source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 synthetic_idx "$tmp/data" 300 40 # batches of 64: 4 full, then 44 (micro-batches 16, 16, 12)
@@ -18,8 +20,8 @@ launch() {
   on_layout "$ranks" 1 "$mlp" --threads 1 "$@"
 }
 
-flags=(--data "$tmp/data" --epochs 2 --seed 3 --momentum 0.9 --lr 0.05 --deterministic)
-if ! launch 1 "${flags[@]}" --micro-batch 16 --save "$tmp/ref.safetensors" >"$tmp/ref.out" 2>&1; then
+flags=(--data "$tmp/data" --seed 3 --momentum 0.9 --lr 0.05 --deterministic)
+if ! launch 1 "${flags[@]}" --epochs 2 --micro-batch 16 --save "$tmp/ref.safetensors" >"$tmp/ref.out" 2>&1; then
   fail "the reference run failed: $(cat "$tmp/ref.out")"
 fi
 
@@ -27,7 +29,7 @@ fi
 same() {
   local name=$1 ranks=$2
   shift 2
-  if ! launch "$ranks" "${flags[@]}" "$@" --save "$tmp/$name.safetensors" >"$tmp/$name.out" 2>&1; then
+  if ! launch "$ranks" "${flags[@]}" --epochs 2 "$@" --save "$tmp/$name.safetensors" >"$tmp/$name.out" 2>&1; then
     fail "$name: the run failed:"
     cat "$tmp/$name.out"
   elif cmp -s "$tmp/ref.safetensors" "$tmp/$name.safetensors"; then
@@ -40,11 +42,40 @@ same gpipe-2 2 --pipeline-stages 2 --micro-batches 4
 same 1f1b-2 2 --pipeline-stages 2 --micro-batches 4 --schedule 1f1b
 same gpipe-3 3 --pipeline-stages 3 --micro-batches 4
 same 1f1b-3 3 --pipeline-stages 3 --micro-batches 4 --schedule 1f1b
+same gpipe-2x2 4 --pipeline-stages 2 --micro-batches 4
+same boundary-2 2 --pipeline-stages 2 --micro-batches 4 --stage-boundaries act2
+if grep -q "pipeline: 2 stages, cut after 'act2.relu'" "$tmp/boundary-2.out"; then
+  echo "ok   --stage-boundaries act2 cuts after act2's last node"
+else
+  fail "--stage-boundaries act2: $(cat "$tmp/boundary-2.out")"
+fi
 
 if grep -q "pipeline: 2 stages, cut after 'act1.relu'" "$tmp/gpipe-2.out"; then
   echo "ok   the cut and the stages' shares are printed"
 else
   fail "no cut printed: $(cat "$tmp/gpipe-2.out")"
+fi
+
+# cifar_cnn (batch 32: micro-batches of 8) on 256 CIFAR-10 samples, if present.
+if [ -n "$cifar_dir" ] && { [ -e "$cifar_dir/test_batch.bin" ] || [ -e "$cifar_dir/test_batch.bin.gz" ]; }; then
+  cflags=(--data "$cifar_dir" --train-limit 256 --test-limit 100 --epochs 1 --seed 5 --threads 1
+    --deterministic --backend native)
+  if ! on_layout 1 1 "$cifar" "${cflags[@]}" --micro-batch 8 --save "$tmp/cifar-ref.safetensors" \
+    >"$tmp/cifar-ref.out" 2>&1; then
+    fail "cifar_cnn: the reference run failed: $(cat "$tmp/cifar-ref.out")"
+  fi
+  for schedule in gpipe 1f1b; do
+    if ! on_layout 2 1 "$cifar" "${cflags[@]}" --pipeline-stages 2 --micro-batches 4 \
+      --schedule $schedule --save "$tmp/cifar-$schedule.safetensors" >"$tmp/cifar.out" 2>&1; then
+      fail "cifar_cnn $schedule: the run failed: $(cat "$tmp/cifar.out")"
+    elif cmp -s "$tmp/cifar-ref.safetensors" "$tmp/cifar-$schedule.safetensors"; then
+      echo "ok   cifar_cnn on 2 stages ($schedule): bitwise identical to one process"
+    else
+      fail "cifar_cnn on 2 stages ($schedule): parameters differ from one process"
+    fi
+  done
+else
+  echo "skip cifar_cnn: no CIFAR-10 data"
 fi
 
 # A checkpoint of 2 stages (the epoch boundary) resumes on 1 process and on 3 stages.
@@ -54,7 +85,7 @@ if ! launch 2 "${flags[@]}" --epochs 1 --pipeline-stages 2 --micro-batches 4 \
 else
   for resume in "1" "3 --pipeline-stages 3 --micro-batches 4"; do
     read -r -a r <<<"$resume"
-    if ! launch "${r[@]}" "${flags[@]}" --micro-batch 16 --resume "$tmp/ck" \
+    if ! launch "${r[@]}" "${flags[@]}" --epochs 2 --micro-batch 16 --resume "$tmp/ck" \
       --save "$tmp/resumed.safetensors" >"$tmp/resumed.out" 2>&1; then
       fail "resume on ${r[0]} rank(s) failed: $(cat "$tmp/resumed.out")"
     elif cmp -s "$tmp/ref.safetensors" "$tmp/resumed.safetensors"; then
@@ -87,8 +118,10 @@ refused() {
     fail "$*: expected '$message', got: $(cat "$tmp/refused.out")"
   fi
 }
-refused 1 "--pipeline-stages 2 needs one rank per stage (mpirun -np 2); this job has 1 rank(s)" \
+refused 1 "--pipeline-stages 2 needs a multiple of 2 ranks (stages x data-parallel replicas); this job has 1 rank(s)" \
   --pipeline-stages 2
+refused 2 "the forward cannot be cut after 'fc1': the next op is fused into it" \
+  --pipeline-stages 2 --stage-boundaries fc1
 refused 2 "--micro-batches 5 does not divide --batch-size 64" --pipeline-stages 2 --micro-batches 5
 refused 1 "--zero" --pipeline-stages 2 --zero 1
 refused 1 "--schedule" --schedule 1f1b
