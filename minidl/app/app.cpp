@@ -656,6 +656,15 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
             s.seconds - s.comm_seconds - s.wait_seconds - s.data_wait_seconds, s.comm_seconds,
             s.wait_seconds, s.data_wait_seconds, s.data_prepare_seconds,
             c.no_prefetch ? "on the main thread" : "on the prefetch thread");
+        if (c.pipeline_stages > 1) {
+          // Rank 0's (stage 0's) time in its sends and receives: waiting for the other stages.
+          const double p = c.pipeline_stages;
+          const double m = static_cast<double>(c.micro_batches) / (comm.size() / p);
+          fmt::print(
+              "           pipeline bubble {:.1f}% of the epoch on rank 0 (its sends and "
+              "receives), ideal (P-1)/(M+P-1) = {:.1f}%\n",
+              100.0 * s.comm_seconds / s.seconds, 100.0 * (p - 1) / (m + p - 1));
+        }
       }
       std::fflush(stdout);
     }
@@ -669,6 +678,8 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
                              {"data_wait_seconds", s.data_wait_seconds},
                              {"data_prepare_seconds", s.data_prepare_seconds},
                              {"lr", s.lr}};
+    if (c.pipeline_stages > 1 && c.profile)  // rank 0's share of the epoch in sends and receives
+      record["pipeline_bubble"] = s.seconds > 0 ? s.comm_seconds / s.seconds : 0.0;
     if (loss->classification()) {
       record["train_accuracy"] = s.accuracy;
       record["test_accuracy"] = e.accuracy;

@@ -582,7 +582,9 @@ MemoryUse CompiledStep::memory() const {
   };
   for (const ir::Graph* g : graphs()) {
     for (const ir::Node* n : g->nodes()) {
-      if (n->op() == "parameter" && params.insert(n->bound().raw()).second)
+      // A pipeline stage's graph keeps the other stages' parameters, unread.
+      if (n->op() == "parameter" && !n->output()->users().empty() &&
+          params.insert(n->bound().raw()).second)
         m.parameters += bytes(n->output());
       const std::optional<ir::UpdateRole>& role = n->def().update_role();
       if (!role) continue;
