@@ -258,6 +258,7 @@ CompiledStep compile_step(Model& model, const Loss& loss, optim::Optimizer* opti
     }
     MINIDL_CHECK(!sections || g.find(ir::Role::RngKey) == nullptr,
                  layout.deterministic() ? "deterministic mode does not support dropout yet"
+                 : piped                ? "pipeline stages do not support dropout yet"
                                         : "thread replicas do not support dropout yet: use one "
                                           "replica per rank (--thread-mode intra-op)");
     if (last_stage) g.add_output(total);
