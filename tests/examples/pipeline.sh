@@ -106,6 +106,21 @@ else
   fail "--dump-schedule: $(cat "$tmp/dump.out" "$tmp/schedule.txt" 2>&1)"
 fi
 
+# A killed stage (rank 1, after step 3) ends the job: no rank waits for it, nothing is saved.
+rm -f "$tmp/killed.safetensors"
+if MINIDL_TEST_KILL_AFTER_STEP=3 MINIDL_TEST_KILL_RANK=1 timeout 60 "$mpirun" -np 2 --oversubscribe \
+  --bind-to none -x OMP_WAIT_POLICY=passive -x OMP_NUM_THREADS=1 -x MINIDL_TEST_KILL_AFTER_STEP \
+  -x MINIDL_TEST_KILL_RANK "$mlp" --threads 1 "${flags[@]}" --epochs 1 --pipeline-stages 2 \
+  --save "$tmp/killed.safetensors" >"$tmp/killed.out" 2>&1; then
+  fail "a killed stage: the job succeeded"
+elif [ $? -eq 124 ]; then
+  fail "a killed stage: the job was still running after 60 s"
+elif [ -e "$tmp/killed.safetensors" ]; then
+  fail "a killed stage: parameters were saved"
+else
+  echo "ok   a killed stage ends the job, nothing saved"
+fi
+
 # refused RANKS MESSAGE FLAGS...: fails with one line containing MESSAGE.
 refused() {
   local ranks=$1 message=$2
