@@ -520,7 +520,8 @@ void order_by_schedule(ir::Graph& g, const std::vector<PipelineAction>& actions)
   for (std::size_t i = 0; i < actions.size(); ++i)
     rank_of[{actions[i].kind, actions[i].micro}] = static_cast<std::int64_t>(i);
   // Nodes of no micro-batch: shared work (reading no micro-batch's values) runs first, what
-  // joins several micro-batches (the gradients' sums, the loss's total, the updates) last.
+  // joins several micro-batches (the gradients' sums, the loss's total) as soon as its inputs
+  // exist (so a micro-batch's weight gradients are summed, and freed, early), the updates last.
   std::unordered_set<const ir::Node*> joins;
   for (const ir::Node* n : g.nodes()) {
     if (n->replica() >= 0 || n->annotations().has("pipeline")) continue;
@@ -530,11 +531,20 @@ void order_by_schedule(ir::Graph& g, const std::vector<PipelineAction>& actions)
             in->producer()->annotations().has("pipeline") || joins.count(in->producer()) > 0;
     if (any) joins.insert(n);
   }
-  // The action a node belongs to is its key in the order.
+  // The action a node belongs to is its key in the order (a join: its latest input's).
+  std::unordered_map<const ir::Node*, std::int64_t> keys;
   auto key = [&](const ir::Node* n) -> std::int64_t {
+    const auto known = keys.find(n);
+    if (known != keys.end()) return known->second;
     const int m = n->replica();
     const bool comm = n->annotations().has("pipeline");
-    if (!comm && m < 0) return joins.count(n) ? LLONG_MAX : -1;
+    if (!comm && m < 0 && n->phase() == ir::Phase::Update) return LLONG_MAX;
+    if (!comm && m < 0 && joins.count(n)) {
+      std::int64_t latest = -1;
+      for (const ir::Value* in : n->inputs()) latest = std::max(latest, keys.at(in->producer()));
+      return latest;
+    }
+    if (!comm && m < 0) return -1;
     if (!comm && n->def().is_source()) return -1;
     Kind k = n->phase() == ir::Phase::Backward ? Kind::Backward : Kind::Forward;
     if (comm) {
@@ -549,6 +559,7 @@ void order_by_schedule(ir::Graph& g, const std::vector<PipelineAction>& actions)
                  describe(PipelineAction{k, m, -1}), "', which the stage's schedule lacks");
     return it->second;
   };
+  for (const ir::Node* n : g.nodes()) keys[n] = key(n);  // graph order: inputs first
   const std::vector<ir::Node*>& nodes = g.nodes();
   std::unordered_map<const ir::Node*, std::size_t> index;
   for (std::size_t i = 0; i < nodes.size(); ++i) index[nodes[i]] = i;
