@@ -128,13 +128,33 @@ class MetricsWriter {
 /// Fails, before any work, unless every output of the run can be written: --save, --metrics,
 /// --trace, --dump-graph, --checkpoint-dir (which need not exist yet). Creates nothing.
 void check_outputs(const AppConfig& c) {
-  const std::pair<const std::string*, std::string_view> files[] = {{&c.save, "--save"},
-                                                                   {&c.metrics, "--metrics"},
-                                                                   {&c.trace, "--trace"},
-                                                                   {&c.dump_graph, "--dump-graph"}};
+  const std::pair<const std::string*, std::string_view> files[] = {
+      {&c.save, "--save"},
+      {&c.metrics, "--metrics"},
+      {&c.trace, "--trace"},
+      {&c.dump_graph, "--dump-graph"},
+      {&c.dump_schedule, "--dump-schedule"}};
   for (const auto& [path, flag] : files)
     if (!path->empty()) check_writable(*path, flag);
   if (!c.checkpoint_dir.empty()) check_writable_directory(c.checkpoint_dir, "--checkpoint-dir");
+}
+
+/// --pipeline-stages P: ranks / P data-parallel replicas per stage, M micro-batches per batch
+/// (0: P), which are the layout's micro-shards in deterministic mode (--batch-size / M samples
+/// each, shared out among a stage's replicas).
+void apply_pipeline_flags(AppConfig& c, int ranks) {
+  if (c.pipeline_stages <= 1) return;
+  MINIDL_CHECK(ranks % c.pipeline_stages == 0, "--pipeline-stages ", c.pipeline_stages,
+               " needs a multiple of ", c.pipeline_stages,
+               " ranks (stages x data-parallel replicas); this job has ", ranks, " rank(s)");
+  if (c.micro_batches == 0) c.micro_batches = c.pipeline_stages;
+  MINIDL_CHECK(c.batch_size % c.micro_batches == 0, "--micro-batches ", c.micro_batches,
+               " does not divide --batch-size ", c.batch_size);
+  const int replicas = ranks / c.pipeline_stages;
+  MINIDL_CHECK(c.micro_batches % replicas == 0, "--micro-batches ", c.micro_batches,
+               " cannot be shared out equally among the ", replicas,
+               " data-parallel replicas of each stage");
+  if (c.deterministic) c.micro_batch = c.batch_size / c.micro_batches;
 }
 
 /// Writes the graph to path (--dump-graph), as DOT when it ends in ".dot", else as text.
@@ -216,8 +236,9 @@ void warn_if_spinning_oversubscribed(const std::string& program) {
 }
 
 /// What a checkpoint of this model and optimizer holds (a collective with ZeRO, which gathers
-/// the optimizer state's pieces).
+/// the optimizer state's pieces, and with pipeline stages, which gathers the stages').
 checkpoint::Tensors checkpoint_tensors(nn::Module& model, Trainer& trainer) {
+  trainer.gather_stages();
   return {model.parameters(), model.buffers(), trainer.optimizer_state()};
 }
 
@@ -334,7 +355,9 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
     }
     data.train = upscale(data.train, c.upscale);
     data.test = upscale(data.test, c.upscale);
-    check_sizes(c, data.train.size(), data.test.size(), comm.size() / c.tensor_parallel);
+    apply_pipeline_flags(c, comm.size());
+    check_sizes(c, data.train.size(), data.test.size(),
+                comm.size() / c.tensor_parallel / std::max<int>(c.pipeline_stages, 1));
     if (c.normalize) {
       const ChannelStats stats = channel_stats(data.train);
       normalize_channels(data.train, stats);
@@ -407,6 +430,17 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
       topt.comm = &tensor->data();
       topt.tensor_comm = &tensor->tensor();
     }
+    topt.pipeline_stages = c.pipeline_stages;
+    topt.pipeline_schedule = c.schedule;
+    for (std::size_t at = 0; !c.stage_boundaries.empty() && at <= c.stage_boundaries.size();) {
+      const std::size_t comma =
+          std::min(c.stage_boundaries.find(',', at), c.stage_boundaries.size());
+      topt.pipeline_boundaries.push_back(c.stage_boundaries.substr(at, comma - at));
+      at = comma + 1;
+    }
+    // Each replica of a stage runs its share of the micro-batches.
+    if (c.pipeline_stages > 1)
+      topt.replicas = static_cast<int>(c.micro_batches) / (comm.size() / c.pipeline_stages);
     topt.loss = loss.get();
     topt.targets =
         c.reconstruct ? TrainerOptions::Targets::Inputs : TrainerOptions::Targets::Labels;
@@ -547,6 +581,14 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
     }
     doing = fmt::format("writing --dump-graph '{}'", printable(c.dump_graph));
     if (!c.dump_graph.empty()) write_graph(trainer.training_graph(sample), c.dump_graph);
+    doing = fmt::format("writing --dump-schedule '{}'", printable(c.dump_schedule));
+    if (!c.dump_schedule.empty())
+      write_file_atomically(
+          c.dump_schedule,
+          train::format_schedule(train::make_schedule(
+              c.schedule, c.pipeline_stages,
+              static_cast<int>(c.micro_batches) / (comm.size() / c.pipeline_stages))),
+          "schedule dump");
     doing = fmt::format("writing --metrics '{}'", printable(c.metrics));
     metrics.start();
     doing = was;
@@ -658,6 +700,15 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
             s.seconds - s.comm_seconds - s.wait_seconds - s.data_wait_seconds, s.comm_seconds,
             s.wait_seconds, s.data_wait_seconds, s.data_prepare_seconds,
             c.no_prefetch ? "on the main thread" : "on the prefetch thread");
+        if (c.pipeline_stages > 1) {
+          // Rank 0's (stage 0's) time in its sends and receives: waiting for the other stages.
+          const double p = c.pipeline_stages;
+          const double m = static_cast<double>(c.micro_batches) / (comm.size() / p);
+          fmt::print(
+              "           pipeline bubble {:.1f}% of the epoch on rank 0 (its sends and "
+              "receives), ideal (P-1)/(M+P-1) = {:.1f}%\n",
+              100.0 * s.comm_seconds / s.seconds, 100.0 * (p - 1) / (m + p - 1));
+        }
       }
       std::fflush(stdout);
     }
@@ -674,6 +725,8 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
         {"data_wait_seconds", s.data_wait_seconds},
         {"data_prepare_seconds", s.data_prepare_seconds},
         {"lr", s.lr}};
+    if (c.pipeline_stages > 1 && c.profile)  // rank 0's share of the epoch in sends and receives
+      record["pipeline_bubble"] = s.seconds > 0 ? s.comm_seconds / s.seconds : 0.0;
     if (loss->classification()) {
       record["train_accuracy"] = s.accuracy;
       record["test_accuracy"] = e.accuracy;

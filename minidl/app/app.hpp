@@ -63,6 +63,13 @@ struct AppConfig {
   // ranks x threads, with micro-shards of micro_batch samples.
   bool deterministic = false;
   std::int64_t micro_batch = 8;
+  int pipeline_stages = 1;  // pipeline stages, one rank each (TrainerOptions::pipeline_stages)
+  std::int64_t micro_batches = 0;  // micro-batches per batch with pipeline stages (0: 1 per stage)
+  std::string schedule = "gpipe";  // pipeline schedule: gpipe or 1f1b
+  std::string dump_schedule;       // file for every stage's actions
+  // Where the pipeline stages end: names of the model's children (or nodes), comma-separated;
+  // empty: cut automatically.
+  std::string stage_boundaries;
   int zero = 0;  // ZeRO stage (TrainerOptions::zero): 1 optimizer state sharded, 2 gradients too
   // Tensor-parallel shards per replica (TrainerOptions::tensor_comm): the ranks are replicas x
   // shards, and the model's Linear pairs are split over the shards.

@@ -33,21 +33,32 @@ class Differentiator {
   explicit Differentiator(ir::Graph& g) : g_(g) {}
 
   std::vector<ir::Value*> run(const std::vector<ir::Value*>& losses,
+                              const std::vector<std::pair<ir::Value*, ir::Value*>>& seeds,
                               const std::vector<ir::Value*>& params) {
-    MINIDL_CHECK(!losses.empty(), "differentiate: no loss given");
+    MINIDL_CHECK(!losses.empty() || !seeds.empty(), "differentiate: no loss given");
     const std::size_t first_new = g_.nodes().size();
-    mark_active(losses, params);
+    std::vector<ir::Value*> ends = losses;
+    for (const auto& [v, grad] : seeds) ends.push_back(v);
+    mark_active(ends, params);
     for (ir::Value* loss : losses) {
       MINIDL_CHECK(loss->shape().numel() == 1 && loss->dtype() == DType::F32,
                    "differentiate: loss ", loss->ref(), " of ", loss->producer()->describe(),
                    " must be a single f32 element, got ", loss->shape(), " ", loss->dtype());
       accumulate(loss, ops::fill(g_, loss->shape(), 1.0f));
     }
+    for (const auto& [v, grad] : seeds) {
+      MINIDL_CHECK(grad->shape() == v->shape() && grad->dtype() == v->dtype(),
+                   "differentiate: the gradient ", grad->ref(), " given for ", v->ref(), " of ",
+                   v->producer()->describe(), " is ", grad->shape(), " ", grad->dtype(),
+                   ", the value ", v->shape(), " ", v->dtype());
+      accumulate(v, grad);
+    }
     // Reverse order of the forward nodes only; backward nodes are appended as we go.
     const std::vector<ir::Node*> forward(g_.nodes().begin(), g_.nodes().begin() + first_new);
     for (auto it = forward.rbegin(); it != forward.rend(); ++it) {
       ir::Node* n = *it;
-      if (!active_.count(n) || n->def().is_source()) continue;
+      // A node without inputs (a source, a recv) has nothing to pass its gradient to.
+      if (!active_.count(n) || n->def().is_source() || n->inputs().empty()) continue;
       bool any = false;
       for (ir::Value* out : n->outputs()) any |= grads_.count(out) > 0;
       if (!any) continue;
@@ -106,7 +117,8 @@ class Differentiator {
       for (const ir::Value* in : n->inputs()) depends |= requires_.count(in) > 0;
       if (depends)
         for (const ir::Value* out : n->outputs()) requires_.insert(out);
-      if ((depends || std::count(params.begin(), params.end(), n->output(0)) > 0) &&
+      if ((depends ||
+           (!n->outputs().empty() && std::count(params.begin(), params.end(), n->output(0)) > 0)) &&
           reaches_loss.count(n))
         active_.insert(n);
     }
@@ -134,7 +146,13 @@ ir::Value* Ctx::op(const ir::OpDef& def, std::vector<ir::Value*> inputs, ir::Att
 
 std::vector<ir::Value*> differentiate(ir::Graph& g, const std::vector<ir::Value*>& losses,
                                       const std::vector<ir::Value*>& params) {
-  return Differentiator(g).run(losses, params);
+  return Differentiator(g).run(losses, {}, params);
+}
+
+std::vector<ir::Value*> differentiate(ir::Graph& g, const std::vector<ir::Value*>& losses,
+                                      const std::vector<std::pair<ir::Value*, ir::Value*>>& seeds,
+                                      const std::vector<ir::Value*>& params) {
+  return Differentiator(g).run(losses, seeds, params);
 }
 
 GradCheckResult check_gradients(std::span<Tensor> params, std::span<const Tensor> analytic,

@@ -4,6 +4,7 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "minidl/ir/graph.hpp"
@@ -21,6 +22,12 @@ inline std::vector<ir::Value*> differentiate(ir::Graph& g, ir::Value* loss,
                                              const std::vector<ir::Value*>& params) {
   return differentiate(g, std::vector<ir::Value*>{loss}, params);
 }
+
+/// Same, but the backward starts from given gradients: seeds[i].second is the gradient of
+/// seeds[i].first (a pipeline stage's, received from the next stage), besides the losses.
+std::vector<ir::Value*> differentiate(ir::Graph& g, const std::vector<ir::Value*>& losses,
+                                      const std::vector<std::pair<ir::Value*, ir::Value*>>& seeds,
+                                      const std::vector<ir::Value*>& params);
 
 struct GradCheckOptions {
   double eps = 1e-3;   // step, relative to max(1, |x|)

@@ -9,6 +9,7 @@
 #include <exception>
 #include <mutex>
 #include <numeric>
+#include <set>
 #include <thread>
 #include <tuple>
 #include <unordered_map>
@@ -123,6 +124,33 @@ Trainer::Trainer(train::Model& model, optim::Optimizer& optimizer, TrainerOption
       comm_(options.comm ? *options.comm : parallel::world()),
       step_options_(step_options(options, comm_)) {
   MINIDL_CHECK(options.batch_size >= 1, "batch size must be at least 1, got ", options.batch_size);
+  if (options.pipeline_stages > 1) {
+    // Ranks are stages x data-parallel replicas, stage-major: stage s holds ranks
+    // [s * D, (s + 1) * D), whose gradients are reduced among themselves only.
+    const int stages = options.pipeline_stages;
+    MINIDL_CHECK(comm_.size() % stages == 0, "--pipeline-stages ", stages, " with ", comm_.size(),
+                 " rank(s): the ranks must be a multiple of the stages (each stage gets ranks / "
+                 "stages data-parallel replicas)");
+    const int replicas = comm_.size() / stages;
+    parallel::Communicator* stage_comm = nullptr;
+    if (replicas == 1) {
+      stage_comm_ = parallel::make_local_communicator();
+      stage_comm = stage_comm_.get();
+    } else {
+      // The split into groups of consecutive ranks is the stages' (collective).
+      stage_comm = comm_.split_shared(replicas).node;
+    }
+    step_options_.comm = stage_comm;
+    step_options_.layout = parallel::Layout({.ranks = replicas,
+                                             .replicas = options.replicas,
+                                             .micro_batch = options.micro_batch,
+                                             .accumulate = options.accumulate});
+    step_options_.pipeline = {.stages = stages,
+                              .stage = comm_.rank() / replicas,
+                              .comm = &comm_,
+                              .schedule = options.pipeline_schedule,
+                              .boundaries = options.pipeline_boundaries};
+  }
   MINIDL_CHECK(options.micro_batch == 0 || options.batch_size % options.micro_batch == 0,
                "deterministic mode: the micro-batch ", options.micro_batch,
                " does not divide the batch size ", options.batch_size);
@@ -183,6 +211,41 @@ NamedTensors Trainer::optimizer_state() {
     }
   }
   return out;
+}
+
+void Trainer::gather_stages() {
+  if (options_.pipeline_stages <= 1) return;
+  // Which rank updates each parameter: the one whose training program holds it.
+  std::set<std::string> mine;
+  for (const auto& [key, program] : programs_) {
+    if (!std::get<0>(key) || std::get<3>(key) >= 0) continue;
+    for (const ir::Graph* g : program->graphs())
+      for (const ir::Node* n : g->nodes())
+        if (n->op() == "parameter" && !n->output()->users().empty()) mine.insert(n->name());
+  }
+  const NamedTensors params = model_.parameters();
+  // held[i * ranks + r]: rank r updates parameter i (every replica of its stage does).
+  const auto ranks = static_cast<std::size_t>(comm_.size());
+  std::vector<std::int64_t> held(params.size() * ranks, 0);
+  for (std::size_t i = 0; i < params.size(); ++i)
+    if (mine.count(params[i].first)) held[i * ranks + static_cast<std::size_t>(comm_.rank())] = 1;
+  comm_.allreduce_sum(held.data(), static_cast<std::int64_t>(held.size()));
+  std::vector<std::int64_t> owner(params.size(), 0);  // the first such rank + 1; 0: none
+  for (std::size_t i = 0; i < params.size(); ++i)
+    for (std::size_t r = ranks; r-- > 0;)
+      if (held[i * ranks + r] != 0) owner[i] = static_cast<std::int64_t>(r) + 1;
+  const NamedTensors state = optimizer_.state();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (owner[i] == 0) continue;  // not trained yet
+    const int from = static_cast<int>(owner[i] - 1);
+    Tensor p = params[i].second;
+    comm_.broadcast(p.raw(), static_cast<std::int64_t>(p.nbytes()), from);
+    for (const auto& [key, t] : state) {
+      if (key.rfind(params[i].first + ".", 0) != 0) continue;
+      Tensor st = t;
+      comm_.broadcast(st.raw(), static_cast<std::int64_t>(st.nbytes()), from);
+    }
+  }
 }
 
 void Trainer::set_optimizer_state(const NamedTensors& state) {
@@ -282,6 +345,17 @@ void Trainer::check_ranks_agree(const Dataset& d) {
   std::string description =
       fmt::format("data {} samples of {}\nbatch {}\nseed {}\nshuffle {}\nlayout {}\n", d.size(),
                   sample, step_batch(), options_.seed, options_.shuffle, layout().describe());
+  if (options_.pipeline_stages > 1) {
+    // Each stage's graph is its own: compare the schedules of all stages, which every rank
+    // has checked (replayed together) when compiling.
+    description += fmt::format("pipeline {} stages, schedule {}\n", options_.pipeline_stages,
+                               options_.pipeline_schedule);
+    // Compiling checks all stages' schedules (replayed together) on every rank.
+    description += train::format_schedule(program(true, step_batch(), sample).pipeline_schedule());
+    parallel::preflight(comm_, description);
+    preflight_done_ = true;
+    return;
+  }
   // Ranks may own subtrees of different sizes (3 ranks: 4, 2 and 2 of 8 micro-shards), so their
   // graphs differ in the number of replicas: every rank compares rank 0's.
   // So do their shards with ZeRO.
@@ -446,6 +520,7 @@ EpochStats Trainer::train_epoch(const Dataset& d, int epoch, const StepCallback&
   // Stopped inside the epoch, the position stays there (a checkpoint resumes from it).
   if (!stopped) position_ = TrainerPosition{.epoch = epoch + 1, .step = steps_};
   sums.reduce(comm_);
+  gather_stages();
   const auto [comm, wait] = comm_wait_seconds();
   s.comm_seconds = comm - comm_wait_.first;
   s.wait_seconds = wait - comm_wait_.second;

@@ -64,6 +64,12 @@ struct TrainerOptions {
   /// ZeRO (train::StepOptions::zero): 1 shards the optimizer state over the ranks, 2 also the
   /// reduced gradients; 0: off. Not with accumulation, another reduce strategy or overlap.
   int zero = 0;
+  /// Pipeline stages (train::PipelineOptions), one rank each; 1: none. The layout's replicas
+  /// (deterministic: micro-shards) are the micro-batches.
+  int pipeline_stages = 1;
+  std::string pipeline_schedule = "gpipe";  // gpipe or 1f1b
+  /// Where the stages end (train::PipelineOptions::boundaries); empty: cut automatically.
+  std::vector<std::string> pipeline_boundaries;
   /// The loss; null: softmax cross-entropy against the labels.
   const train::Loss* loss = nullptr;
   /// What the loss's targets are: the dataset's labels, or the samples themselves (an
@@ -184,6 +190,11 @@ class Trainer {
   /// keeps its pieces; without, nothing to do when they are the optimizer's own).
   void set_optimizer_state(const NamedTensors& state);
 
+  /// With pipeline stages: every rank takes the parameters and optimizer state of every other
+  /// stage from the rank that updates them (a collective), so that evaluation, checkpoints and
+  /// --save see the whole model. train_epoch calls it at the end of an epoch.
+  void gather_stages();
+
   /// What this rank's training step for a full batch of `sample`s holds, by kind (compiles it
   /// when not yet compiled: every rank calls it at the same point).
   train::MemoryUse memory(const Shape& sample);
@@ -215,6 +226,8 @@ class Trainer {
   TrainerOptions options_;
   parallel::Communicator& comm_;
   train::StepOptions step_options_;
+  // With pipeline stages: the communicator of this rank's stage (its data-parallel replicas).
+  std::unique_ptr<parallel::Communicator> stage_comm_;
   std::unique_ptr<train::Loss> own_loss_;  // the default loss, when options.loss is null
   const train::Loss* loss_ = nullptr;
   /// The executables of every training program this rank runs (not those compiled as another

@@ -250,12 +250,49 @@ void infer_send(ir::InferCtx& c) {
   check_tag(c);
 }
 
+// A value in a channel-blocked layout (ir::Value::layout) travels in the plain one, so that the
+// two ends may keep their own layouts (each pipeline stage chooses its values' alone); the
+// reorders only move elements, so no bit changes.
+struct Blocking {
+  std::int64_t N = 0, C = 0, S = 0, B = 1;  // [N, C, H*W], channels in blocks of B
+  bool blocked() const { return B > 1; }
+  std::int64_t numel() const { return N * C * S; }
+};
+
+Blocking blocking_of(const ir::Value* v) {
+  const std::int64_t b = ir::channel_block(v->layout());
+  if (b <= 1) return {};
+  const Shape& s = v->shape();
+  return {s[0], s[1], s[2] * s[3], b};
+}
+
+// 4-byte elements (f32, i32: the dtypes a blocked value may have). to_plain: blocked -> plain;
+// else plain -> blocked.
+void reorder(const Blocking& g, const std::uint32_t* from, std::uint32_t* to, bool to_plain) {
+  for (std::int64_t n = 0; n < g.N; ++n)
+    for (std::int64_t c = 0; c < g.C; ++c)
+      for (std::int64_t sp = 0; sp < g.S; ++sp) {
+        const std::int64_t plain = (n * g.C + c) * g.S + sp;
+        const std::int64_t blocked = ((n * (g.C / g.B) + c / g.B) * g.S + sp) * g.B + c % g.B;
+        if (to_plain)
+          to[plain] = from[blocked];
+        else
+          to[blocked] = from[plain];
+      }
+}
+
 ir::Kernel make_send(const ir::Node& node) {
   Communicator* comm = comm_with_rank(node, "peer");
   const int peer = static_cast<int>(node.attrs().get<std::int64_t>("peer"));
   const int tag = static_cast<int>(node.attrs().get<std::int64_t>("tag"));
-  return [comm, peer, tag](const ir::KernelArgs& k) {
-    comm->send(k.in[0].raw(), static_cast<std::int64_t>(k.in[0].nbytes()), peer, tag);
+  const Blocking g = blocking_of(node.input(0));
+  auto plain = std::make_shared<std::vector<std::uint32_t>>(
+      static_cast<std::size_t>(g.blocked() ? g.numel() : 0));
+  return [comm, peer, tag, g, plain](const ir::KernelArgs& k) {
+    const auto bytes = static_cast<std::int64_t>(k.in[0].nbytes());
+    if (!g.blocked()) return comm->send(k.in[0].raw(), bytes, peer, tag);
+    reorder(g, static_cast<const std::uint32_t*>(k.in[0].raw()), plain->data(), true);
+    comm->send(plain->data(), bytes, peer, tag);
   };
 }
 
@@ -277,8 +314,14 @@ ir::Kernel make_recv(const ir::Node& node) {
   Communicator* comm = comm_with_rank(node, "peer");
   const int peer = static_cast<int>(node.attrs().get<std::int64_t>("peer"));
   const int tag = static_cast<int>(node.attrs().get<std::int64_t>("tag"));
-  return [comm, peer, tag](const ir::KernelArgs& k) {
-    comm->recv(k.out[0].raw(), static_cast<std::int64_t>(k.out[0].nbytes()), peer, tag);
+  const Blocking g = blocking_of(node.output());
+  auto plain = std::make_shared<std::vector<std::uint32_t>>(
+      static_cast<std::size_t>(g.blocked() ? g.numel() : 0));
+  return [comm, peer, tag, g, plain](const ir::KernelArgs& k) {
+    const auto bytes = static_cast<std::int64_t>(k.out[0].nbytes());
+    if (!g.blocked()) return comm->recv(k.out[0].raw(), bytes, peer, tag);
+    comm->recv(plain->data(), bytes, peer, tag);
+    reorder(g, plain->data(), static_cast<std::uint32_t*>(k.out[0].raw()), false);
   };
 }
 
@@ -426,6 +469,7 @@ MINIDL_OP(send)
     .attr<int>("group", 0)
     .infer(infer_send)
     .kernel_factory(ir::Backend::Native, "mpi", naming(make_send))
+    .layout_aware()
     .side_effect()
     .communication(ir::CommRole::Collective)
     .no_grad(kNoGrad);
@@ -439,6 +483,7 @@ MINIDL_OP(recv)
     .attr<int>("group", 0)
     .infer(infer_recv)
     .kernel_factory(ir::Backend::Native, "mpi", naming(make_recv))
+    .layout_aware()
     .side_effect()
     .communication(ir::CommRole::Collective)
     .no_grad(kNoGrad);

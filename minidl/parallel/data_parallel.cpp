@@ -129,13 +129,18 @@ bool shares_storage(const ir::Value* v) {
 
 bool DataParallel::run(ir::Graph& g) {
   const Partition& part = options_.partition;
-  MINIDL_CHECK(part.stages == 1 && part.shards >= 1, "data-parallel: a partition into ",
-               part.stages, " stages x ", part.shards,
-               " shards is not implemented (one stage; tensor-parallel shards, each rank one)");
+  // Pipeline stages: the graph holds one stage, and the communicator is that stage's replicas,
+  // so its gradients are reduced over them only. Tensor shards: each rank holds one shard, and
+  // the communicator is the replicas of that shard. Not both at once.
+  MINIDL_CHECK(part.stages >= 1 && part.shards >= 1 && (part.stages == 1 || part.shards == 1),
+               "data-parallel: a partition into ", part.stages, " stages x ", part.shards,
+               " shards is not implemented (pipeline stages or tensor-parallel shards, not both)");
+  const int stage = g.nodes().empty() ? 0 : stage_of(*g.nodes().front());
   for (const ir::Node* n : g.nodes()) {
-    MINIDL_CHECK(stage_of(*n) == 0 && shard_of(*n) < part.shards, n->describe(), ": stage ",
-                 stage_of(*n), ", shard ", shard_of(*n), " lies outside the partition (",
-                 part.stages, " stage(s), ", part.shards, " shard(s))");
+    MINIDL_CHECK(stage_of(*n) == stage && stage < part.stages && shard_of(*n) < part.shards,
+                 n->describe(), ": stage ", stage_of(*n), ", shard ", shard_of(*n),
+                 " lies outside the partition (", part.stages, " stage(s), ", part.shards,
+                 " shard(s), one stage per graph)");
   }
 
   // Match first: every update's gradient input, in the order the gradients become final. A node

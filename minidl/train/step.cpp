@@ -16,6 +16,7 @@
 #include "minidl/parallel/cross_replica_sums.hpp"
 #include "minidl/parallel/thread_replicas.hpp"
 #include "minidl/train/clip.hpp"
+#include "minidl/train/pipeline_graph.hpp"
 #include "minidl/train/tensor_parallel.hpp"
 
 namespace minidl::train {
@@ -63,6 +64,7 @@ ir::PassManager pipeline(Job job, const StepOptions& o, parallel::Communicator& 
   if (reduce) {
     parallel::DataParallelOptions dp{
         .strategy = o.reduce, .bucket_bytes = o.bucket_bytes, .overlap = o.overlap};
+    dp.partition.stages = job == Job::Step ? o.pipeline.stages : 1;
     if (layout.deterministic()) {
       dp.strategy = parallel::ReduceStrategy::Tree;
       dp.tree_by_node = o.reduce == parallel::ReduceStrategy::Hierarchical;
@@ -196,6 +198,23 @@ CompiledStep compile_step(Model& model, const Loss& loss, optim::Optimizer* opti
       spec.train ? layout.micro_steps(spec.batch) : std::vector<parallel::Slice>{{0, spec.batch}};
   const bool accumulate = steps.size() > 1;
   const Job job = !spec.train ? Job::Evaluate : accumulate ? Job::Gradients : Job::Step;
+  // Pipeline stages: this rank's program holds its stage; its replicas are the micro-batches.
+  const bool piped = spec.train && o.pipeline.stages > 1;
+  const int stages = o.pipeline.stages, stage = o.pipeline.stage;
+  const bool last_stage = !piped || stage == stages - 1;
+  if (piped) {
+    // Ranks are stages x data-parallel replicas, stage-major: stage s's replica d is rank
+    // s * D + d of the pipeline's communicator, comm is its stage's replicas.
+    MINIDL_CHECK(!accumulate && o.zero == 0 && o.pipeline.comm != nullptr &&
+                     o.pipeline.comm->size() == stages * comm.size() &&
+                     o.pipeline.comm->rank() == stage * comm.size() + comm.rank(),
+                 "pipeline stages: ", stages, " stage(s) x ", comm.size(),
+                 " replica(s) do not lay out the ", o.pipeline.comm ? o.pipeline.comm->size() : 0,
+                 " ranks (stage-major), or gradient accumulation or ZeRO is on");
+    MINIDL_CHECK(o.clip_grad_norm == 0.0,
+                 "pipeline stages do not combine with --clip-grad-norm yet");
+    MINIDL_CHECK(tensor.shards == 1, "pipeline stages do not combine with --tensor-parallel yet");
+  }
   std::vector<std::string> param_names;
 
   // One program per micro-step size (one without accumulation).
@@ -222,16 +241,21 @@ CompiledStep compile_step(Model& model, const Loss& loss, optim::Optimizer* opti
     ir::Graph& g = *p.graph;
     ir::Value* total = nullptr;
     std::vector<ir::Value*> predictions;
+    std::vector<ForwardRange> forwards;
+    std::vector<std::pair<Shape, TargetSpec>> part_shapes;  // x's and the target's
     for (std::int64_t r = 0; r < replicas; ++r) {
       CompiledStep::Part part{slices[static_cast<std::size_t>(r)].begin,
                               slices[static_cast<std::size_t>(r)].end};
       const std::int64_t n = part.end - part.begin;
       const std::string suffix = replicas > 1 ? fmt::format(".{}", r) : "";
+      const std::size_t replica_begin = g.nodes().size();
       std::vector<std::int64_t> dims{n};
       dims.insert(dims.end(), spec.sample.dims().begin(), spec.sample.dims().end());
       ir::Value* x = ops::input(g, "x" + suffix, Shape(dims));
       if (sections) x->producer()->set_replica(static_cast<int>(r));
+      const std::size_t forward_begin = g.nodes().size();
       ir::Value* out = model.forward(x);
+      forwards.push_back({forward_begin, g.nodes().size(), out});
       MINIDL_CHECK(out->shape().rank() >= 1 && out->shape()[0] == n, "the model's output ",
                    out->shape(), " does not have the batch's ", n, " samples first");
       TargetSpec t = loss.target(out->shape());
@@ -242,17 +266,26 @@ CompiledStep compile_step(Model& model, const Loss& loss, optim::Optimizer* opti
       ir::Value* weighted = l.loss;
       if (n != denominator)
         weighted = ops::scale(l.loss, static_cast<double>(n) / static_cast<double>(denominator));
+      if (piped) {
+        // The pipeline's cut and schedule follow each micro-batch's nodes.
+        for (std::size_t i = replica_begin; i < g.nodes().size(); ++i)
+          if (!g.nodes()[i]->def().is_source()) g.nodes()[i]->set_replica(static_cast<int>(r));
+      }
       total = total ? ops::add(total, weighted) : weighted;
+      part_shapes.emplace_back(Shape(dims), t);
+      if (!last_stage) l.predictions = nullptr;
       if (l.predictions) g.add_output(l.predictions);
       predictions.push_back(l.predictions);
       p.parts.push_back(std::move(part));
     }
     MINIDL_CHECK(!sections || g.find(ir::Role::RngKey) == nullptr,
                  layout.deterministic() ? "deterministic mode does not support dropout yet"
+                 : piped                ? "pipeline stages do not support dropout yet"
                                         : "thread replicas do not support dropout yet: use one "
                                           "replica per rank (--thread-mode intra-op)");
-    g.add_output(total);
+    if (last_stage) g.add_output(total);
     std::vector<ir::Value*> grads;
+    std::vector<PipelineAction> actions;  // this stage's schedule
     const std::int64_t leaves = layout.deterministic() ? layout.micro_shards(size) : 0;
     ir::Value* clip_total = nullptr;  // with ZeRO, from the shards
     if (spec.train) {
@@ -269,7 +302,45 @@ CompiledStep compile_step(Model& model, const Loss& loss, optim::Optimizer* opti
       }
       std::vector<ir::Value*> params = parameters_of(g);
       for (ir::Value*& v : params) v = split.piece_of(v);
-      grads = autograd::differentiate(g, total, params);
+      if (piped) {
+        const auto micro = static_cast<int>(replicas);
+        const auto schedule = make_schedule(o.pipeline.schedule, stages, micro);
+        check_schedule(schedule, micro);
+        actions = schedule[static_cast<std::size_t>(stage)];
+        if (s.programs_.size() == 1) s.schedule_ = schedule;
+        std::string summary;
+        const auto stage_of = assign_stages(g, forwards, stages, o.pipeline.boundaries, &summary);
+        if (s.programs_.size() == 1) log_verbose("pipeline", "{}", summary);
+        // Once per cut (every batch size cuts alike).
+        static std::string printed;
+        if (o.pipeline.comm->rank() == 0 && spec.as_rank < 0 && summary != printed) {
+          fmt::print("{}\n", summary);
+          printed = summary;
+        }
+        const int group = parallel::register_group(o.pipeline.comm);
+        // The same replica of the neighbouring stages.
+        const int prev_rank = (stage - 1) * comm.size() + rank;
+        const int next_rank = (stage + 1) * comm.size() + rank;
+        const StageCut cut = cut_stage(g, stage_of, stage, group, prev_rank, next_rank);
+        ir::DeadCodeElimination().run(g);  // the other stages' nodes
+        const auto seeds = receive_gradients(g, cut, stage, next_rank, group);
+        params.clear();  // this stage's: those still read
+        for (ir::Value* v : parameters_of(g))
+          if (!v->users().empty()) params.push_back(v);
+        std::vector<ir::Value*> wrt = params;
+        for (const auto& r : cut.received) wrt.insert(wrt.end(), r.begin(), r.end());
+        std::vector<ir::Value*> losses;
+        if (last_stage) losses.push_back(total);
+        std::vector<ir::Value*> all = autograd::differentiate(g, losses, seeds, wrt);
+        send_gradients(g, cut,
+                       std::vector<ir::Value*>(
+                           all.begin() + static_cast<std::ptrdiff_t>(params.size()), all.end()),
+                       stage, prev_rank, group);
+        all.resize(params.size());
+        grads = std::move(all);
+      } else {
+        grads = autograd::differentiate(g, total, params);
+      }
       if (job == Job::Step && tensor.shards > 1) {
         const optim::StepInputs in{
             ops::role_input(g, ir::Role::LearningRate, "lr", Shape{}, DType::F32),
@@ -320,6 +391,8 @@ CompiledStep compile_step(Model& model, const Loss& loss, optim::Optimizer* opti
         for (ir::Value* v : grads) g.add_output(v);
       }
     }
+    if (piped)  // the backward and the updates too: the graph is one stage's
+      for (ir::Node* n : g.nodes()) parallel::set_stage(*n, stage);
     ClipGradNorm* clip = nullptr;
     // Without accumulation the data-parallel pass sums the ranks' gradients (each weighted by
     // its share of the batch already); a micro-step's gradients are reduced after the sum (the
@@ -329,6 +402,7 @@ CompiledStep compile_step(Model& model, const Loss& loss, optim::Optimizer* opti
     // The pass manager owns the passes: clip lives as long as it.
     ir::PassManager pm = pipeline(job, o, comm, reduce, leaves, &clip, clip_total);
     pm.run(g);
+    if (piped) order_by_schedule(g, actions);
     if (det) {
       log_verbose("dispatch",
                   "deterministic mode: {} micro-shard(s) of this rank's {} samples; their "
@@ -344,7 +418,7 @@ CompiledStep compile_step(Model& model, const Loss& loss, optim::Optimizer* opti
     std::size_t out = 0;
     for (std::size_t r = 0; r < p.parts.size(); ++r)
       if (predictions[r] != nullptr) p.parts[r].predictions = g.outputs()[out++];
-    p.loss = g.outputs()[out++];
+    if (last_stage) p.loss = g.outputs()[out++];
     for (std::size_t i = 0; i < grads.size() && job == Job::Gradients; ++i)
       p.grads.push_back(g.outputs()[out++]);
     if (clip != nullptr && clip->norm() != nullptr) s.norm_ = clip->norm();
@@ -352,8 +426,12 @@ CompiledStep compile_step(Model& model, const Loss& loss, optim::Optimizer* opti
     if (s.norm_ != nullptr) s.norm_exe_ = p.exe.get();
     for (std::size_t r = 0; r < p.parts.size(); ++r) {
       const std::string suffix = p.parts.size() > 1 ? fmt::format(".{}", r) : "";
-      p.parts[r].x = p.exe->input("x" + suffix);
-      p.parts[r].target = p.exe->input("target" + suffix);
+      // A pipeline stage reads only its own: the samples in the first, the targets in the last
+      // (the others get buffers of their own, so every stage is fed alike).
+      const auto& [xs, ts] = part_shapes[r];
+      p.parts[r].x = g.find("x" + suffix) ? p.exe->input("x" + suffix) : Tensor::empty(xs);
+      p.parts[r].target = g.find("target" + suffix) ? p.exe->input("target" + suffix)
+                                                    : Tensor::empty(ts.shape, ts.dtype);
     }
     p.lr = role_tensor(g, *p.exe, ir::Role::LearningRate);
     p.step = role_tensor(g, *p.exe, ir::Role::OptimizerStep);
@@ -487,6 +565,7 @@ void CompiledStep::run_micro(std::size_t j, const StepFeed& feed) {
     p.rng_key.data<std::int64_t>()[1] = share(j).begin;
   }
   p.exe->run();
+  if (p.loss == nullptr) return;  // a pipeline stage before the last
   // Checked every micro-step (one number): a run that diverged stops here, before anything
   // saves it.
   const float loss = p.exe->value(p.loss).at(0);
@@ -498,6 +577,7 @@ void CompiledStep::run_micro(std::size_t j, const StepFeed& feed) {
   loss_sum_ += static_cast<double>(loss) * p.loss_to_sum;
   if (classification_) {
     for (const Part& part : p.parts) {
+      if (part.predictions == nullptr) continue;
       const Tensor& probs = p.exe->value(part.predictions);
       const std::int64_t n = probs.shape()[0], c = probs.shape()[1];
       const float* pr = probs.data<float>();
@@ -541,7 +621,9 @@ MemoryUse CompiledStep::memory() const {
   };
   for (const ir::Graph* g : graphs()) {
     for (const ir::Node* n : g->nodes()) {
-      if (n->op() == "parameter" && params.insert(n->bound().raw()).second)
+      // A pipeline stage's graph keeps the other stages' parameters, unread.
+      if (n->op() == "parameter" && !n->output()->users().empty() &&
+          params.insert(n->bound().raw()).second)
         m.parameters += bytes(n->output());
       const std::optional<ir::UpdateRole>& role = n->def().update_role();
       if (!role) continue;

@@ -24,6 +24,7 @@
 #include "minidl/train/loss.hpp"
 #include "minidl/train/model.hpp"
 #include "minidl/train/optimizer.hpp"
+#include "minidl/train/pipeline.hpp"
 
 namespace minidl::train {
 
@@ -53,6 +54,10 @@ struct StepOptions {
   /// of this rank's replica, over which training graphs split the model's Linear pairs; `comm`
   /// is then the replicas of this rank's shard. Null: none.
   parallel::Communicator* tensor_comm = nullptr;
+  /// Pipeline stages (train/pipeline.hpp): with stages > 1 the training program holds this
+  /// rank's stage only, the layout's replicas (or micro-shards) are the micro-batches, and the
+  /// communicator above is the stage's own (its data-parallel replicas).
+  PipelineOptions pipeline;
 };
 
 /// The flat space of model's parameters (in its order) cut into one shard per rank.
@@ -187,6 +192,11 @@ class CompiledStep {
   double loss_sum_ = 0.0;
   std::int64_t correct_ = 0;
   bool check_numerics_ = false;
+  std::vector<std::vector<PipelineAction>> schedule_;  // with pipeline stages
+
+ public:
+  /// With pipeline stages: every stage's actions (this rank's is its stage's).
+  const std::vector<std::vector<PipelineAction>>& pipeline_schedule() const { return schedule_; }
 };
 
 /// Compiles this rank's program. Training needs an optimizer; evaluation takes none. A

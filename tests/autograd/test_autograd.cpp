@@ -111,3 +111,30 @@ TEST(GradCheck, DetectsAWrongGradient) {
   EXPECT_THAT(r.report, ::testing::HasSubstr("element 1"));
   EXPECT_EQ(r.report.find("element 0"), std::string::npos);
 }
+
+// A pipeline stage's backward starts from a given gradient of an inner value (received from the
+// next stage), besides or instead of a loss: y = x * x with dL/dy = g gives dL/dx = 2 x g, and
+// the gradient of a source that is not a parameter (a received activation) is returned too.
+TEST(Autograd, SeededGradients) {
+  Tensor xt = Tensor::from(Shape{3}, std::vector<float>{1, -2, 3});
+  Tensor gt = Tensor::from(Shape{3}, std::vector<float>{0.5f, 1, 2});
+  ir::Graph g;
+  ir::Value* x = ops::parameter(g, "x", xt);
+  ir::Value* y = ops::mul(x, x);
+  ir::Value* seed = ops::parameter(g, "seed", gt);
+  auto grads = autograd::differentiate(g, {}, {{y, seed}}, {x});
+  g.add_output(grads[0]);
+  runtime::Executable exe(g);
+  exe.run();
+  EXPECT_THAT(values(exe, grads[0]), ::testing::ElementsAre(1, -4, 12));
+  // A seed of the wrong shape is refused, naming both.
+  ir::Graph h;
+  ir::Value* a = ops::parameter(h, "a", xt);
+  ir::Value* b = ops::mul(a, a);
+  ir::Value* wrong = ops::parameter(h, "wrong", Tensor::from(Shape{1}, std::vector<float>{1}));
+  EXPECT_THAT(
+      [&] {
+        autograd::differentiate(h, {}, {{b, wrong}}, {a});
+      },
+      ::testing::ThrowsMessage<Error>(::testing::HasSubstr("is [1] f32, the value [3] f32")));
+}

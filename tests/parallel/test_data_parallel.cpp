@@ -229,12 +229,12 @@ TEST(DataParallelPass, TheScheduleIsPartOfTheFingerprint) {
   EXPECT_EQ(fa, parallel::fingerprint(share.step.g));
 }
 
-TEST(DataParallelPass, PartitionIsAHookForLaterPasses) {
+TEST(DataParallelPass, PartitionTakesOnePipelineStagePerGraph) {
   MlpStep m(4);
   auto local = parallel::make_local_communicator();
-  parallel::DataParallel wide(*local, 1.0, {.partition = {.stages = 2}});
-  EXPECT_THAT([&] { wide.run(m.g); },
-              ThrowsMessage<Error>(HasSubstr("a partition into 2 stages x 1 shards is not "
+  parallel::DataParallel sharded(*local, 1.0, {.partition = {.shards = 2}});
+  EXPECT_THAT([&] { sharded.run(m.g); },
+              ThrowsMessage<Error>(HasSubstr("a partition into 1 stages x 2 shards is not "
                                              "implemented")));
   ir::Node* fc2 = m.g.find("fc2.matmul");
   ASSERT_NE(fc2, nullptr);
@@ -247,6 +247,14 @@ TEST(DataParallelPass, PartitionIsAHookForLaterPasses) {
   parallel::DataParallel pass(*local, 1.0);
   EXPECT_THAT([&] { pass.run(m.g); },
               ThrowsMessage<Error>(HasSubstr("stage 1, shard 0 lies outside the partition")));
+  // Two stages in one graph: a graph holds one pipeline stage.
+  parallel::DataParallel two(*local, 1.0, {.partition = {.stages = 2}});
+  EXPECT_THAT([&] { two.run(m.g); },
+              ThrowsMessage<Error>(HasSubstr("lies outside the partition (2 stage(s), 1 "
+                                             "shard(s), one stage per graph)")));
+  // The graph of stage 1 alone: its gradients are reduced over the communicator (the stage's).
+  for (ir::Node* n : m.g.nodes()) parallel::set_stage(*n, 1);
+  EXPECT_NO_THROW(two.run(m.g));
 }
 
 TEST(DataParallelPass, StrategyNames) {

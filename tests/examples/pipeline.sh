@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# Pipeline parallelism (--pipeline-stages, --micro-batches, --schedule): in deterministic mode the
+# MLP cut into 2 stages (GPipe and 1F1B) and 3 stages, one rank each, and 2 stages x 2
+# data-parallel replicas, saves parameters bitwise identical to the one-process run with
+# --micro-batch of batch / M (the ragged last batch has fewer micro-batches); so does cifar_cnn
+# (oneDNN's blocked layouts inside the stages) on 2 and 3 stages when the CIFAR-10 data are there; a checkpoint written by 2
+# stages resumes on 1 process and on 3 stages with the same bits; --stage-boundaries cuts where
+# it is told; --dump-schedule writes every stage's actions; flags that do not combine and a
+# stage count without its ranks are refused with one line.
+# Usage: pipeline.sh path/to/mnist_mlp path/to/cifar_cnn path/to/mpirun [CIFAR_DIR]
+set -u
+mlp=$1 cifar=$2 mpirun=$3 cifar_dir=${4:-}
+# shellcheck source=common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+synthetic_idx "$tmp/data" 300 40 # batches of 64: 4 full, then 44 (micro-batches 16, 16, 12)
+
+launch() {
+  local ranks=$1
+  shift
+  on_layout "$ranks" 1 "$mlp" --threads 1 "$@"
+}
+
+flags=(--data "$tmp/data" --seed 3 --momentum 0.9 --lr 0.05 --deterministic)
+if ! launch 1 "${flags[@]}" --epochs 2 --micro-batch 16 --save "$tmp/ref.safetensors" >"$tmp/ref.out" 2>&1; then
+  fail "the reference run failed: $(cat "$tmp/ref.out")"
+fi
+
+# same NAME RANKS FLAGS...: a pipelined run's parameters against the reference's.
+same() {
+  local name=$1 ranks=$2
+  shift 2
+  if ! launch "$ranks" "${flags[@]}" --epochs 2 "$@" --save "$tmp/$name.safetensors" >"$tmp/$name.out" 2>&1; then
+    fail "$name: the run failed:"
+    cat "$tmp/$name.out"
+  elif cmp -s "$tmp/ref.safetensors" "$tmp/$name.safetensors"; then
+    echo "ok   $name: bitwise identical to one process with --micro-batch 16"
+  else
+    fail "$name: parameters differ from one process with --micro-batch 16"
+  fi
+}
+same gpipe-2 2 --pipeline-stages 2 --micro-batches 4
+same 1f1b-2 2 --pipeline-stages 2 --micro-batches 4 --schedule 1f1b
+same gpipe-3 3 --pipeline-stages 3 --micro-batches 4
+same 1f1b-3 3 --pipeline-stages 3 --micro-batches 4 --schedule 1f1b
+same gpipe-2x2 4 --pipeline-stages 2 --micro-batches 4
+same boundary-2 2 --pipeline-stages 2 --micro-batches 4 --stage-boundaries act2
+if grep -q "pipeline: 2 stages, cut after 'act2.relu'" "$tmp/boundary-2.out"; then
+  echo "ok   --stage-boundaries act2 cuts after act2's last node"
+else
+  fail "--stage-boundaries act2: $(cat "$tmp/boundary-2.out")"
+fi
+
+if grep -q "pipeline: 2 stages, cut after 'act1.relu'" "$tmp/gpipe-2.out"; then
+  echo "ok   the cut and the stages' shares are printed"
+else
+  fail "no cut printed: $(cat "$tmp/gpipe-2.out")"
+fi
+
+# cifar_cnn (batch 32: micro-batches of 8) on 256 CIFAR-10 samples, if present.
+if [ -n "$cifar_dir" ] && { [ -e "$cifar_dir/test_batch.bin" ] || [ -e "$cifar_dir/test_batch.bin.gz" ]; }; then
+  # The example's default backend: oneDNN where built in, its blocked layout on the values the
+  # stages send each other (they travel plain).
+  cflags=(--data "$cifar_dir" --train-limit 256 --test-limit 100 --epochs 1 --seed 5 --threads 1
+    --deterministic)
+  if ! on_layout 1 1 "$cifar" "${cflags[@]}" --micro-batch 8 --save "$tmp/cifar-ref.safetensors" \
+    >"$tmp/cifar-ref.out" 2>&1; then
+    fail "cifar_cnn: the reference run failed: $(cat "$tmp/cifar-ref.out")"
+  fi
+  for run in "2 gpipe" "2 1f1b" "3 1f1b"; do
+    read -r stages schedule <<<"$run"
+    if ! on_layout "$stages" 1 "$cifar" "${cflags[@]}" --pipeline-stages "$stages" \
+      --micro-batches 4 --schedule "$schedule" --save "$tmp/cifar-$stages-$schedule.safetensors" \
+      >"$tmp/cifar.out" 2>&1; then
+      fail "cifar_cnn $run: the run failed: $(cat "$tmp/cifar.out")"
+    elif cmp -s "$tmp/cifar-ref.safetensors" "$tmp/cifar-$stages-$schedule.safetensors"; then
+      echo "ok   cifar_cnn on $stages stages ($schedule): bitwise identical to one process"
+    else
+      fail "cifar_cnn on $stages stages ($schedule): parameters differ from one process"
+    fi
+  done
+else
+  echo "skip cifar_cnn: no CIFAR-10 data"
+fi
+
+# A checkpoint of 2 stages (the epoch boundary) resumes on 1 process and on 3 stages.
+if ! launch 2 "${flags[@]}" --epochs 1 --pipeline-stages 2 --micro-batches 4 \
+  --checkpoint-dir "$tmp/ck" >"$tmp/ck.out" 2>&1; then
+  fail "the checkpointing run failed: $(cat "$tmp/ck.out")"
+else
+  for resume in "1" "3 --pipeline-stages 3 --micro-batches 4"; do
+    read -r -a r <<<"$resume"
+    if ! launch "${r[@]}" "${flags[@]}" --epochs 2 --micro-batch 16 --resume "$tmp/ck" \
+      --save "$tmp/resumed.safetensors" >"$tmp/resumed.out" 2>&1; then
+      fail "resume on ${r[0]} rank(s) failed: $(cat "$tmp/resumed.out")"
+    elif cmp -s "$tmp/ref.safetensors" "$tmp/resumed.safetensors"; then
+      echo "ok   a 2-stage checkpoint resumed on ${r[0]} rank(s): bitwise identical"
+    else
+      fail "a 2-stage checkpoint resumed on ${r[0]} rank(s): parameters differ"
+    fi
+  done
+fi
+
+# --dump-schedule: every stage's list.
+if launch 2 "${flags[@]}" --epochs 1 --pipeline-stages 2 --micro-batches 2 --schedule 1f1b \
+  --dump-schedule "$tmp/schedule.txt" >"$tmp/dump.out" 2>&1 &&
+  grep -qx "stage 0 (rank 0): F0 send-act0->1 F1 recv-grad0<-1 send-act1->1 B0 recv-grad1<-1 B1 update" "$tmp/schedule.txt" &&
+  grep -qx "stage 1 (rank 1): recv-act0<-0 F0 B0 send-grad0->0 recv-act1<-0 F1 B1 send-grad1->0 update" "$tmp/schedule.txt"; then
+  echo "ok   --dump-schedule lists every stage's actions"
+else
+  fail "--dump-schedule: $(cat "$tmp/dump.out" "$tmp/schedule.txt" 2>&1)"
+fi
+
+# A killed stage (rank 1, after step 3) ends the job: no rank waits for it, nothing is saved.
+rm -f "$tmp/killed.safetensors"
+if MINIDL_TEST_KILL_AFTER_STEP=3 MINIDL_TEST_KILL_RANK=1 timeout 60 "$mpirun" -np 2 --oversubscribe \
+  --bind-to none -x OMP_WAIT_POLICY=passive -x OMP_NUM_THREADS=1 -x MINIDL_TEST_KILL_AFTER_STEP \
+  -x MINIDL_TEST_KILL_RANK "$mlp" --threads 1 "${flags[@]}" --epochs 1 --pipeline-stages 2 \
+  --save "$tmp/killed.safetensors" >"$tmp/killed.out" 2>&1; then
+  fail "a killed stage: the job succeeded"
+elif [ $? -eq 124 ]; then
+  fail "a killed stage: the job was still running after 60 s"
+elif [ -e "$tmp/killed.safetensors" ]; then
+  fail "a killed stage: parameters were saved"
+else
+  echo "ok   a killed stage ends the job, nothing saved"
+fi
+
+# refused RANKS MESSAGE FLAGS...: fails with one line containing MESSAGE.
+refused() {
+  local ranks=$1 message=$2
+  shift 2
+  if launch "$ranks" "${flags[@]}" --epochs 1 "$@" >"$tmp/refused.out" 2>&1; then
+    fail "accepted: $*"
+  elif grep -qF -- "$message" "$tmp/refused.out"; then
+    echo "ok   refused: $* ($message)"
+  else
+    fail "$*: expected '$message', got: $(cat "$tmp/refused.out")"
+  fi
+}
+refused 1 "--pipeline-stages 2 needs a multiple of 2 ranks (stages x data-parallel replicas); this job has 1 rank(s)" \
+  --pipeline-stages 2
+refused 2 "the forward cannot be cut after 'fc1': the next op is fused into it" \
+  --pipeline-stages 2 --stage-boundaries fc1
+refused 2 "--micro-batches 5 does not divide --batch-size 64" --pipeline-stages 2 --micro-batches 5
+refused 1 "--zero" --pipeline-stages 2 --zero 1
+refused 1 "--schedule" --schedule 1f1b
+refused 1 "--schedule" --pipeline-stages 2 --schedule zigzag
+
+[ "$fails" -eq 0 ] || exit 1
