@@ -17,6 +17,7 @@
 
 #include "minidl/app/flags.hpp"
 #include "minidl/app/progress.hpp"
+#include "minidl/app/simulated.hpp"
 #include "minidl/core/log.hpp"
 #include "minidl/core/text.hpp"
 #include "minidl/core/threading.hpp"
@@ -303,6 +304,7 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
   std::string description, error;
   try {
     (void)c.hidden_sizes();
+    apply_simulated_rules(c);
     if (c.threads > 0) set_num_threads(c.threads);
     // Before the first collective (the preflight).
     comm.set_timeout(c.collective_timeout);
@@ -310,18 +312,19 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
     if (root) check_outputs(c);
     const std::string dir = c.data.empty() ? "data/" + c.dataset : c.data;
     doing = fmt::format("loading the {} data from '{}'", c.dataset, printable(dir));
-    {
+    data = simulated_shared_data(c, dir, [&] {
       const DatasetSplits all = load_dataset(c.dataset, dir);
-      data = DatasetSplits{take(all.train, c.train_limit), take(all.test, c.test_limit)};
-    }
-    data.train = upscale(data.train, c.upscale);
-    data.test = upscale(data.test, c.upscale);
-    check_sizes(c, data.train.size(), data.test.size(), comm.size());
-    if (c.normalize) {
-      const ChannelStats stats = channel_stats(data.train);
-      normalize_channels(data.train, stats);
-      normalize_channels(data.test, stats);
-    }
+      DatasetSplits d{take(all.train, c.train_limit), take(all.test, c.test_limit)};
+      d.train = upscale(d.train, c.upscale);
+      d.test = upscale(d.test, c.upscale);
+      check_sizes(c, d.train.size(), d.test.size(), comm.size());
+      if (c.normalize) {
+        const ChannelStats stats = channel_stats(d.train);
+        normalize_channels(d.train, stats);
+        normalize_channels(d.test, stats);
+      }
+      return d;
+    });
     const auto& dims = data.train.images.shape().dims();
     sample = Shape(std::vector<std::int64_t>(dims.begin() + 1, dims.end()));
     doing = "building the model";
@@ -690,6 +693,7 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
 
 int run_training_app(int argc, char** argv, const std::string& description, AppConfig c,
                      const ModelBuilder& build, const AppHooks& hooks) {
+  const parallel::SimulatedRankScope simulated_rank;  // a simulated rank finalises on return
   const std::string program = std::filesystem::path(argv[0]).filename().string();
   // The example's own choice of datasets: a mistake here is the program's, not the user's.
   const std::vector<std::string> known = dataset_names();
