@@ -21,6 +21,10 @@ void apply_simulated_rules(AppConfig& c) {
   MINIDL_CHECK(c.collective_timeout == 0.0,
                "--collective-timeout does not apply to a simulated run (SimGrid SMPI): the "
                "simulator ends a run that deadlocks itself");
+  // SMPI 3.32's non-blocking allreduce in place returned wrong sums on several ranks.
+  MINIDL_CHECK(!c.overlap,
+               "--overlap does not apply to a simulated run (SimGrid SMPI): its non-blocking "
+               "allreduce is not reliable there; simulate without it");
   c.threads = 1;
   // The ranks share one real thread, which the simulator times between MPI calls: a prefetch
   // thread would do its work outside both.

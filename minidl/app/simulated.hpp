@@ -10,8 +10,8 @@
 namespace minidl {
 
 /// In a simulated build: refuses what a simulated rank cannot do (several threads: SMPI
-/// provides MPI_THREAD_SINGLE; --collective-timeout), and sets one thread per rank and the
-/// batches prepared on the rank's own thread. Does nothing in a real build.
+/// provides MPI_THREAD_SINGLE; --collective-timeout; --overlap), and sets one thread per rank and
+/// the batches prepared on the rank's own thread. Does nothing in a real build.
 void apply_simulated_rules(AppConfig& c);
 
 /// The training and test sets, as make() prepares them from the flags and the data directory.

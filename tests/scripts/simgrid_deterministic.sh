@@ -3,8 +3,8 @@
 # 16 simulated ranks (16 nodes x 1 rank, and 4 nodes x 4 ranks with --reduce hierarchical, whose
 # node level then runs in an MPI_Win_allocate_shared window of SMPI's) with --deterministic,
 # saves parameter bytes identical to one real process. And the simulated build refuses what a
-# simulated rank cannot do, in one line naming the flag. Builds the simulated MLP first
-# (incrementally) in SIM_BUILD_DIR.
+# simulated rank cannot do (--threads 2, --overlap, --collective-timeout), in one line naming
+# the flag. Builds the simulated MLP first (incrementally) in SIM_BUILD_DIR.
 # Usage: simgrid_deterministic.sh path/to/mnist_mlp SOURCE_DIR SIM_BUILD_DIR [CCACHE]
 set -u
 mlp=$1 src=$2 sim=$3 launcher=${4:-}
@@ -75,6 +75,7 @@ refused() {
   fi
 }
 refused "--threads 2" "error: --threads 2: a simulated run" --threads 2
+refused "--overlap" "error: --overlap does not apply to a simulated run" --overlap
 refused "--collective-timeout 5" "error: --collective-timeout does not apply to a simulated run" \
   --collective-timeout 5
 
