@@ -20,8 +20,20 @@ target_link_libraries(MPI::MPI_CXX INTERFACE ${SIMGRID_LIBRARY})
 target_compile_definitions(MPI::MPI_CXX INTERFACE MINIDL_SIMGRID=1)
 message(STATUS "minidl: building against SimGrid SMPI (${SIMGRID_LIBRARY}); run with smpirun")
 
+# The dynamic loader of this machine's programs: a simulated program started directly (not by
+# smpirun) runs cmake/simgrid_entry.cpp's entry point, which says how to run it.
+execute_process(COMMAND readelf -p .interp ${CMAKE_COMMAND} OUTPUT_VARIABLE _interp
+                ERROR_QUIET RESULT_VARIABLE _interp_rc)
+string(REGEX MATCH "/[^ \n]*ld[^ \n]*\.so[^ \n]*" MINIDL_SIMGRID_INTERP "${_interp}")
+
 function(minidl_simgrid_program target)
   # The program's own objects must be PIC too (not PIE): they end in a shared object.
   target_compile_options(${target} PRIVATE -fPIC)
   target_link_options(${target} PRIVATE -shared -Wl,-z,defs)
+  if(MINIDL_SIMGRID_INTERP)
+    target_sources(${target} PRIVATE ${PROJECT_SOURCE_DIR}/cmake/simgrid_entry.cpp)
+    set_source_files_properties(${PROJECT_SOURCE_DIR}/cmake/simgrid_entry.cpp PROPERTIES
+      COMPILE_DEFINITIONS "MINIDL_SIMGRID_INTERP=\"${MINIDL_SIMGRID_INTERP}\"")
+    target_link_options(${target} PRIVATE -Wl,-e,minidl_simgrid_entry)
+  endif()
 endfunction()
