@@ -65,7 +65,7 @@ done
 refused() {
   local what=$1 expect=$2
   shift 2
-  if simulate 2 1 "$tmp/refused.out" "${flags[@]}" "$@"; then
+  if simulate 2 1 "$tmp/refused.out" --data "$tmp/data" --batch-size 128 --epochs 1 --quiet "$@"; then
     fail "$what: the simulated run was not refused"
   elif ! grep -q -- "$expect" "$tmp/refused.out"; then
     fail "$what: the error does not say '$expect':"
@@ -74,9 +74,10 @@ refused() {
     echo "ok   $what refused: $(grep -m1 -- "$expect" "$tmp/refused.out")"
   fi
 }
-refused "--threads 2" "error: --threads 2: a simulated run" --threads 2
-refused "--overlap" "error: --overlap does not apply to a simulated run" --overlap
-refused "--collective-timeout 5" "error: --collective-timeout does not apply to a simulated run" \
+refused "--threads 2" "could not start: --threads 2: a simulated run" --threads 2
+refused "--overlap" "could not start: --overlap does not apply to a simulated run" --overlap
+refused "--collective-timeout 5" \
+  "could not start: --collective-timeout does not apply to a simulated run" \
   --collective-timeout 5
 
 [ "$fails" -eq 0 ] || { echo "$fails failure(s)"; exit 1; }
