@@ -167,5 +167,37 @@ class Files(unittest.TestCase):
                              "integers separated by commas, got '0'")
 
 
+class SimulateCluster(unittest.TestCase):
+    """scripts/simulate-cluster's memory guard: a run estimated over 90% of the available memory
+    is skipped, from the per-rank growth of the runs done."""
+
+    def setUp(self):
+        import importlib.machinery
+        import importlib.util
+        path = os.path.join(ROOT, "scripts", "simulate-cluster")
+        loader = importlib.machinery.SourceFileLoader("simulate_cluster", path)
+        spec = importlib.util.spec_from_loader("simulate_cluster", loader)
+        self.sc = importlib.util.module_from_spec(spec)
+        loader.exec_module(self.sc)
+
+    def run_of(self, ranks, batch, peak=None):
+        r = self.sc.Run("strong", ranks, 1, batch, "")
+        r.peak_mb = peak
+        return r
+
+    def test_skips_what_would_not_fit(self):
+        done = [self.run_of(1, 1024, 800.0), self.run_of(256, 1024, 800.0 + 255 * 24)]
+        self.sc.available_mb = lambda: 20 * 1024.0
+        why = self.sc.too_big(self.run_of(1024, 1024), done)
+        self.assertRegex(why, r"^about 24\.8 GB estimated from the 256-rank run's peak, "
+                              r"20\.0 GB available$")
+        self.assertEqual(self.sc.too_big(self.run_of(512, 1024), done), "")  # 12.8 GB fits
+
+    def test_needs_two_runs_to_estimate(self):
+        self.sc.available_mb = lambda: 1.0
+        self.assertEqual(self.sc.too_big(self.run_of(1024, 1024),
+                                         [self.run_of(1, 1024, 800.0)]), "")
+
+
 if __name__ == "__main__":
     unittest.main()
