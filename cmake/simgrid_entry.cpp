@@ -7,7 +7,8 @@
 
 extern "C" {
 // NOLINTNEXTLINE: the dynamic loader's path, from the build machine's own programs.
-__attribute__((section(".interp"), used)) const char minidl_simgrid_interp[] = MINIDL_SIMGRID_INTERP;
+__attribute__((section(".interp"), used)) const char minidl_simgrid_interp[] =
+    MINIDL_SIMGRID_INTERP;
 
 [[noreturn]] void minidl_simgrid_entry() {
   const char* text =
