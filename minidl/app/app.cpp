@@ -17,6 +17,7 @@
 
 #include "minidl/app/flags.hpp"
 #include "minidl/app/progress.hpp"
+#include "minidl/app/simulated.hpp"
 #include "minidl/core/log.hpp"
 #include "minidl/core/text.hpp"
 #include "minidl/core/threading.hpp"
@@ -341,6 +342,7 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
   std::string description, error;
   try {
     (void)c.hidden_sizes();
+    apply_simulated_rules(c);
     if (c.threads > 0) set_num_threads(c.threads);
     if (c.tensor_parallel > 1) tensor = tensor_parallel_comms(c, comm);
     // Before the first collective (the preflight).
@@ -349,20 +351,21 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
     if (root) check_outputs(c);
     const std::string dir = c.data.empty() ? "data/" + c.dataset : c.data;
     doing = fmt::format("loading the {} data from '{}'", c.dataset, printable(dir));
-    {
-      const DatasetSplits all = load_dataset(c.dataset, dir);
-      data = DatasetSplits{take(all.train, c.train_limit), take(all.test, c.test_limit)};
-    }
-    data.train = upscale(data.train, c.upscale);
-    data.test = upscale(data.test, c.upscale);
     apply_pipeline_flags(c, comm.size());
-    check_sizes(c, data.train.size(), data.test.size(),
-                comm.size() / c.tensor_parallel / std::max<int>(c.pipeline_stages, 1));
-    if (c.normalize) {
-      const ChannelStats stats = channel_stats(data.train);
-      normalize_channels(data.train, stats);
-      normalize_channels(data.test, stats);
-    }
+    data = simulated_shared_data(c, dir, [&] {
+      const DatasetSplits all = load_dataset(c.dataset, dir);
+      DatasetSplits d{take(all.train, c.train_limit), take(all.test, c.test_limit)};
+      d.train = upscale(d.train, c.upscale);
+      d.test = upscale(d.test, c.upscale);
+      check_sizes(c, d.train.size(), d.test.size(),
+                  comm.size() / c.tensor_parallel / std::max<int>(c.pipeline_stages, 1));
+      if (c.normalize) {
+        const ChannelStats stats = channel_stats(d.train);
+        normalize_channels(d.train, stats);
+        normalize_channels(d.test, stats);
+      }
+      return d;
+    });
     const auto& dims = data.train.images.shape().dims();
     sample = Shape(std::vector<std::int64_t>(dims.begin() + 1, dims.end()));
     doing = "building the model";
@@ -790,6 +793,7 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
 
 int run_training_app(int argc, char** argv, const std::string& description, AppConfig c,
                      const ModelBuilder& build, const AppHooks& hooks) {
+  const parallel::SimulatedRankScope simulated_rank;  // a simulated rank finalises on return
   const std::string program = std::filesystem::path(argv[0]).filename().string();
   // The example's own choice of datasets: a mistake here is the program's, not the user's.
   const std::vector<std::string> known = dataset_names();

@@ -14,6 +14,7 @@
 #include <tuple>
 #include <unordered_map>
 
+#include "minidl/core/clock.hpp"
 #include "minidl/core/rng.hpp"
 #include "minidl/parallel/preflight.hpp"
 #include "minidl/train/batch.hpp"
@@ -46,8 +47,8 @@ Shape sample_shape(const Dataset& d) {
   return Shape(std::vector<std::int64_t>(dims.begin() + 1, dims.end()));
 }
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
 // A thread of its own running one job at a time: the next training batch, prepared while a step
@@ -374,7 +375,7 @@ EpochStats Trainer::train_epoch(const Dataset& d, int epoch, const StepCallback&
                resume_ ? resume_->epoch : 0, ", but was asked to train epoch ", epoch);
   const Shape sample = sample_shape(d);
   check_ranks_agree(d);
-  const auto t0 = std::chrono::steady_clock::now();
+  const auto t0 = Clock::now();
   std::vector<std::int64_t> order;
   if (options_.shuffle) {
     order = permutation(d.size(), mix64(options_.seed * 0x9e3779b97f4a7c15ULL + epoch));
@@ -433,7 +434,7 @@ EpochStats Trainer::train_epoch(const Dataset& d, int epoch, const StepCallback&
     staged_[slot].shape_for(p);
     const std::span<const std::int64_t> batch = std::span(order).subspan(start, n);
     prefetch->start([&, slot, batch, number] {
-      const auto t = std::chrono::steady_clock::now();
+      const auto t = Clock::now();
       check_not_failing(number);
       staged_[slot].prepare(d.images, targets, batch, options_.augment, key);
       prepared_in[slot] = seconds_since(t);
@@ -458,7 +459,7 @@ EpochStats Trainer::train_epoch(const Dataset& d, int epoch, const StepCallback&
     const double before = sums.loss;
     try {
       if (prefetch) {
-        const auto t = std::chrono::steady_clock::now();
+        const auto t = Clock::now();
         prefetch->wait();
         s.data_wait_seconds += seconds_since(t);
         s.data_prepare_seconds += prepared_in[current];
@@ -467,7 +468,7 @@ EpochStats Trainer::train_epoch(const Dataset& d, int epoch, const StepCallback&
         step(
             p,
             [&](std::size_t j) {
-              const auto t = std::chrono::steady_clock::now();
+              const auto t = Clock::now();
               mine.feed(p, j);
               s.data_wait_seconds += seconds_since(t);
             },
@@ -478,7 +479,7 @@ EpochStats Trainer::train_epoch(const Dataset& d, int epoch, const StepCallback&
         step(
             p,
             [&](std::size_t j) {
-              const auto t = std::chrono::steady_clock::now();
+              const auto t = Clock::now();
               check_not_failing(steps_);
               train::gather(p, d.images, targets, batch, j, options_.augment, key);
               const double took = seconds_since(t);

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "minidl/core/clock.hpp"
 #include "minidl/core/error.hpp"
 #include "minidl/parallel/traffic.hpp"
 
@@ -39,6 +40,8 @@ int resolve_ranks_per_node(int ranks_per_node) {
 /// Seconds after which a collective still waiting warns (no timeout): MINIDL_STALL_WARNING_SECONDS
 /// when set (0: never), else 60. A bad value throws when `strict`, else counts as unset.
 double stall_warning_seconds(bool strict) {
+  // Simulated ranks never stall in real time: SimGrid reports a deadlock itself.
+  if (simulated()) return 0.0;
   const char* env = std::getenv("MINIDL_STALL_WARNING_SECONDS");
   if (env == nullptr || *env == '\0') return 60.0;
   char* end = nullptr;
@@ -176,17 +179,26 @@ class MpiCommunicator final : public Communicator {
     if (!initialized) {
       // Collectives are called from the main thread only; OpenMP threads never call MPI.
       check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init");
-      std::atexit([] {
-        int finalized = 0;
-        MPI_Finalized(&finalized);
-        if (!finalized) MPI_Finalize();
-      });
+      // Under SMPI every simulated rank is a copy of the program in one process, whose exit
+      // handlers run after the simulation: a rank finalises when its main returns instead.
+      if (!simulated()) {
+        std::atexit([] {
+          int finalized = 0;
+          MPI_Finalized(&finalized);
+          if (!finalized) MPI_Finalize();
+        });
+      }
     } else {
       MPI_Query_thread(&provided);
     }
-    MINIDL_CHECK(provided >= MPI_THREAD_FUNNELED, "MPI provides ", thread_level_name(provided),
+    // SMPI provides MPI_THREAD_SINGLE: a simulated rank runs one thread (the app sees to it).
+    const int needed = simulated() ? MPI_THREAD_SINGLE : MPI_THREAD_FUNNELED;
+    MINIDL_CHECK(provided >= needed, "MPI provides ", thread_level_name(provided),
                  "; minidl needs at least MPI_THREAD_FUNNELED (MPI from the main thread while "
                  "OpenMP threads run)");
+    // Compute between MPI calls is timed and injected by the simulator, so the simulated time
+    // is the one that stands for the cluster's.
+    if (simulated()) set_clock_source([] { return MPI_Wtime(); });
     MPI_Comm comm = MPI_COMM_NULL;
     check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &comm), "MPI_Comm_dup");
     adopt(comm);
@@ -442,9 +454,11 @@ class MpiCommunicator final : public Communicator {
     return static_cast<char*>(region_) + (flip_ ? region_bytes_ : 0);
   }
   void shared_sync() override {
-    if (window_ != MPI_WIN_NULL) MPI_Win_sync(window_);
+    // SMPI lacks MPI_Win_sync, and needs none: its simulated ranks take turns on one thread.
+    const bool sync = window_ != MPI_WIN_NULL && !simulated();
+    if (sync) MPI_Win_sync(window_);
     barrier();
-    if (window_ != MPI_WIN_NULL) MPI_Win_sync(window_);
+    if (sync) MPI_Win_sync(window_);
   }
   std::string host() const override {
     char name[MPI_MAX_PROCESSOR_NAME] = {};
@@ -460,6 +474,9 @@ class MpiCommunicator final : public Communicator {
 
   void set_timeout(double seconds) override {
     MINIDL_CHECK(seconds >= 0.0, "collective timeout must be >= 0 seconds, got ", seconds);
+    MINIDL_CHECK(seconds == 0.0 || !simulated(),
+                 "--collective-timeout does not apply to a simulated run (SimGrid SMPI): the "
+                 "simulator ends a run that deadlocks, naming the blocked ranks");
     set_stall_warning(stall_warning_seconds(true));
     if (seconds > 0.0 && size_ > 1) post_arrival_receives();
     timeout_ = seconds;
@@ -499,7 +516,10 @@ class MpiCommunicator final : public Communicator {
 
   template <typename Blocking, typename Start>
   void collective(const char* what, std::int64_t bytes, Blocking&& blocking, Start&& start) {
-    if (size_ == 1) {
+    // Simulated ranks never watch, so all of them take the blocking forms (and SMPI 3.32's
+    // non-blocking allreduce in place returned wrong sums on several ranks).
+    if (size_ == 1 || simulated()) {
+      if (simulated()) ++seq_;
       blocking();
       return;
     }
@@ -712,7 +732,24 @@ class MpiCommunicator final : public Communicator {
 
 }  // namespace
 
+bool simulated() {
+#ifdef MINIDL_SIMGRID
+  return true;
+#else
+  return false;
+#endif
+}
+
+SimulatedRankScope::~SimulatedRankScope() {
+  if (!simulated()) return;
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (initialized && !finalized) MPI_Finalize();
+}
+
 bool launched_by_mpi() {
+  if (simulated()) return true;  // smpirun sets no launcher variables; the build runs under it
   for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"})
     if (std::getenv(v) != nullptr) return true;
   return false;

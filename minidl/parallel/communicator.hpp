@@ -109,8 +109,24 @@ class Communicator {
 /// initialised on first use and finalised at exit), else local. The same object every call.
 Communicator& world();
 
-/// True when this process was started by an MPI launcher.
+/// True when this process was started by an MPI launcher (always in a simulated build).
 bool launched_by_mpi();
+
+/// True in a build against SimGrid's SMPI (MINIDL_SIMGRID): the ranks are simulated processes
+/// of one real process, each with one thread (SMPI provides MPI_THREAD_SINGLE), and every time
+/// minidl reports (minidl::Clock) is the simulated time.
+bool simulated();
+
+/// In a simulated build, finalises MPI when it goes out of scope: a simulated rank must before
+/// its main returns, since the process's exit handlers run after the simulation. Nothing in a
+/// real build (MPI is finalised at exit).
+class SimulatedRankScope {
+ public:
+  SimulatedRankScope() = default;
+  SimulatedRankScope(const SimulatedRankScope&) = delete;
+  SimulatedRankScope& operator=(const SimulatedRankScope&) = delete;
+  ~SimulatedRankScope();
+};
 
 /// A single-process communicator (a reference run inside a multi-rank job, tests).
 std::unique_ptr<Communicator> make_local_communicator();

@@ -10,6 +10,7 @@
 #include <limits>
 #include <unordered_map>
 
+#include "minidl/core/clock.hpp"
 #include "minidl/core/log.hpp"
 
 namespace minidl::runtime {
@@ -82,9 +83,7 @@ void check_numerics(const ir::Node& n, const std::vector<Tensor>& in,
 }  // namespace
 
 double trace_clock_us() {
-  return std::chrono::duration<double, std::micro>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double, std::micro>(Clock::now().time_since_epoch()).count();
 }
 
 Executable::Executable(const ir::Graph& g, CompileOptions options) : options_(options) {

@@ -7,7 +7,7 @@ MINIDL_BUILD_DIR=${MINIDL_BUILD_DIR:-$MINIDL_ROOT/build}
 # Debian packages the build, the tests and the data fetch need.
 MINIDL_PACKAGES=(g++ cmake ninja-build pkg-config libfmt-dev zlib1g-dev nlohmann-json3-dev
   libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev libdnnl-dev libopenmpi-dev openmpi-bin
-  python3-matplotlib)
+  python3-matplotlib libsimgrid-dev)
 
 minidl_log() { echo "minidl: $*" >&2; }
 

@@ -1,0 +1,263 @@
+"""An alpha-beta cost model of data-parallel training: predicts the time of an epoch for a layout
+(nodes, ranks per node, threads per rank, reduction strategy, bucket size) from a calibration
+file, and picks the layout and bucket size it predicts fastest.
+
+The calibration (scripts/calibrate-cost-model writes it; JSON):
+
+    {"network": {"alpha": S, "beta": S_PER_BYTE},      # between nodes: latency, 1 / bandwidth
+     "shm": {"alpha": S, "beta": S_PER_BYTE},          # between ranks of one node
+     "models": {"mnist_mlp": {
+         "sample_seconds": S,      # forward + backward of one sample, one thread
+         "step_seconds": S,        # per step whatever the batch: update, launch overheads
+         "thread_efficiency": {"2": E, ...},  # speedup of T threads over one, divided by T
+         "gradient_bytes": [B, ...],          # the gradients, in the order the backward makes them
+         "train_samples": N, "batch_size": B}}}
+
+"network" may instead come from a SimGrid platform file (platform_network()), so the model can
+be set beside the simulator on the same cluster. Costs:
+
+- compute of a step on a rank: step_seconds + sample_seconds * (its samples) / (T * E(T));
+- an allreduce of n bytes over P ranks with latency a and inverse bandwidth b: the cheaper of
+  recursive doubling, ceil(log2 P) * (a + n b), and the ring, 2 (P - 1) (a + n b / P) (what
+  OpenMPI's default selection roughly does: doubling for small messages, the ring for large);
+- buckets: the gradients packed in backward order into buckets of at most bucket_bytes (a larger
+  gradient alone; 0: one per gradient), one allreduce each;
+- "allreduce": one allreduce over all ranks, at the network's cost when the job spans several
+  nodes, else at the shared memory's;
+- "hierarchical": inside each node a reduce and a broadcast through shared memory
+  (2 * (a_shm + n b_shm) per bucket with several ranks on the node), and an allreduce among the
+  node leaders over the network.
+
+Nothing overlaps (the default, --overlap off): a step is compute + communication.
+"""
+import json
+import math
+import re
+
+STRATEGIES = ("allreduce", "hierarchical")
+BUCKET_CHOICES_MB = (0.0, 0.25, 1.0, 4.0, 16.0, 64.0)
+
+
+class CalibrationError(Exception):
+    """A calibration file that cannot be used; the message names the file and the key."""
+
+
+def allreduce_seconds(nbytes, ranks, alpha, beta):
+    """Time of one allreduce of nbytes over ranks ranks (0 for one rank or no bytes)."""
+    if ranks <= 1 or nbytes <= 0:
+        return 0.0
+    doubling = math.ceil(math.log2(ranks)) * (alpha + nbytes * beta)
+    ring = 2.0 * (ranks - 1) * (alpha + nbytes * beta / ranks)
+    return min(doubling, ring)
+
+
+def buckets(gradient_bytes, bucket_bytes):
+    """Sizes of the buckets the gradients (in backward order) are packed into: each at most
+    bucket_bytes, a larger gradient alone; bucket_bytes 0: one per gradient."""
+    if bucket_bytes <= 0:
+        return [g for g in gradient_bytes if g > 0]
+    out, current = [], 0
+    for g in gradient_bytes:
+        if g > bucket_bytes:
+            if current:
+                out.append(current)
+                current = 0
+            out.append(g)
+        elif current + g > bucket_bytes:
+            out.append(current)
+            current = g
+        else:
+            current += g
+    if current:
+        out.append(current)
+    return out
+
+
+class Layout:
+    """nodes x ranks_per_node ranks of threads threads each, a strategy and a bucket size (MiB)."""
+
+    def __init__(self, nodes, ranks_per_node=1, threads=1, strategy="allreduce", bucket_mb=0.25):
+        if nodes < 1 or ranks_per_node < 1 or threads < 1:
+            raise ValueError(f"a layout needs at least one node, rank and thread, got {nodes} "
+                             f"node(s) x {ranks_per_node} rank(s) x {threads} thread(s)")
+        if strategy not in STRATEGIES:
+            raise ValueError(f"strategy '{strategy}': expected one of {', '.join(STRATEGIES)}")
+        if bucket_mb < 0:
+            raise ValueError(f"bucket size {bucket_mb} MiB: expected >= 0")
+        self.nodes, self.ranks_per_node, self.threads = nodes, ranks_per_node, threads
+        self.strategy, self.bucket_mb = strategy, bucket_mb
+
+    @property
+    def ranks(self):
+        return self.nodes * self.ranks_per_node
+
+    def __repr__(self):
+        return (f"{self.nodes} node(s) x {self.ranks_per_node} rank(s) x {self.threads} "
+                f"thread(s), {self.strategy}, buckets of {self.bucket_mb:g} MiB")
+
+
+class Prediction:
+    def __init__(self, layout, steps, compute, communication):
+        self.layout = layout
+        self.steps = steps
+        self.compute_seconds = compute  # per step
+        self.comm_seconds = communication  # per step
+
+    @property
+    def step_seconds(self):
+        return self.compute_seconds + self.comm_seconds
+
+    @property
+    def epoch_seconds(self):
+        return self.steps * self.step_seconds
+
+    @property
+    def comm_share(self):
+        return self.comm_seconds / self.step_seconds if self.step_seconds > 0 else 0.0
+
+
+class CostModel:
+    def __init__(self, calibration, source="calibration"):
+        self.source = source
+        self.cal = calibration
+        self.network = self._link("network")
+        self.shm = self._link("shm")
+
+    def _need(self, d, key, where):
+        if not isinstance(d, dict) or key not in d:
+            raise CalibrationError(f"{self.source}: missing '{where}{key}'")
+        return d[key]
+
+    def _link(self, name):
+        link = self._need(self.cal, name, "")
+        alpha = self._need(link, "alpha", name + ".")
+        beta = self._need(link, "beta", name + ".")
+        if not all(isinstance(v, (int, float)) and v >= 0 for v in (alpha, beta)):
+            raise CalibrationError(f"{self.source}: '{name}.alpha' and '{name}.beta' must be "
+                                   f"numbers >= 0, got {alpha!r} and {beta!r}")
+        return float(alpha), float(beta)
+
+    def model(self, name):
+        models = self._need(self.cal, "models", "")
+        if name not in models:
+            known = ", ".join(sorted(models)) or "none"
+            raise CalibrationError(f"{self.source}: no calibration of model '{name}' "
+                                   f"(calibrated: {known})")
+        m = models[name]
+        for key in ("sample_seconds", "step_seconds", "gradient_bytes", "train_samples"):
+            self._need(m, key, f"models.{name}.")
+        return m
+
+    def thread_factor(self, m, threads):
+        """Speedup of threads threads over one on this model's compute."""
+        if threads == 1:
+            return 1.0
+        eff = m.get("thread_efficiency", {})
+        if str(threads) in eff:
+            return threads * float(eff[str(threads)])
+        # Unmeasured thread count: the efficiency of the largest measured one below it.
+        below = [int(t) for t in eff if int(t) <= threads]
+        e = float(eff[str(max(below))]) if below else 1.0
+        return threads * e
+
+    def communication(self, m, layout):
+        """Seconds per step spent reducing the gradients."""
+        sizes = buckets(m["gradient_bytes"], int(layout.bucket_mb * 1024 * 1024))
+        total = 0.0
+        net_a, net_b = self.network
+        shm_a, shm_b = self.shm
+        for n in sizes:
+            if layout.strategy == "allreduce":
+                a, b = (net_a, net_b) if layout.nodes > 1 else (shm_a, shm_b)
+                total += allreduce_seconds(n, layout.ranks, a, b)
+            else:
+                if layout.ranks_per_node > 1:
+                    total += 2.0 * (shm_a + n * shm_b)
+                total += allreduce_seconds(n, layout.nodes, net_a, net_b)
+        return total
+
+    def predict(self, name, layout, global_batch=None):
+        """The epoch of model name on layout, at global_batch samples per step (default: the
+        calibrated batch size)."""
+        m = self.model(name)
+        batch = global_batch or int(m.get("batch_size", 64))
+        if batch < layout.ranks:
+            raise ValueError(f"a global batch of {batch} cannot give each of {layout.ranks} "
+                             f"ranks a sample")
+        steps = max(1, int(m["train_samples"]) // batch)
+        per_rank = math.ceil(batch / layout.ranks)  # the slowest rank's share
+        compute = float(m["step_seconds"]) + float(m["sample_seconds"]) * per_rank / \
+            self.thread_factor(m, layout.threads)
+        return Prediction(layout, steps, compute, self.communication(m, layout))
+
+    def best(self, name, nodes, cores_per_node, global_batch=None):
+        """(best prediction, all predictions) over ranks per node x threads filling the cores,
+        both strategies and the bucket sizes of BUCKET_CHOICES_MB."""
+        options = []
+        for rpn in range(1, cores_per_node + 1):
+            if cores_per_node % rpn:
+                continue
+            for strategy in STRATEGIES:
+                if strategy == "hierarchical" and (rpn == 1 or nodes == 1):
+                    continue  # the same as allreduce there
+                for bucket in BUCKET_CHOICES_MB:
+                    layout = Layout(nodes, rpn, cores_per_node // rpn, strategy, bucket)
+                    if global_batch is not None and global_batch < layout.ranks:
+                        continue
+                    options.append(self.predict(name, layout, global_batch))
+        if not options:
+            raise ValueError(f"no layout of {nodes} node(s) x {cores_per_node} core(s) gives "
+                             f"every rank a sample of a global batch of {global_batch}")
+        return min(options, key=lambda p: p.epoch_seconds), options
+
+
+def load(path):
+    try:
+        with open(path) as f:
+            cal = json.load(f)
+    except OSError as e:
+        raise CalibrationError(f"{path}: cannot read the calibration: {e.strerror}") from None
+    except json.JSONDecodeError as e:
+        raise CalibrationError(f"{path}: not JSON (line {e.lineno}: {e.msg})") from None
+    return CostModel(cal, source=path)
+
+
+_DECIMAL = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+_BINARY = {"Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40}
+
+
+def _quantity(text, what, path):
+    """A SimGrid quantity: a bandwidth ('10Gbps' bits, '1.25GBps' bytes, 'GiBps') in bytes per
+    second, or a latency ('50us', 'ms', 's', 'ns') in seconds."""
+    m = re.fullmatch(r"\s*([0-9.]+(?:[eE][+-]?[0-9]+)?)\s*([kKMGT]i?)?(bps|Bps|s|ms|us|ns)\s*",
+                     text or "")
+    if not m:
+        raise CalibrationError(f"{path}: cannot read the {what} '{text}'")
+    v, prefix, unit = float(m.group(1)), m.group(2) or "", m.group(3)
+    if unit in ("bps", "Bps"):
+        v *= _BINARY[prefix] if prefix.endswith("i") else _DECIMAL[prefix]
+        return v / 8.0 if unit == "bps" else v
+    if prefix:
+        raise CalibrationError(f"{path}: cannot read the {what} '{text}'")
+    return v * {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}[unit]
+
+
+def platform_network(path):
+    """(alpha, beta) between two nodes of the <cluster> of a SimGrid platform file: the latency
+    of the links on the path (2 for a star, 4 across a two-level fat tree) and 1 / the link
+    bandwidth."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError as e:
+        raise CalibrationError(f"{path}: cannot read the platform: {e.strerror}") from None
+    m = re.search(r"<cluster\b([^>]*)>", text, re.S)
+    if not m:
+        raise CalibrationError(f"{path}: no <cluster> element")
+    attrs = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+    bw = _quantity(attrs.get("bw"), "bandwidth 'bw'", path)
+    lat = _quantity(attrs.get("lat"), "latency 'lat'", path)
+    hops = 2
+    if attrs.get("topology") == "FAT_TREE":
+        hops = 2 * int(attrs.get("topo_parameters", "1").split(";")[0])
+    return hops * lat, 1.0 / bw

@@ -1,0 +1,203 @@
+#!/usr/bin/python3
+"""Unit tests of the cost model (scripts/lib/costmodel.py) and of the scripts that use it:
+the alpha-beta formulas against hand-computed values, bucketing, the layout it picks on a
+calibration made up so that the answer is known, platform files, and bad calibrations."""
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "scripts", "lib"))
+import costmodel  # noqa: E402
+
+MB = 1024 * 1024
+
+
+def calibration(**over):
+    cal = {"network": {"alpha": 50e-6, "beta": 1 / 1.25e9},
+           "shm": {"alpha": 1e-6, "beta": 1 / 10e9},
+           "models": {"m": {"sample_seconds": 1e-3, "step_seconds": 2e-3,
+                            "thread_efficiency": {"2": 0.5, "4": 0.75},
+                            "gradient_bytes": [4 * MB, 1 * MB, 1 * MB],
+                            "train_samples": 6400, "batch_size": 64}}}
+    cal.update(over)
+    return cal
+
+
+class Formulas(unittest.TestCase):
+    def test_allreduce_one_rank_is_free(self):
+        self.assertEqual(costmodel.allreduce_seconds(1000, 1, 1.0, 1.0), 0.0)
+        self.assertEqual(costmodel.allreduce_seconds(0, 8, 1.0, 1.0), 0.0)
+
+    def test_small_message_takes_recursive_doubling(self):
+        # 8 ranks, 8 bytes: doubling 3 (a + 8b); ring 14 (a + b)
+        a, b = 10e-6, 1e-9
+        self.assertAlmostEqual(costmodel.allreduce_seconds(8, 8, a, b), 3 * (a + 8 * b))
+
+    def test_large_message_takes_the_ring(self):
+        a, b, n = 10e-6, 1e-9, 64 * MB
+        ring = 2 * 7 * (a + n * b / 8)
+        self.assertAlmostEqual(costmodel.allreduce_seconds(n, 8, a, b), ring)
+        self.assertLess(ring, 3 * (a + n * b))
+
+    def test_non_power_of_two_rounds_up(self):
+        self.assertAlmostEqual(costmodel.allreduce_seconds(4, 3, 1.0, 0.0), 2.0)
+
+    def test_buckets(self):
+        self.assertEqual(costmodel.buckets([100, 200, 50, 1000, 30], 256), [100, 250, 1000, 30])
+        self.assertEqual(costmodel.buckets([100, 200], 0), [100, 200])
+        self.assertEqual(costmodel.buckets([100, 200], 10**9), [300])
+
+
+class Predictions(unittest.TestCase):
+    def setUp(self):
+        self.model = costmodel.CostModel(calibration())
+
+    def test_one_process_is_compute_only(self):
+        p = self.model.predict("m", costmodel.Layout(1, 1, 1))
+        self.assertEqual(p.comm_seconds, 0.0)
+        self.assertEqual(p.steps, 100)
+        self.assertAlmostEqual(p.epoch_seconds, 100 * (2e-3 + 64 * 1e-3))
+
+    def test_threads_use_the_measured_efficiency(self):
+        p = self.model.predict("m", costmodel.Layout(1, 1, 2))
+        self.assertAlmostEqual(p.compute_seconds, 2e-3 + 64e-3 / (2 * 0.5))
+        p3 = self.model.predict("m", costmodel.Layout(1, 1, 3))  # unmeasured: 2's efficiency
+        self.assertAlmostEqual(p3.compute_seconds, 2e-3 + 64e-3 / (3 * 0.5))
+
+    def test_two_nodes_pay_the_network(self):
+        lay = costmodel.Layout(2, 1, 1, "allreduce", 0.0)
+        p = self.model.predict("m", lay)
+        expect = sum(costmodel.allreduce_seconds(n, 2, 50e-6, 1 / 1.25e9)
+                     for n in (4 * MB, MB, MB))
+        self.assertAlmostEqual(p.comm_seconds, expect)
+        self.assertAlmostEqual(p.compute_seconds, 2e-3 + 32e-3)
+
+    def test_hierarchical_adds_the_node_level(self):
+        lay = costmodel.Layout(4, 2, 1, "hierarchical", 64.0)  # one bucket of 6 MiB
+        p = self.model.predict("m", lay)
+        n = 6 * MB
+        expect = 2 * (1e-6 + n / 10e9) + costmodel.allreduce_seconds(n, 4, 50e-6, 1 / 1.25e9)
+        self.assertAlmostEqual(p.comm_seconds, expect)
+
+    def test_a_rank_without_a_sample_is_refused(self):
+        with self.assertRaisesRegex(ValueError, "global batch of 64 cannot give each of 128"):
+            self.model.predict("m", costmodel.Layout(128, 1, 1))
+
+    def test_picks_the_known_best(self):
+        # Threads are useless (efficiency 1/T), so ranks fill the cores; a huge network latency
+        # makes one bucket best (16 MiB, the smallest holding all 6 MiB), and the node level
+        # pays off over the slow network.
+        cal = calibration(network={"alpha": 1e-2, "beta": 1e-9})
+        cal["models"]["m"]["thread_efficiency"] = {"2": 0.5, "4": 0.25}
+        best, options = costmodel.CostModel(cal).best("m", 4, 4)
+        self.assertEqual((best.layout.ranks_per_node, best.layout.threads), (4, 1))
+        self.assertEqual(best.layout.strategy, "hierarchical")
+        self.assertEqual(best.layout.bucket_mb, 16.0)
+        self.assertEqual(best.epoch_seconds, min(o.epoch_seconds for o in options))
+
+    def test_picks_threads_when_they_scale(self):
+        cal = calibration(network={"alpha": 1e-2, "beta": 1e-9})
+        cal["models"]["m"]["thread_efficiency"] = {"2": 1.0, "4": 1.0}
+        best, _ = costmodel.CostModel(cal).best("m", 4, 4)
+        self.assertEqual((best.layout.ranks_per_node, best.layout.threads), (1, 4))
+
+
+class Files(unittest.TestCase):
+    def test_platform_files(self):
+        star = os.path.join(ROOT, "scripts", "platforms", "ethernet-10g-star.xml")
+        alpha, beta = costmodel.platform_network(star)
+        self.assertAlmostEqual(alpha, 100e-6)  # two 50 us links
+        self.assertAlmostEqual(beta, 8 / 10e9)
+        tree = os.path.join(ROOT, "scripts", "platforms", "ethernet-100g-fattree.xml")
+        alpha, beta = costmodel.platform_network(tree)
+        self.assertAlmostEqual(alpha, 4 * 0.75e-6)
+        self.assertAlmostEqual(beta, 8 / 100e9)
+
+    def test_quantities(self):
+        self.assertAlmostEqual(costmodel._quantity("1.25GBps", "bw", "f"), 1.25e9)
+        self.assertAlmostEqual(costmodel._quantity("1GiBps", "bw", "f"), 2.0**30)
+        self.assertAlmostEqual(costmodel._quantity("2ms", "lat", "f"), 2e-3)
+        with self.assertRaisesRegex(costmodel.CalibrationError, "f: cannot read the bw 'fast'"):
+            costmodel._quantity("fast", "bw", "f")
+
+    def test_bad_calibrations_name_file_and_key(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "c.json")
+            with open(path, "w") as f:
+                f.write("{not json")
+            with self.assertRaisesRegex(costmodel.CalibrationError, "c.json: not JSON"):
+                costmodel.load(path)
+            cal = calibration()
+            del cal["shm"]["beta"]
+            with open(path, "w") as f:
+                json.dump(cal, f)
+            with self.assertRaisesRegex(costmodel.CalibrationError, "missing 'shm.beta'"):
+                costmodel.load(path)
+            with open(path, "w") as f:
+                json.dump(calibration(), f)
+            with self.assertRaisesRegex(costmodel.CalibrationError,
+                                        "no calibration of model 'x' \\(calibrated: m\\)"):
+                costmodel.load(path).model("x")
+        with self.assertRaisesRegex(costmodel.CalibrationError, "cannot read the calibration"):
+            costmodel.load("/nonexistent/c.json")
+
+    def test_cost_model_script(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "c.json")
+            with open(path, "w") as f:
+                json.dump(calibration(), f)
+            script = os.path.join(ROOT, "scripts", "cost-model")
+            out = subprocess.run([script, "m", "--calibration", path, "--nodes", "1,4",
+                                  "--cores-per-node", "4"], stdout=subprocess.PIPE, text=True,
+                                 check=True).stdout
+            self.assertIn("4 node(s) of 4 core(s): pick", out)
+            one = subprocess.run([script, "m", "--calibration", path, "--layout", "1x1"],
+                                 stdout=subprocess.PIPE, text=True, check=True).stdout
+            self.assertIn(f"| 1 | 1 | 1 | allreduce | 0.25 | 66.000 | 0.000 | "
+                          f"{100 * 66e-3:.3f} | 0% |", one)
+            bad = subprocess.run([script, "m", "--calibration", path, "--nodes", "0"],
+                                 stderr=subprocess.PIPE, text=True)
+            self.assertEqual(bad.returncode, 2)
+            self.assertEqual(bad.stderr.strip(), "cost-model: error: --nodes takes positive "
+                             "integers separated by commas, got '0'")
+
+
+class SimulateCluster(unittest.TestCase):
+    """scripts/simulate-cluster's memory guard: a run estimated over 90% of the available memory
+    is skipped, from the per-rank growth of the runs done."""
+
+    def setUp(self):
+        import importlib.machinery
+        import importlib.util
+        path = os.path.join(ROOT, "scripts", "simulate-cluster")
+        loader = importlib.machinery.SourceFileLoader("simulate_cluster", path)
+        spec = importlib.util.spec_from_loader("simulate_cluster", loader)
+        self.sc = importlib.util.module_from_spec(spec)
+        loader.exec_module(self.sc)
+
+    def run_of(self, ranks, batch, peak=None):
+        r = self.sc.Run("strong", ranks, 1, batch, "")
+        r.peak_mb = peak
+        return r
+
+    def test_skips_what_would_not_fit(self):
+        done = [self.run_of(1, 1024, 800.0), self.run_of(256, 1024, 800.0 + 255 * 24)]
+        self.sc.available_mb = lambda: 20 * 1024.0
+        why = self.sc.too_big(self.run_of(1024, 1024), done)
+        self.assertRegex(why, r"^about 24\.8 GB estimated from the 256-rank run's peak, "
+                              r"20\.0 GB available$")
+        self.assertEqual(self.sc.too_big(self.run_of(512, 1024), done), "")  # 12.8 GB fits
+
+    def test_needs_two_runs_to_estimate(self):
+        self.sc.available_mb = lambda: 1.0
+        self.assertEqual(self.sc.too_big(self.run_of(1024, 1024),
+                                         [self.run_of(1, 1024, 800.0)]), "")
+
+
+if __name__ == "__main__":
+    unittest.main()
