@@ -510,7 +510,7 @@ std::vector<Flag> make_table() {
        .check = range(0, 2),
        .resume = {"zero", Rule::Note},
        .metric = {"zero"},
-       .excludes = {"--overlap", "--accumulate"}},
+       .excludes = {"--overlap"}},
       {.name = "--sync-bn",
        .field = &AppConfig::sync_bn,
        .help = "normalise with the statistics of the whole global batch, summed over thread "
