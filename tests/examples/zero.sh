@@ -59,18 +59,19 @@ check sgd "${sgd[@]}"
 # Gradient accumulation: the micro-steps' gradients are summed (in deterministic mode joined
 # across the ranks in the tree as each micro-step ends), then the apply program takes this
 # rank's shard, updates it and all-gathers. --batch-size 32 --accumulate 2 (and 16 x 4) must
-# give the bits of the one-process run with batches of 64.
-for run in "1 2 32 2" "2 2 32 2" "1 3 32 2" "2 3 32 2" "2 2 16 4"; do
-  read -r z n b k <<<"$run"
-  name=accumulate-z$z-n$n-b$b-k$k
+# give the bits of the one-process run with batches of 64 (with --reduce hierarchical too: the
+# tree joined by node first).
+for run in "1 2 32 2" "2 2 32 2" "1 3 32 2" "2 3 32 2" "2 2 16 4" "2 3 32 2 hierarchical"; do
+  read -r z n b k reduce <<<"$run"
+  name=accumulate-z$z-n$n-b$b-k$k${reduce:+-$reduce}
+  what="--zero $z --batch-size $b --accumulate $k${reduce:+ --reduce $reduce} on $n ranks"
   if ! launch "$n" "$mlp" "${adamw[@]}" --zero "$z" --batch-size "$b" --accumulate "$k" \
-    --save "$tmp/$name.safetensors" >"$tmp/$name.out" 2>&1; then
+    --reduce "${reduce:-allreduce}" --save "$tmp/$name.safetensors" >"$tmp/$name.out" 2>&1; then
     fail "$name: the run failed: $(cat "$tmp/$name.out")"
   elif cmp -s "$tmp/adamw-ref.safetensors" "$tmp/$name.safetensors"; then
-    echo "ok   --zero $z --batch-size $b --accumulate $k on $n ranks: bitwise identical to" \
-      "1 rank with batches of 64"
+    echo "ok   $what: bitwise identical to 1 rank with batches of 64"
   else
-    fail "--zero $z --batch-size $b --accumulate $k on $n ranks: parameters differ from 1 rank"
+    fail "$what: parameters differ from 1 rank"
   fi
 done
 if [ "$(norms "$tmp/adamw-ref.out")" = "$(norms "$tmp/accumulate-z2-n3-b32-k2.out")" ]; then
