@@ -510,7 +510,7 @@ std::vector<Flag> make_table() {
        .check = range(0, 2),
        .resume = {"zero", Rule::Note},
        .metric = {"zero"},
-       .excludes = {"--overlap", "--accumulate"}},
+       .excludes = {"--overlap"}},
       {.name = "--tensor-parallel",
        .field = &AppConfig::tensor_parallel,
        .help = "tensor-parallel shards per replica: the ranks are data-parallel replicas x "

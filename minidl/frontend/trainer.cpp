@@ -165,8 +165,6 @@ Trainer::Trainer(train::Model& model, optim::Optimizer& optimizer, TrainerOption
   MINIDL_CHECK(options.zero >= 0 && options.zero <= 2, "--zero ", options.zero,
                " (expected 0: off, 1: optimizer state sharded, 2: gradients too)");
   if (options.zero > 0) {
-    MINIDL_CHECK(options.accumulate == 1,
-                 "--zero does not combine with --accumulate (gradient accumulation) yet");
     MINIDL_CHECK(
         options.micro_batch > 0 || options.reduce_strategy == parallel::ReduceStrategy::Allreduce,
         "--zero reduces the gradients its own way (reduce-scatter): --reduce ",

@@ -396,7 +396,9 @@ ZeroPieces zero_reduce_gradients(ir::Graph& g, const ZeroPlan& plan, const ZeroO
   }
   const std::int64_t lo = plan.bounds[static_cast<std::size_t>(o.rank)];
   ir::Value* shard = nullptr;
-  if (o.stage == 1) {
+  if (o.reduced) {
+    shard = bucket_unpack(flat, lo, Shape{plan.shard_size(o.rank)}, "zero.shard");
+  } else if (o.stage == 1) {
     ir::Value* sum = o.tree_leaves > 0
                          ? tree_allreduce(flat, o.tree_leaves, o.group, "zero.tree_allreduce")
                          : allreduce(flat, 1.0, o.group, "zero.allreduce");

@@ -54,6 +54,10 @@ struct ZeroOptions {
   /// Deterministic mode: the gradients are the ranks' subtrees of the tree over this many
   /// micro-shards, joined in its order; 0: MPI's sum.
   std::int64_t tree_leaves = 0;
+  /// The gradients are the sum over the ranks already (deterministic gradient accumulation,
+  /// whose micro-steps the tree joins across the ranks as they end): each rank takes its shard
+  /// and nothing is communicated.
+  bool reduced = false;
 };
 
 /// What a rank updates: a copy of each piece of a parameter in its shard and the reduced

@@ -6,6 +6,13 @@
 
 namespace minidl::optim {
 
+ir::Value* updated_param(ir::Node* u) {
+  const int slot = u->def().update_role()->param;
+  for (std::size_t o = 0; o < u->outputs().size(); ++o)
+    if (u->def().shares_input(static_cast<int>(o)) == slot) return u->output(static_cast<int>(o));
+  MINIDL_FAIL(u->describe(), ": no output writes the parameter");
+}
+
 const Tensor& Optimizer::state_for(const std::string& param, const std::string& kind,
                                    const Shape& like) {
   const std::string key = param + "." + kind;

@@ -19,6 +19,10 @@ struct StepInputs {
   ir::Value* step = nullptr;
 };
 
+/// The output of update node `update` (an op declaring OpDef::update) that writes its
+/// parameter input: the updated parameter.
+ir::Value* updated_param(ir::Node* update);
+
 class Optimizer {
  public:
   virtual ~Optimizer() = default;

@@ -18,6 +18,7 @@
 #include "minidl/train/clip.hpp"
 #include "minidl/train/pipeline_graph.hpp"
 #include "minidl/train/tensor_parallel.hpp"
+#include "minidl/train/zero_update.hpp"
 
 namespace minidl::train {
 
@@ -124,14 +125,6 @@ Tensor role_tensor(const ir::Graph& g, const runtime::Executable& exe, ir::Role 
   return n != nullptr && n->op() == "input" ? exe.input(n->name()) : Tensor();
 }
 
-// The output of update node u that writes its param input.
-ir::Value* updated_param(ir::Node* u) {
-  const int slot = u->def().update_role()->param;
-  for (std::size_t o = 0; o < u->outputs().size(); ++o)
-    if (u->def().shares_input(static_cast<int>(o)) == slot) return u->output(static_cast<int>(o));
-  MINIDL_FAIL(u->describe(), ": no output writes the parameter");
-}
-
 // The combinations tensor parallelism supports (the app refuses the others by flag first).
 void check_tensor_parallel(const StepOptions& o, int shards) {
   MINIDL_CHECK(shards == o.layout.options().shards, "compile_step: the layout has ",
@@ -182,8 +175,6 @@ CompiledStep compile_step(Model& model, const Loss& loss, optim::Optimizer* opti
   const bool det = spec.train && layout.deterministic();
   MINIDL_CHECK(o.zero >= 0 && o.zero <= 2, "--zero ", o.zero,
                " (expected 0: off, 1: optimizer state sharded, 2: gradients too)");
-  MINIDL_CHECK(o.zero == 0 || !spec.train || layout.accumulate() == 1,
-               "--zero does not combine with --accumulate (gradient accumulation) yet");
   const parallel::TensorParallelOptions tensor{
       .shards = o.tensor_comm ? o.tensor_comm->size() : 1,
       .rank = o.tensor_comm ? o.tensor_comm->rank() : 0,
@@ -351,35 +342,12 @@ CompiledStep compile_step(Model& model, const Loss& loss, optim::Optimizer* opti
         const optim::StepInputs in{
             ops::role_input(g, ir::Role::LearningRate, "lr", Shape{}, DType::F32),
             ops::role_input(g, ir::Role::OptimizerStep, "optimizer_step", Shape{}, DType::I64)};
-        const parallel::ZeroPlan plan = zero_plan(model, comm.size());
-        const parallel::ZeroOptions zo{.stage = o.zero,
-                                       .rank = rank,
-                                       .group = parallel::register_group(&comm),
-                                       .tree_leaves = det ? leaves : 0};
-        const parallel::ZeroPieces pieces =
-            parallel::zero_reduce_gradients(g, plan, zo, params, grads);
-        // A program built as another rank (the preflight's) binds state of its own.
-        const bool other = rank != comm.rank();
-        NamedTensors own;
-        if (other) own = optimizer->exchange_state({});
-        optimizer->apply(g, pieces.names, pieces.params, pieces.grads, in);
-        if (other) optimizer->exchange_state(std::move(own));
-        std::vector<ir::Value*> updated;
-        for (ir::Value* piece : pieces.params) {
-          ir::Node* u = nullptr;
-          for (ir::Node* user : piece->users())
-            if (user->def().update_role() && user->input(user->def().update_role()->param) == piece)
-              u = user;
-          MINIDL_CHECK(u != nullptr, "--zero: the optimizer made no update of ", piece->ref());
-          updated.push_back(updated_param(u));
-        }
-        parallel::zero_gather_parameters(g, plan, zo, pieces, updated, params);
-        if (o.clip_grad_norm > 0.0) {
-          std::vector<std::size_t> order;  // the updates' order without ZeRO: the parameters'
-          for (ir::Value* p : params)
-            order.push_back(static_cast<std::size_t>(plan.index(p->producer()->name())));
-          clip_total = parallel::zero_sum_squares(g, plan, zo, pieces, order);
-        }
+        clip_total = zero_update(g, model, *optimizer, params, grads, in,
+                                 {.stage = o.zero,
+                                  .rank = rank,
+                                  .comm = &comm,
+                                  .tree_leaves = det ? leaves : 0,
+                                  .clip = o.clip_grad_norm > 0.0});
       } else if (job == Job::Step) {
         const optim::StepInputs in{
             ops::role_input(g, ir::Role::LearningRate, "lr", Shape{}, DType::F32),
@@ -448,7 +416,7 @@ CompiledStep compile_step(Model& model, const Loss& loss, optim::Optimizer* opti
   if (!accumulate) return s;
 
   s.joins_ = layout.micro_step_joins(spec.batch);
-  s.add_apply_program(model, *optimizer, param_names, o, comm);
+  s.add_apply_program(model, *optimizer, param_names, o, comm, rank);
   return s;
 }
 
@@ -456,7 +424,7 @@ CompiledStep compile_step(Model& model, const Loss& loss, optim::Optimizer* opti
 // deterministic mode, where the tree has joined them already), clipped and applied.
 void CompiledStep::add_apply_program(Model& model, optim::Optimizer& optimizer,
                                      const std::vector<std::string>& param_names,
-                                     const StepOptions& o, parallel::Communicator& comm) {
+                                     const StepOptions& o, parallel::Communicator& comm, int rank) {
   auto& a = *(apply_ = std::make_unique<Program>());
   a.graph = std::make_unique<ir::Graph>();
   ir::Graph& g = *a.graph;
@@ -475,12 +443,24 @@ void CompiledStep::add_apply_program(Model& model, optim::Optimizer& optimizer,
   const optim::StepInputs in{
       ops::role_input(g, ir::Role::LearningRate, "lr", Shape{}, DType::F32),
       ops::role_input(g, ir::Role::OptimizerStep, "optimizer_step", Shape{}, DType::I64)};
-  optimizer.apply(g, params, grads, in);
+  // ZeRO reduces the sums to this rank's shard itself (in deterministic mode, where the tree
+  // has summed them, it only takes the shard).
+  ir::Value* clip_total = nullptr;
+  if (o.zero > 0) {
+    clip_total = zero_update(g, model, optimizer, params, grads, in,
+                             {.stage = o.zero,
+                              .rank = rank,
+                              .comm = &comm,
+                              .reduced = o.layout.deterministic(),
+                              .clip = o.clip_grad_norm > 0.0});
+  } else {
+    optimizer.apply(g, params, grads, in);
+  }
   ClipGradNorm* clip = nullptr;
   std::optional<double> reduce;
   // Each rank's sum is weighted by the global batch already.
-  if (comm.size() > 1 && !o.layout.deterministic()) reduce = 1.0;
-  ir::PassManager pm = pipeline(Job::Apply, o, comm, reduce, 0, &clip);  // owns clip
+  if (comm.size() > 1 && !o.layout.deterministic() && o.zero == 0) reduce = 1.0;
+  ir::PassManager pm = pipeline(Job::Apply, o, comm, reduce, 0, &clip, clip_total);  // owns clip
   pm.run(g);
   a.exe = compile(g, o, program_name(Job::Apply, 0, 0));
   if (clip->norm() != nullptr) {

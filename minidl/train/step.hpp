@@ -173,7 +173,7 @@ class CompiledStep {
   };
   void add_apply_program(Model& model, optim::Optimizer& optimizer,
                          const std::vector<std::string>& param_names, const StepOptions& o,
-                         parallel::Communicator& comm);
+                         parallel::Communicator& comm, int rank);
   void run_micro(std::size_t j, const StepFeed& feed);
   void push_gradients(std::size_t j);
 

@@ -6,14 +6,6 @@
 namespace minidl::train {
 namespace {
 
-// The output of update node u that writes its param input.
-ir::Value* updated_param(ir::Node* u) {
-  const int slot = u->def().update_role()->param;
-  for (std::size_t o = 0; o < u->outputs().size(); ++o)
-    if (u->def().shares_input(static_cast<int>(o)) == slot) return u->output(static_cast<int>(o));
-  MINIDL_FAIL(u->describe(), ": no output writes the parameter");
-}
-
 const Tensor* find(const NamedTensors& ts, const std::string& key) {
   const auto it = std::find_if(ts.begin(), ts.end(), [&](const auto& t) { return t.first == key; });
   return it == ts.end() ? nullptr : &it->second;
@@ -53,7 +45,7 @@ void tensor_parallel_updates(ir::Graph& g, optim::Optimizer& optimizer,
         u = user;
     MINIDL_CHECK(u != nullptr, "--tensor-parallel: the optimizer made no update of ",
                  p.piece->ref());
-    updated.push_back(updated_param(u));
+    updated.push_back(optim::updated_param(u));
   }
   parallel::gather_updated_pieces(g, plan, updated, o);
 }

@@ -232,10 +232,12 @@ TEST(DataParallelPass, TheScheduleIsPartOfTheFingerprint) {
 TEST(DataParallelPass, PartitionTakesOnePipelineStagePerGraph) {
   MlpStep m(4);
   auto local = parallel::make_local_communicator();
-  parallel::DataParallel sharded(*local, 1.0, {.partition = {.shards = 2}});
-  EXPECT_THAT([&] { sharded.run(m.g); },
-              ThrowsMessage<Error>(HasSubstr("a partition into 1 stages x 2 shards is not "
-                                             "implemented")));
+  // Pipeline stages and tensor-parallel shards each work, not both at once.
+  parallel::DataParallel both(*local, 1.0, {.partition = {.stages = 2, .shards = 2}});
+  EXPECT_THAT([&] { both.run(m.g); },
+              ThrowsMessage<Error>(HasSubstr("a partition into 2 stages x 2 shards is not "
+                                             "implemented (pipeline stages or tensor-parallel "
+                                             "shards, not both)")));
   ir::Node* fc2 = m.g.find("fc2.matmul");
   ASSERT_NE(fc2, nullptr);
   parallel::set_stage(*fc2, 1);
