@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cstdlib>
+#include <initializer_list>
 
 #include "minidl/core/log.hpp"
 #include "minidl/ops/onednn/kernels.hpp"
@@ -90,44 +91,38 @@ std::string isa_name(unsigned isa) {
       return fmt::format("0x{:x}", isa);
   }
 }
-}  // namespace
 
-std::string blocked_conv_layout() {
-  // A convolution with enough channels for any block, its output format left to oneDNN.
+// The layout oneDNN picks for the output of a convolution with enough channels for any block,
+// its formats left to oneDNN, on factors of type t; empty when none of the candidates.
+std::string picked_conv_layout(memory::data_type t, std::initializer_list<const char*> layouts) {
   const memory::dims x{1, 32, 8, 8}, w{32, 32, 3, 3};
-  const memory::desc any_x(x, memory::data_type::f32, memory::format_tag::any);
-  const memory::desc any_w(w, memory::data_type::f32, memory::format_tag::any);
+  const memory::desc any_x(x, t, memory::format_tag::any);
+  const memory::desc any_w(w, t, memory::format_tag::any);
   try {
     const dnnl::convolution_forward::primitive_desc pd(
         dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
                                         dnnl::algorithm::convolution_direct, any_x, any_w, any_x,
                                         {1, 1}, {1, 1}, {1, 1}),
         engine());
-    for (const char* layout : {"nChw16c", "nChw8c"})
-      if (pd.dst_desc() == layout_desc(Shape{1, 32, 8, 8}, layout)) return layout;
+    const DType dtype = t == memory::data_type::bf16 ? DType::BF16 : DType::F32;
+    for (const char* layout : layouts)
+      if (pd.dst_desc() == layout_desc(Shape{1, 32, 8, 8}, layout, dtype)) return layout;
   } catch (const dnnl::error&) {
   }
   return {};
 }
 
+}  // namespace
+
+std::string blocked_conv_layout() {
+  return picked_conv_layout(memory::data_type::f32, {"nChw16c", "nChw8c"});
+}
+
 std::string bf16_conv_layout() {
   if (!bf16_unavailable().empty()) return {};
-  // As blocked_conv_layout, on bf16 factors with a bf16 result: AMX's convolutions pick nhwc,
-  // AVX512-BF16's a channel-blocked layout.
-  const memory::dims x{1, 32, 8, 8}, w{32, 32, 3, 3};
-  const memory::desc any_x(x, memory::data_type::bf16, memory::format_tag::any);
-  const memory::desc any_w(w, memory::data_type::bf16, memory::format_tag::any);
-  try {
-    const dnnl::convolution_forward::primitive_desc pd(
-        dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
-                                        dnnl::algorithm::convolution_direct, any_x, any_w, any_x,
-                                        {1, 1}, {1, 1}, {1, 1}),
-        engine());
-    for (const char* layout : {"nhwc", "nChw16c", "nChw8c"})
-      if (pd.dst_desc() == layout_desc(Shape{1, 32, 8, 8}, layout, DType::BF16)) return layout;
-  } catch (const dnnl::error&) {
-  }
-  return {};
+  // On bf16 factors with a bf16 result: AMX's convolutions pick nhwc, AVX512-BF16's a
+  // channel-blocked layout.
+  return picked_conv_layout(memory::data_type::bf16, {"nhwc", "nChw16c", "nChw8c"});
 }
 
 std::string bf16_unavailable() {
