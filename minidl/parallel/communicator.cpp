@@ -229,6 +229,17 @@ class MpiCommunicator final : public Communicator {
     }
     // A send freed while in flight still reads its buffer: those notes outlive this object.
     if (pending) new std::deque<Note>(std::move(notes_));  // NOLINT: deliberately leaked
+    // Buffered sends: a completed schedule has received them all; after an error they may
+    // still be in flight, and are freed the same way.
+    bool sending = false;
+    for (Sent& sent : sends_) {
+      int done = 0;
+      MPI_Test(&sent.request, &done, MPI_STATUS_IGNORE);
+      if (done) continue;
+      MPI_Request_free(&sent.request);
+      sending = true;
+    }
+    if (sending) new std::deque<Sent>(std::move(sends_));  // NOLINT: deliberately leaked
   }
 
   int rank() const override { return rank_; }
@@ -368,15 +379,33 @@ class MpiCommunicator final : public Communicator {
     return in_flight_;
   }
 
+  // Sends are buffered: the message is copied and sent with MPI_Isend, so the sender goes on
+  // while it is in flight (a blocking MPI_Send of a large message waits until the receiver
+  // reaches its MPI_Recv: a pipeline stage would wait for its neighbour's compute). The buffers
+  // of completed sends are reused.
   void send(const void* data, std::int64_t bytes, int peer, int tag) override {
     check_rank("send to", peer);
-    check_mpi(MPI_Send(data, checked_count(bytes, "send"), MPI_BYTE, peer, tag, comm_), "MPI_Send");
+    const int count = checked_count(bytes, "send");
+    retire_sends();
+    std::vector<char> buffer;
+    for (auto it = spare_.begin(); it != spare_.end(); ++it)
+      if (it->capacity() >= static_cast<std::size_t>(bytes)) {
+        buffer = std::move(*it);
+        spare_.erase(it);
+        break;
+      }
+    const auto* p = static_cast<const char*>(data);
+    buffer.assign(p, p + bytes);
+    Sent& sent = sends_.emplace_back(Sent{std::move(buffer), MPI_REQUEST_NULL});
+    check_mpi(MPI_Isend(sent.buffer.data(), count, MPI_BYTE, peer, tag, comm_, &sent.request),
+              "MPI_Isend");
   }
   void recv(void* data, std::int64_t bytes, int peer, int tag) override {
     check_rank("recv from", peer);
     MPI_Status status;
     check_mpi(MPI_Recv(data, checked_count(bytes, "recv"), MPI_BYTE, peer, tag, comm_, &status),
               "MPI_Recv");
+    retire_sends();
     int got = 0;
     MPI_Get_count(&status, MPI_BYTE, &got);
     MINIDL_CHECK(got == bytes, "recv from rank ", peer, " with tag ", tag, ": expected ", bytes,
@@ -710,6 +739,26 @@ class MpiCommunicator final : public Communicator {
     std::vector<MPI_Request> requests;
   };
   std::deque<Note> notes_;
+  // Buffered sends (send()) in flight, and the buffers of completed ones.
+  struct Sent {
+    std::vector<char> buffer;
+    MPI_Request request = MPI_REQUEST_NULL;
+  };
+  std::deque<Sent> sends_;
+  std::vector<std::vector<char>> spare_;
+  // Moves the buffers of completed sends to spare_.
+  void retire_sends() {
+    for (auto it = sends_.begin(); it != sends_.end();) {
+      int done = 0;
+      check_mpi(MPI_Test(&it->request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+      if (!done) {
+        ++it;
+        continue;
+      }
+      spare_.push_back(std::move(it->buffer));
+      it = sends_.erase(it);
+    }
+  }
   std::vector<std::int64_t> seen_, inbox_;
   std::vector<MPI_Request> receives_;
   // Per non-blocking request id: its collective number and size, for the timeout's message.
