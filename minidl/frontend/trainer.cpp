@@ -214,16 +214,20 @@ NamedTensors Trainer::optimizer_state() {
 
 void Trainer::gather_stages() {
   if (options_.pipeline_stages <= 1) return;
-  // Which rank updates each parameter: the one whose training program holds it.
+  // Which rank updates each parameter and buffer (BatchNorm's running statistics): the one whose
+  // training program uses it.
   std::set<std::string> mine;
   for (const auto& [key, program] : programs_) {
     if (!std::get<0>(key) || std::get<3>(key) >= 0) continue;
     for (const ir::Graph* g : program->graphs())
       for (const ir::Node* n : g->nodes())
-        if (n->op() == "parameter" && !n->output()->users().empty()) mine.insert(n->name());
+        if ((n->op() == "parameter" || n->op() == "state") && !n->output()->users().empty())
+          mine.insert(n->name());
   }
-  const NamedTensors params = model_.parameters();
-  // held[i * ranks + r]: rank r updates parameter i (every replica of its stage does).
+  // Parameters then buffers (the state_dict), each sent from the rank that updates it.
+  NamedTensors params = model_.parameters();
+  for (auto& b : model_.buffers()) params.push_back(std::move(b));
+  // held[i * ranks + r]: rank r updates tensor i (every replica of its stage does).
   const auto ranks = static_cast<std::size_t>(comm_.size());
   std::vector<std::int64_t> held(params.size() * ranks, 0);
   for (std::size_t i = 0; i < params.size(); ++i)

@@ -240,6 +240,18 @@ int pipeline_tag(int micro, std::size_t edge, bool gradient) {
 // and a cut would change what the kernels compute.
 bool fuses_into_producer(const ir::Node& n) { return n.op() == "bias_add" || n.op() == "relu"; }
 
+// A node that updates a state source in place (BatchNorm's running statistics): the first
+// micro-batch's forward holds it alone, so it is not one of the positions the micro-batches
+// share; it goes with its other inputs' stage.
+bool updates_state(const ir::Node& n) {
+  if (n.def().is_alias()) return false;
+  for (std::size_t o = 0; o < n.outputs().size(); ++o) {
+    const int in = n.def().shares_input(static_cast<int>(o));
+    if (in >= 0 && n.input(static_cast<std::size_t>(in))->producer()->op() == "state") return true;
+  }
+  return false;
+}
+
 std::int64_t param_elements(const ir::Node& n) {
   std::int64_t e = 0;
   for (const ir::Value* in : n.inputs())
@@ -259,13 +271,24 @@ std::unordered_map<const ir::Node*, int> assign_stages(const ir::Graph& g,
   auto computed = [&](const ForwardRange& f) {
     std::vector<const ir::Node*> list;
     for (std::size_t i = f.begin; i < f.end; ++i)
-      if (!nodes[i]->def().is_source()) list.push_back(nodes[i]);
+      if (!nodes[i]->def().is_source() && !updates_state(*nodes[i])) list.push_back(nodes[i]);
     return list;
   };
   const std::vector<const ir::Node*> first = computed(forwards[0]);
   const std::size_t n = first.size();
   std::unordered_map<const ir::Node*, std::size_t> pos;
   for (std::size_t i = 0; i < n; ++i) pos[first[i]] = i;
+  // The state updates of the first forward, at the position of their last computed input.
+  std::unordered_map<const ir::Node*, std::size_t> update_pos;
+  for (std::size_t i = forwards[0].begin; i < forwards[0].end; ++i) {
+    if (nodes[i]->def().is_source() || !updates_state(*nodes[i])) continue;
+    std::size_t at = 0;
+    for (const ir::Value* in : nodes[i]->inputs()) {
+      const auto it = pos.find(in->producer());
+      if (it != pos.end()) at = std::max(at, it->second);
+    }
+    update_pos[nodes[i]] = at;
+  }
   // Places to cut: after position i, when exactly one computed value crosses, and its readers
   // after the cut are not folded into its producer.
   std::vector<int> crossing(n, 0);
@@ -275,6 +298,10 @@ std::unordered_map<const ir::Node*, int> assign_stages(const ir::Graph& g,
       std::size_t last = i;
       bool out = v == forwards[0].output;
       for (const ir::Node* u : v->users()) {
+        if (const auto up = update_pos.find(u); up != update_pos.end()) {
+          last = std::max(last, up->second);
+          continue;
+        }
         const auto it = pos.find(u);
         if (it == pos.end()) {
           out = true;
@@ -294,6 +321,15 @@ std::unordered_map<const ir::Node*, int> assign_stages(const ir::Graph& g,
   std::vector<std::int64_t> cum(n + 1, 0);
   for (std::size_t i = 0; i < n; ++i) cum[i + 1] = cum[i] + param_elements(*first[i]);
   const std::int64_t total = cum[n];
+  // The stages are balanced by the forward's FLOPs (the ops' own counts: the same on every rank,
+  // and proportional to the backward's), or by parameter count when no op has a count.
+  std::vector<std::int64_t> flops(n + 1, 0);
+  for (std::size_t i = 0; i < n; ++i) {
+    const ir::FlopsFn f = first[i]->def().flops_fn();
+    flops[i + 1] = flops[i] + (f != nullptr ? f(*first[i]) : 0);
+  }
+  const bool by_flops = flops[n] > 0;
+  const std::vector<std::int64_t>& wcum = by_flops ? flops : cum;
   std::vector<std::size_t> cuts;
   if (!boundaries.empty()) {
     MINIDL_CHECK(static_cast<int>(boundaries.size()) == stages - 1, "pipeline: ", boundaries.size(),
@@ -332,7 +368,7 @@ std::unordered_map<const ir::Node*, int> assign_stages(const ir::Graph& g,
     using Cost = std::pair<std::int64_t, double>;
     const std::size_t c = candidates.size();
     auto weight = [&](std::size_t from_pos, std::size_t to_pos) {  // positions [from, to)
-      return cum[to_pos] - cum[from_pos];
+      return wcum[to_pos] - wcum[from_pos];
     };
     auto add = [](Cost a, std::int64_t w) {
       return Cost{std::max(a.first, w), a.second + static_cast<double>(w) * static_cast<double>(w)};
@@ -382,6 +418,7 @@ std::unordered_map<const ir::Node*, int> assign_stages(const ir::Graph& g,
       stage_of[list[i]] = s;
     }
   }
+  for (const auto& [x, at] : update_pos) stage_of[x] = stage_of.at(first[at]);
   // The rest (the targets, the loss) in the last stage; sources with their readers.
   for (const ir::Node* x : nodes) {
     if (x->def().is_source() || stage_of.count(x)) continue;
@@ -412,6 +449,21 @@ std::unordered_map<const ir::Node*, int> assign_stages(const ir::Graph& g,
                           100.0 * static_cast<double>(end - prev) / static_cast<double>(total));
       prev = end;
     }
+    if (by_flops) {
+      text += "; forward FLOPs per stage:";
+      prev = 0;
+      for (int s = 0; s < stages; ++s) {
+        const std::int64_t end =
+            s + 1 < stages ? flops[cuts[static_cast<std::size_t>(s)] + 1] : flops[n];
+        text +=
+            fmt::format(" {} ({:.1f}%)", end - prev,
+                        100.0 * static_cast<double>(end - prev) / static_cast<double>(flops[n]));
+        prev = end;
+      }
+    }
+    text += boundaries.empty() ? (by_flops ? "; balanced by forward FLOPs"
+                                           : "; balanced by parameter count (no op counts FLOPs)")
+                               : "; cut where told";
     *summary = text;
   }
   return stage_of;
@@ -475,6 +527,14 @@ StageCut cut_stage(ir::Graph& g, const std::unordered_map<const ir::Node*, int>&
   }
   for (ir::Node* n : g.nodes())
     if (stage_of.count(n)) parallel::set_stage(*n, stage_of.at(n));
+  // The other stages' side effects (their state updates) go, so that dead-code elimination
+  // drops everything else of theirs.
+  std::vector<ir::Node*> theirs;
+  for (ir::Node* n : g.nodes())
+    if (!n->def().is_source() && n->def().has_side_effect() && stage_of.count(n) &&
+        stage_of.at(n) != stage)
+      theirs.push_back(n);
+  g.remove(theirs);
   return cut;
 }
 

@@ -3,13 +3,14 @@
 # MLP cut into 2 stages (GPipe and 1F1B) and 3 stages, one rank each, and 2 stages x 2
 # data-parallel replicas, saves parameters bitwise identical to the one-process run with
 # --micro-batch of batch / M (the ragged last batch has fewer micro-batches); so does cifar_cnn
-# (oneDNN's blocked layouts inside the stages) on 2 and 3 stages when the CIFAR-10 data are there; a checkpoint written by 2
+# (oneDNN's blocked layouts inside the stages) on 2 and 3 stages when the CIFAR-10 data are there,
+# and cifar_resnet (BatchNorm on both stages: running statistics included) on 2; a checkpoint written by 2
 # stages resumes on 1 process and on 3 stages with the same bits; --stage-boundaries cuts where
 # it is told; --dump-schedule writes every stage's actions; flags that do not combine and a
 # stage count without its ranks are refused with one line.
-# Usage: pipeline.sh path/to/mnist_mlp path/to/cifar_cnn path/to/mpirun [CIFAR_DIR]
+# Usage: pipeline.sh path/to/mnist_mlp path/to/cifar_cnn path/to/mpirun [CIFAR_DIR [path/to/cifar_resnet]]
 set -u
-mlp=$1 cifar=$2 mpirun=$3 cifar_dir=${4:-}
+mlp=$1 cifar=$2 mpirun=$3 cifar_dir=${4:-} resnet=${5:-}
 # shellcheck source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 synthetic_idx "$tmp/data" 300 40 # batches of 64: 4 full, then 44 (micro-batches 16, 16, 12)
@@ -78,6 +79,30 @@ if [ -n "$cifar_dir" ] && { [ -e "$cifar_dir/test_batch.bin" ] || [ -e "$cifar_d
       fail "cifar_cnn on $stages stages ($schedule): parameters differ from one process"
     fi
   done
+  # The automatic cut balances the forward's FLOPs (the ops' counts), and says so.
+  if grep -q "pipeline: 3 stages, cut after .*balanced by forward FLOPs" "$tmp/cifar.out"; then
+    echo "ok   cifar_cnn's cut balances the forward FLOPs: $(grep -o "pipeline: 3 stages.*" "$tmp/cifar.out" | head -1)"
+  else
+    fail "cifar_cnn: no cut by FLOPs printed: $(cat "$tmp/cifar.out")"
+  fi
+  # cifar_resnet: BatchNorm in both stages (its running statistics are gathered from the stage
+  # that updates them, like the parameters) and a residual network cut between two blocks.
+  if [ -n "$resnet" ]; then
+    rflags=(--data "$cifar_dir" --train-limit 64 --test-limit 32 --epochs 1 --batch-size 32
+      --seed 5 --threads 1 --deterministic)
+    if ! on_layout 1 1 "$resnet" "${rflags[@]}" --micro-batch 8 \
+      --save "$tmp/resnet-ref.safetensors" >"$tmp/resnet-ref.out" 2>&1; then
+      fail "cifar_resnet: the reference run failed: $(cat "$tmp/resnet-ref.out")"
+    elif ! on_layout 2 1 "$resnet" "${rflags[@]}" --pipeline-stages 2 --micro-batches 4 \
+      --save "$tmp/resnet-2.safetensors" >"$tmp/resnet-2.out" 2>&1; then
+      fail "cifar_resnet on 2 stages: the run failed: $(cat "$tmp/resnet-2.out")"
+    elif cmp -s "$tmp/resnet-ref.safetensors" "$tmp/resnet-2.safetensors"; then
+      echo "ok   cifar_resnet on 2 stages: bitwise identical to one process, running statistics included"
+      grep "pipeline:" "$tmp/resnet-2.out" | head -1
+    else
+      fail "cifar_resnet on 2 stages: parameters or buffers differ from one process"
+    fi
+  fi
 else
   echo "skip cifar_cnn: no CIFAR-10 data"
 fi
