@@ -523,7 +523,7 @@ std::vector<Flag> make_table() {
       {.name = "--pipeline-stages",
        .field = &AppConfig::pipeline_stages,
        .help = "pipeline parallelism: cut the model into P stages, one rank each (mpirun -np P); "
-               "the cut balances the parameters",
+               "the cut balances the forward's FLOPs (else the parameters)",
        .check = range(1, 64),
        .resume = {"pipeline_stages", Rule::Note},
        .metric = {"pipeline_stages"},
@@ -547,7 +547,7 @@ std::vector<Flag> make_table() {
       {.name = "--stage-boundaries",
        .field = &AppConfig::stage_boundaries,
        .help = "with --pipeline-stages P: where stages end, P - 1 comma-separated names of the "
-               "model's children (e.g. act1) or nodes; default: cut balancing the parameters",
+               "model's children (e.g. act1) or nodes; default: cut balancing the forward's FLOPs",
        .resume = {"stage_boundaries", Rule::Note},
        .metric = {"stage_boundaries"},
        .needs = {"--pipeline-stages"}},

@@ -19,10 +19,12 @@ struct ForwardRange {
 };
 
 /// The stage of every node of g: the forward of each micro-batch cut after the nodes named by
-/// `boundaries` (or automatically, balancing the parameters' elements) into `stages` stages,
-/// everything after the forwards (the loss) in the last, a source in the stage of its readers.
-/// `summary` gets one line: the cut and each stage's share. Throws when the forward cannot be
-/// cut so (naming the boundary, or the stage count and the places it could be cut).
+/// `boundaries` (or automatically, balancing the forward's FLOPs as the ops count them, or the
+/// parameters' elements when no op counts them) into `stages` stages, everything after the
+/// forwards (the loss) in the last, a source in the stage of its readers, a state update with
+/// its computed input. `summary` gets one line: the cut, each stage's share and the measure. Throws
+/// when the forward cannot be cut so (naming the boundary, or the stage count and the places it
+/// could be cut).
 std::unordered_map<const ir::Node*, int> assign_stages(const ir::Graph& g,
                                                        const std::vector<ForwardRange>& forwards,
                                                        int stages,

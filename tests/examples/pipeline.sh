@@ -4,7 +4,8 @@
 # data-parallel replicas, saves parameters bitwise identical to the one-process run with
 # --micro-batch of batch / M (the ragged last batch has fewer micro-batches); so does cifar_cnn
 # (oneDNN's blocked layouts inside the stages) on 2 and 3 stages when the CIFAR-10 data are there,
-# and cifar_resnet (BatchNorm on both stages: running statistics included) on 2; a checkpoint written by 2
+# and cifar_resnet (BatchNorm on both stages: running statistics included) on 2, a cut inside
+# its residual block refused; a checkpoint written by 2
 # stages resumes on 1 process and on 3 stages with the same bits; --stage-boundaries cuts where
 # it is told; --dump-schedule writes every stage's actions; flags that do not combine and a
 # stage count without its ranks are refused with one line.
@@ -101,6 +102,16 @@ if [ -n "$cifar_dir" ] && { [ -e "$cifar_dir/test_batch.bin" ] || [ -e "$cifar_d
       grep "pipeline:" "$tmp/resnet-2.out" | head -1
     else
       fail "cifar_resnet on 2 stages: parameters or buffers differ from one process"
+    fi
+    # Inside a residual block two values cross (the body's and the shortcut's): refused.
+    if on_layout 2 1 "$resnet" "${rflags[@]}" --pipeline-stages 2 --micro-batches 4 \
+      --stage-boundaries layer1.0.relu1 >"$tmp/resnet-in.out" 2>&1; then
+      fail "cifar_resnet: a cut inside a residual block was accepted"
+    elif grep -qF "the forward cannot be cut after 'layer1.0.relu1': 2 values cross there (one must)" \
+      "$tmp/resnet-in.out"; then
+      echo "ok   cifar_resnet: a cut inside a residual block is refused (2 values cross)"
+    else
+      fail "cifar_resnet inside a block: $(cat "$tmp/resnet-in.out")"
     fi
   fi
 else
