@@ -16,6 +16,9 @@ bool CrossReplicaSums::run(ir::Graph& g) {
   for (ir::Node* n : g.nodes())
     if (&n->def() == &ops::op_cross_replica_sum) sums.push_back(n);
   for (ir::Node* n : sums) {
+    MINIDL_CHECK(n->annotations().find("stage") == nullptr, n->describe(),
+                 ": a sum over the data-parallel replicas of a pipeline stage (BatchNorm's "
+                 "statistics) is not implemented: run one rank per stage");
     MINIDL_CHECK(n->replica() < 0, n->describe(), " still belongs to replica ", n->replica(),
                  ": the thread-replicas pass joins the replicas' sums first");
     // The node's copy is reduced in place; its readers read the reduced value.

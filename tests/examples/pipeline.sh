@@ -113,6 +113,17 @@ if [ -n "$cifar_dir" ] && { [ -e "$cifar_dir/test_batch.bin" ] || [ -e "$cifar_d
     else
       fail "cifar_resnet inside a block: $(cat "$tmp/resnet-in.out")"
     fi
+    # BatchNorm's statistics over a stage's data-parallel replicas: refused with one line.
+    if timeout 120 "$mpirun" -np 4 --oversubscribe --bind-to none -x OMP_WAIT_POLICY=passive \
+      -x OMP_NUM_THREADS=1 "$resnet" "${rflags[@]}" --pipeline-stages 2 --micro-batches 4 \
+      >"$tmp/resnet-2x2.out" 2>&1; then
+      fail "cifar_resnet on 2 stages x 2 replicas was accepted"
+    elif grep -qF "a sum over the data-parallel replicas of a pipeline stage (BatchNorm's statistics) is not implemented" \
+      "$tmp/resnet-2x2.out"; then
+      echo "ok   cifar_resnet on 2 stages x 2 replicas: refused (BatchNorm across a stage's replicas)"
+    else
+      fail "cifar_resnet on 2 stages x 2 replicas: $(cat "$tmp/resnet-2x2.out")"
+    fi
   fi
 else
   echo "skip cifar_cnn: no CIFAR-10 data"
