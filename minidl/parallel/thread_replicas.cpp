@@ -2,10 +2,9 @@
 
 #include <algorithm>
 #include <map>
-#include <queue>
 #include <unordered_map>
-#include <unordered_set>
 
+#include "minidl/ir/order.hpp"
 #include "minidl/ops/op_table.hpp"
 #include "minidl/parallel/reduction_tree.hpp"
 
@@ -187,9 +186,6 @@ bool balance_sums(ir::Graph& g) {
 // that overwrites a value in place waits for the value's other readers.
 std::vector<ir::Node*> schedule(const ir::Graph& g,
                                 const std::unordered_map<const ir::Node*, Class>& cls) {
-  const std::vector<ir::Node*>& nodes = g.nodes();
-  std::unordered_map<const ir::Node*, std::size_t> index;
-  for (std::size_t i = 0; i < nodes.size(); ++i) index[nodes[i]] = i;
   std::int64_t levels = 0;
   for (const auto& [n, c] : cls) levels = std::max<std::int64_t>(levels, c.level + 1);
   auto group = [&](const ir::Node* n) -> std::int64_t {
@@ -201,37 +197,7 @@ std::vector<ir::Node*> schedule(const ir::Graph& g,
     const std::int64_t base = 3 * static_cast<std::int64_t>(c.level);
     return c.replica == kShared ? base : c.replica == kMixed ? base + 2 : base + 1;
   };
-  std::unordered_map<const ir::Node*, std::vector<const ir::Node*>> next;
-  std::unordered_map<const ir::Node*, int> waits;
-  auto edge = [&](const ir::Node* from, const ir::Node* to) {
-    next[from].push_back(to);
-    ++waits[to];
-  };
-  for (const ir::Node* n : nodes) {
-    std::unordered_set<const ir::Node*> from;
-    for (const ir::Value* in : n->inputs()) from.insert(in->producer());
-    for (std::size_t o = 0; o < n->outputs().size(); ++o) {
-      const int in = n->def().shares_input(static_cast<int>(o));
-      if (in < 0 || n->def().is_alias()) continue;
-      for (const ir::Node* reader : n->input(in)->users())
-        if (reader != n) from.insert(reader);
-    }
-    for (const ir::Node* f : from) edge(f, n);
-  }
-  using Key = std::pair<std::int64_t, std::size_t>;
-  std::priority_queue<Key, std::vector<Key>, std::greater<>> ready;
-  for (const ir::Node* n : nodes)
-    if (waits[n] == 0) ready.push({group(n), index.at(n)});
-  std::vector<ir::Node*> order;
-  while (!ready.empty()) {
-    ir::Node* n = nodes[ready.top().second];
-    ready.pop();
-    order.push_back(n);
-    for (const ir::Node* m : next[n])
-      if (--waits[m] == 0) ready.push({group(m), index.at(m)});
-  }
-  MINIDL_ASSERT(order.size() == nodes.size(), "thread-replicas: the graph has a cycle");
-  return order;
+  return ir::ordered_by(g, group, {}, "thread-replicas");
 }
 
 }  // namespace

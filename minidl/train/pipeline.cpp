@@ -4,11 +4,11 @@
 #include <climits>
 #include <cmath>
 #include <map>
-#include <queue>
 #include <set>
 #include <unordered_set>
 
 #include "minidl/core/error.hpp"
+#include "minidl/ir/order.hpp"
 #include "minidl/parallel/collectives.hpp"
 #include "minidl/parallel/data_parallel.hpp"
 #include "minidl/train/pipeline_graph.hpp"
@@ -623,46 +623,15 @@ void order_by_schedule(ir::Graph& g, const std::vector<PipelineAction>& actions)
   const std::vector<ir::Node*>& nodes = g.nodes();
   std::unordered_map<const ir::Node*, std::size_t> index;
   for (std::size_t i = 0; i < nodes.size(); ++i) index[nodes[i]] = i;
-  std::unordered_map<const ir::Node*, std::vector<const ir::Node*>> next;
-  std::unordered_map<const ir::Node*, int> waits;
-  for (const ir::Node* n : nodes) {
-    std::unordered_set<const ir::Node*> from;
-    for (const ir::Value* in : n->inputs()) from.insert(in->producer());
-    // An in-place write waits for the value's other readers.
-    for (std::size_t o = 0; o < n->outputs().size(); ++o) {
-      const int in = n->def().shares_input(static_cast<int>(o));
-      if (in < 0 || n->def().is_alias()) continue;
-      for (const ir::Node* reader : n->input(in)->users())
-        if (reader != n) from.insert(reader);
-    }
-    for (const ir::Node* f : from) {
-      next[f].push_back(n);
-      ++waits[n];
-    }
-  }
   // The sends and receives in exactly the schedule's order, whatever else is ready.
   std::vector<std::pair<std::int64_t, std::size_t>> comms;
   for (const ir::Node* n : nodes)
     if (n->annotations().has("pipeline")) comms.emplace_back(key(n), index.at(n));
   std::sort(comms.begin(), comms.end());
-  for (std::size_t i = 1; i < comms.size(); ++i) {
-    next[nodes[comms[i - 1].second]].push_back(nodes[comms[i].second]);
-    ++waits[nodes[comms[i].second]];
-  }
-  using Key = std::pair<std::int64_t, std::size_t>;
-  std::priority_queue<Key, std::vector<Key>, std::greater<>> ready;
-  for (const ir::Node* n : nodes)
-    if (waits[n] == 0) ready.push({key(n), index.at(n)});
-  std::vector<ir::Node*> order;
-  while (!ready.empty()) {
-    ir::Node* n = nodes[ready.top().second];
-    ready.pop();
-    order.push_back(n);
-    for (const ir::Node* m : next[n])
-      if (--waits[m] == 0) ready.push({key(m), index.at(m)});
-  }
-  MINIDL_ASSERT(order.size() == nodes.size(), "pipeline: the graph has a cycle");
-  g.reorder(std::move(order));
+  std::vector<std::pair<const ir::Node*, const ir::Node*>> extra;
+  for (std::size_t i = 1; i < comms.size(); ++i)
+    extra.emplace_back(nodes[comms[i - 1].second], nodes[comms[i].second]);
+  g.reorder(ir::ordered_by(g, key, extra, "pipeline"));
   // Sends and receives run on the main thread (MPI_THREAD_FUNNELED), between the sections.
   for (ir::Node* n : g.nodes())
     if (n->annotations().has("pipeline")) n->set_replica(-1);
