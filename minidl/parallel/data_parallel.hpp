@@ -33,7 +33,9 @@ ReduceStrategy parse_reduce_strategy(std::string_view s);
 /// carry optional int annotations "stage" (pipeline stage) and "shard" (tensor-parallel shard),
 /// default 0; ranks are laid out as replicas x shards (parallel/tensor_parallel.hpp), and the
 /// gradients of a rank's graph are reduced over the communicator the pass is given: the
-/// replicas of its shard. Pipeline stages are not implemented; the pass refuses more than one.
+/// replicas of its shard. With pipeline stages each graph holds one stage (the step compiler
+/// cuts them: train/pipeline.hpp) and the communicator is that stage's replicas; the pass
+/// refuses a graph whose nodes lie in several stages, and stages and shards together.
 struct Partition {
   int stages = 1;
   int shards = 1;

@@ -23,7 +23,8 @@ Layout::Layout(LayoutOptions options) : options_(options) {
   MINIDL_CHECK(options.accumulate >= 1, "layout: accumulate must be at least 1, got ",
                options.accumulate);
   MINIDL_CHECK(options.stages == 1, "layout: ", options.stages,
-               " pipeline stages are not implemented (only one stage)");
+               " pipeline stages: the layout holds one; pipeline stages are given by "
+               "train::StepOptions::pipeline");
   MINIDL_CHECK(options.shards >= 1, "layout: tensor-parallel shards must be at least 1, got ",
                options.shards);
 }

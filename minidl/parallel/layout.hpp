@@ -4,7 +4,8 @@
 // it, and deterministic mode is one of its properties (micro-shards summed in the fixed tree of
 // reduction_tree.hpp) rather than a branch of the loop. With tensor-parallel shards, `ranks`
 // counts the data-parallel replicas: each replica's samples go to all of its shards
-// (parallel/tensor_parallel.hpp). Pipeline stages have their field here; only one exists.
+// (parallel/tensor_parallel.hpp). Pipeline stages are not described here but by
+// train::StepOptions::pipeline (its micro-batches are this layout's replicas): `stages` stays 1.
 #pragma once
 
 #include <cstdint>
@@ -33,13 +34,13 @@ struct LayoutOptions {
   /// subtree of the batch's reduction tree and the sums follow the tree, so the bits equal those
   /// of the whole batch in one step.
   std::int64_t accumulate = 1;
-  int stages = 1;  // pipeline stages (1: every rank holds the whole model)
+  int stages = 1;  // must be 1: pipeline stages live in train::StepOptions::pipeline
   int shards = 1;  // tensor-parallel shards of every replica (ranks x shards processes in all)
 };
 
 class Layout {
  public:
-  /// Checks the options (positive counts; only one stage so far).
+  /// Checks the options (positive counts; `stages` 1).
   explicit Layout(LayoutOptions options = {});
   const LayoutOptions& options() const { return options_; }
   int ranks() const { return options_.ranks; }
