@@ -154,10 +154,10 @@ std::string Executable::subnormal_report() const {
       runs_, total, last, all.size(), outputs, elements);
   for (const SubnormalCount& c : all) {
     s += fmt::format(
-        "  {} of {}: {} in total, at most {} in a run, {} in the last run, in {} runs ({} "
+        "  {} ({}) of {}: {} in total, at most {} in a run, {} in the last run, in {} runs ({} "
         "elements)\n",
-        c.value->ref(), c.value->producer()->describe(), c.total, c.max, c.last, c.runs_with,
-        c.elements);
+        c.value->ref(), c.value->producer()->def().output_names()[c.value->index()],
+        c.value->producer()->describe(), c.total, c.max, c.last, c.runs_with, c.elements);
   }
   return s;
 }
