@@ -18,6 +18,7 @@
 #include "minidl/app/flags.hpp"
 #include "minidl/app/progress.hpp"
 #include "minidl/app/simulated.hpp"
+#include "minidl/core/denormals.hpp"
 #include "minidl/core/log.hpp"
 #include "minidl/core/text.hpp"
 #include "minidl/core/threading.hpp"
@@ -343,6 +344,7 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
   try {
     (void)c.hidden_sizes();
     apply_simulated_rules(c);
+    set_denormals(c.denormals == "keep" ? Denormals::Keep : Denormals::Flush);
     if (c.threads > 0) set_num_threads(c.threads);
     if (c.tensor_parallel > 1) tensor = tensor_parallel_comms(c, comm);
     // Before the first collective (the preflight).

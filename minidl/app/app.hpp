@@ -49,6 +49,8 @@ struct AppConfig {
   int threads = 0;                 // 0: OpenMP's default
   std::string backend = "native";  // preferred kernels: native or onednn (native is the fallback)
   std::string precision = "f32";   // the convolutions' and products' arithmetic: f32 or bf16
+  // Subnormal numbers: "flush" (flush-to-zero and denormals-are-zero on every thread) or "keep".
+  std::string denormals = "flush";
   // How a rank uses its --threads: "replicas" (one data-parallel replica of the forward and
   // backward per thread) or "intra-op" (one graph, kernels parallel inside). Each example sets
   // the one measured faster for its model.

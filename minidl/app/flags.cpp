@@ -400,6 +400,13 @@ std::vector<Flag> make_table() {
        .check = precisions(),
        .resume = {"precision"},
        .metric = {"precision"}},
+      {.name = "--denormals",
+       .field = &AppConfig::denormals,
+       .help = "subnormal numbers (|x| < 2^-126): flush sets flush-to-zero and "
+               "denormals-are-zero on every thread (they become 0, avoiding the CPU's slow path "
+               "for them); keep computes them (IEEE gradual underflow)",
+       .check = one_of({"flush", "keep"}),
+       .metric = {"denormals"}},
       {.name = "--train-limit",
        .field = &AppConfig::train_limit,
        .help = "use the first N training samples (0: all)",

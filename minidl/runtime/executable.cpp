@@ -58,6 +58,26 @@ const char* nonfinite_name(const Tensor& t, std::int64_t i) {
   return (bits >> 31) == 0 ? "+Inf" : "-Inf";
 }
 
+/// Subnormal elements of t: exponent bits zero, fraction nonzero (f32, or bf16: an f32's upper
+/// half); 0 for other types.
+std::int64_t count_subnormals(const Tensor& t) {
+  if (t.raw() == nullptr) return 0;
+  const std::int64_t n = t.numel();
+  std::int64_t count = 0;
+  if (t.dtype() == DType::F32) {
+    const auto* bits = static_cast<const std::uint32_t*>(t.raw());
+#pragma omp simd reduction(+ : count)
+    for (std::int64_t i = 0; i < n; ++i)
+      count += (bits[i] & 0x7f800000u) == 0 && (bits[i] & 0x007fffffu) != 0;
+  } else if (t.dtype() == DType::BF16) {
+    const auto* bits = static_cast<const std::uint16_t*>(t.raw());
+#pragma omp simd reduction(+ : count)
+    for (std::int64_t i = 0; i < n; ++i)
+      count += (bits[i] & 0x7f80u) == 0 && (bits[i] & 0x007fu) != 0;
+  }
+  return count;
+}
+
 /// Throws when one of step s's outputs holds a NaN or Inf (CompileOptions::check_numerics).
 void check_numerics(const ir::Node& n, const std::vector<Tensor>& in,
                     const std::vector<Tensor>& out) {
@@ -87,8 +107,59 @@ double trace_clock_us() {
 }
 
 Executable::Executable(const ir::Graph& g, CompileOptions options) : options_(options) {
+  if (verbose("denormals")) options_.count_denormals = true;
   plan_memory(g);
   make_steps(g);
+  if (options_.count_denormals) {
+    for (const Step& s : steps_) {
+      std::vector<SubnormalCount> outs;
+      for (std::size_t o = 0; o < s.out.size(); ++o)
+        outs.push_back({s.node->output(static_cast<int>(o)), s.out[o].numel()});
+      subnormals_.push_back(std::move(outs));
+    }
+  }
+}
+
+Executable::~Executable() {
+  if (options_.count_denormals && verbose("denormals")) {
+    const std::string report = subnormal_report();
+    log_line("denormals", report.substr(0, report.empty() ? 0 : report.size() - 1));
+  }
+}
+
+std::vector<SubnormalCount> Executable::subnormals() const {
+  std::vector<SubnormalCount> all;
+  for (const auto& outs : subnormals_) all.insert(all.end(), outs.begin(), outs.end());
+  return all;
+}
+
+std::string Executable::subnormal_report() const {
+  if (!options_.count_denormals) return {};
+  std::vector<SubnormalCount> all = subnormals();
+  std::int64_t elements = 0, total = 0, last = 0;
+  for (const SubnormalCount& c : all) {
+    elements += c.elements;
+    total += c.total;
+    last += c.last;
+  }
+  std::erase_if(all, [](const SubnormalCount& c) { return c.total == 0; });
+  std::stable_sort(all.begin(), all.end(), [](const SubnormalCount& a, const SubnormalCount& b) {
+    return a.total > b.total;
+  });
+  std::size_t outputs = 0;
+  for (const auto& outs : subnormals_) outputs += outs.size();
+  std::string s = fmt::format(
+      "subnormal numbers over {} runs: {} in total, {} in the last run, in {} of {} node outputs "
+      "({} elements per run)\n",
+      runs_, total, last, all.size(), outputs, elements);
+  for (const SubnormalCount& c : all) {
+    s += fmt::format(
+        "  {} ({}) of {}: {} in total, at most {} in a run, {} in the last run, in {} runs ({} "
+        "elements)\n",
+        c.value->ref(), c.value->producer()->def().output_names()[c.value->index()],
+        c.value->producer()->describe(), c.total, c.max, c.last, c.runs_with, c.elements);
+  }
+  return s;
 }
 
 void Executable::plan_memory(const ir::Graph& g) {
@@ -328,12 +399,14 @@ void Executable::run_steps(std::size_t begin, std::size_t end, int replica) {
     if (!timed) {
       steps_[i].kernel(steps_[i].args);
       if (options_.check_numerics) check_numerics(*steps_[i].node, steps_[i].in, steps_[i].out);
+      if (options_.count_denormals) count_step_subnormals(i);
       continue;
     }
     const double t0 = trace_clock_us();
     steps_[i].kernel(steps_[i].args);
     const double t1 = trace_clock_us();
     if (options_.check_numerics) check_numerics(*steps_[i].node, steps_[i].in, steps_[i].out);
+    if (options_.count_denormals) count_step_subnormals(i);
     profile_[i].calls++;
     profile_[i].seconds += (t1 - t0) * 1e-6;
     if (options_.trace) {
@@ -344,6 +417,17 @@ void Executable::run_steps(std::size_t begin, std::size_t end, int replica) {
         ++b.dropped;
       }
     }
+  }
+}
+
+void Executable::count_step_subnormals(std::size_t i) {
+  for (std::size_t o = 0; o < steps_[i].out.size(); ++o) {
+    SubnormalCount& c = subnormals_[i][o];
+    const std::int64_t k = count_subnormals(steps_[i].out[o]);
+    c.total += k;
+    c.max = std::max(c.max, k);
+    c.last = k;
+    c.runs_with += k > 0;
   }
 }
 
@@ -401,6 +485,7 @@ void Executable::run() {
     i = sec.end;
   }
   run_steps(i, steps_.size(), -1);
+  ++runs_;
 }
 
 const Tensor& Executable::input(std::string_view name) const {

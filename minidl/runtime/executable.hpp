@@ -40,6 +40,21 @@ struct CompileOptions {
   /// produced one throws minidl::Error naming it, its op, the element, and which of its inputs
   /// were already non-finite. Costs a pass over every output.
   bool check_numerics = false;
+  /// After every kernel, count the subnormal numbers (|x| < 2^-126, nonzero; f32 and bf16) in
+  /// the node's outputs: activations, gradients, updated parameters and optimizer state.
+  /// Executable::subnormal_report() tabulates them; MINIDL_VERBOSE=denormals turns this on and
+  /// prints the table when the executable is destroyed. Costs a pass over every output.
+  bool count_denormals = false;
+};
+
+/// Subnormal numbers in one output of one node, over the runs of an executable.
+struct SubnormalCount {
+  const ir::Value* value;
+  std::int64_t elements = 0;   // the value's size
+  std::int64_t total = 0;      // summed over all runs
+  std::int64_t max = 0;        // in the run that had the most
+  std::int64_t last = 0;       // in the latest run
+  std::int64_t runs_with = 0;  // runs in which it held at least one
 };
 
 struct MemoryPlan {
@@ -72,6 +87,8 @@ double trace_clock_us();
 class Executable {
  public:
   explicit Executable(const ir::Graph& g, CompileOptions options = {});
+  /// Prints subnormal_report() under MINIDL_VERBOSE=denormals.
+  ~Executable();
   Executable(const Executable&) = delete;
   Executable& operator=(const Executable&) = delete;
 
@@ -92,6 +109,13 @@ class Executable {
   /// CompileOptions::trace. dropped_events() counts the calls past the limit.
   std::vector<TraceEvent> trace() const;
   std::size_t dropped_events() const;
+
+  /// Per node output, its subnormal counts (CompileOptions::count_denormals; empty otherwise).
+  std::vector<SubnormalCount> subnormals() const;
+  /// Runs counted by subnormals().
+  std::int64_t counted_runs() const { return runs_; }
+  /// A table of the outputs that held subnormals, most first, and a total line.
+  std::string subnormal_report() const;
 
  private:
   struct Step {
@@ -116,6 +140,7 @@ class Executable {
   void find_sections();
   void run_steps(std::size_t begin, std::size_t end, int replica);
   void run_section(const Section& s);
+  void count_step_subnormals(std::size_t step);
 
   CompileOptions options_;
   std::vector<Step> steps_;
@@ -133,6 +158,10 @@ class Executable {
     std::size_t dropped = 0;
   };
   std::vector<TraceBuffer> trace_;
+  // Per step, per output (CompileOptions::count_denormals); a step's counts are written only by
+  // the thread that runs it.
+  std::vector<std::vector<SubnormalCount>> subnormals_;
+  std::int64_t runs_ = 0;
   MemoryPlan plan_;
 };
 

@@ -50,6 +50,7 @@ expect bad-epochs "--epochs" "$bin" --epochs 0
 expect bad-lr "--lr" "$bin" --lr -1
 expect bad-hidden "--hidden" "$bin" --hidden 256,abc --data "$tmp/good"
 expect unknown-flag "--bogus" "$bin" --bogus
+expect bad-denormals "--denormals" "$bin" --denormals zero
 for bad in rotate flip,crop crop, "crop flip" CROP; do
   expect "bad-augment '$bad'" \
     "--augment: augmentation '$bad' is not one of none (or empty), crop, flip, crop,flip" \

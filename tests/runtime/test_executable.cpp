@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "minidl/autograd/autograd.hpp"
+#include "minidl/core/denormals.hpp"
 #include "minidl/core/rng.hpp"
 #include "minidl/ops/ops.hpp"
 #include "minidl/ops/precision.hpp"
@@ -183,3 +184,40 @@ TEST(Executable, CheckNumericsScansBf16Values) {
                                    ::testing::HasSubstr("(x) has +Inf at element 5"))));
 }
 #endif
+
+TEST(Executable, CountsSubnormalOutputs) {
+  ir::Graph g;
+  ir::Value* x = ops::input(g, "x", {4});
+  ir::Value* y = ops::scale(x, 1e-10);
+  g.add_output(y);
+  for (Denormals mode : {Denormals::Keep, Denormals::Flush}) {
+    set_denormals(mode);
+    runtime::Executable e(g, {.count_denormals = true});
+    float* in = e.input("x").data<float>();
+    in[0] = 1e-30f;  // * 1e-10: 1e-40, subnormal
+    in[1] = -1e-30f;
+    in[2] = 1.0f;
+    in[3] = 0.0f;
+    e.run();
+    e.run();
+    std::int64_t total = 0, last = 0, runs_with = 0;
+    for (const runtime::SubnormalCount& c : e.subnormals()) {
+      if (c.value != y) continue;
+      EXPECT_EQ(c.elements, 4);
+      total = c.total;
+      last = c.last;
+      runs_with = c.runs_with;
+    }
+    EXPECT_EQ(e.counted_runs(), 2);
+    if (mode == Denormals::Keep) {
+      EXPECT_EQ(total, 4);
+      EXPECT_EQ(last, 2);
+      EXPECT_EQ(runs_with, 2);
+      EXPECT_THAT(e.subnormal_report(), ::testing::HasSubstr(y->producer()->describe()));
+    } else if (flushing_denormals()) {  // x86: flush-to-zero made them 0
+      EXPECT_EQ(total, 0);
+      EXPECT_THAT(e.subnormal_report(), ::testing::HasSubstr("0 in total"));
+    }
+  }
+  set_denormals(Denormals::Keep);
+}
