@@ -367,11 +367,11 @@ ir::Kernel make_reduce_into(const ir::Node& node, bool whole) {
     float* y = k.out[0].data<float>() + at;
     // The range the joins apply to.
     const std::int64_t from = whole ? 0 : lo, len = whole ? n : hi - lo;
+    // Every rank's x, for this call only: at any time one gradient times the ranks, not the
+    // whole model's (and nothing shared between the ranks a simulation runs in one process).
+    std::vector<float> parts;
     if (!joins->empty()) {
-      // One scratch for every such node (they run one after another on the main thread): the
-      // largest gradient times the ranks, not the whole model's.
-      static std::vector<float> parts;
-      parts.resize(std::max(parts.size(), static_cast<std::size_t>(n * comm->size())));
+      parts.resize(static_cast<std::size_t>(n * comm->size()));
       float* all = parts.data();
       comm->allgather(x, all, n * static_cast<std::int64_t>(sizeof(float)));
       for (const auto& [a, b] : *joins) {
