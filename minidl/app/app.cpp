@@ -20,6 +20,7 @@
 #include "minidl/app/simulated.hpp"
 #include "minidl/core/denormals.hpp"
 #include "minidl/core/log.hpp"
+#include "minidl/core/resident.hpp"
 #include "minidl/core/text.hpp"
 #include "minidl/core/threading.hpp"
 #include "minidl/frontend/checkpoint_shared.hpp"
@@ -36,6 +37,7 @@
 #include "minidl/parallel/traffic.hpp"
 #include "minidl/train/loss.hpp"
 #include "minidl/train/optimizer.hpp"
+#include "minidl/train/tensor_parallel.hpp"
 
 namespace minidl {
 
@@ -241,7 +243,7 @@ void warn_if_spinning_oversubscribed(const std::string& program) {
 /// the optimizer state's pieces, and with pipeline stages, which gathers the stages').
 checkpoint::Tensors checkpoint_tensors(nn::Module& model, Trainer& trainer) {
   trainer.gather_stages();
-  return {model.parameters(), model.buffers(), trainer.optimizer_state()};
+  return {train::gather_parameters(model), model.buffers(), trainer.optimizer_state()};
 }
 
 /// A testing hook's value (see run_training_app): fallback when the variable is unset, else an
@@ -373,17 +375,12 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
     doing = "building the model";
     model = build(c, sample);
     model->reset(c.seed);
-    if (tensor) {
-      // The split of the model's Linear pairs, tried on a scratch graph: a model it cannot
-      // split fails here, before the preflight, as one line.
-      ir::Graph scratch;
-      std::vector<std::int64_t> dims{1};
-      dims.insert(dims.end(), sample.dims().begin(), sample.dims().end());
-      model->forward(ops::input(scratch, "x", Shape(dims)));
-      parallel::split_matmul_pairs(scratch, {.shards = c.tensor_parallel});
-    }
     doing = fmt::format("loading --init '{}'", printable(c.init));
     if (!c.init.empty()) nn::load_state_dict(*model, c.init);
+    // Each rank keeps its parts of the parameters of the Linear pairs split over the shards, cut
+    // from the whole initial values; a model it cannot split fails here, before the preflight.
+    doing = "splitting the model over the tensor-parallel shards";
+    if (tensor) train::shard_split_parameters(*model, sample, tensor->tensor());
     doing = "setting up the training";
     if (c.optimizer == "adamw") {
       optimizer =
@@ -479,7 +476,9 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
   doing = "setting up the training";
   // Every rank starts from rank 0's parameters and buffers (they agree already when seeds agree;
   // this makes it so whatever the initialisation).
-  for (auto& [name, t] : model->state_dict()) comm.broadcast(t.raw(), t.nbytes(), 0);
+  // With tensor parallelism, the ranks holding the same parts (the replicas of a shard).
+  parallel::Communicator& replicas = tensor ? tensor->data() : comm;
+  for (auto& [name, t] : model->state_dict()) replicas.broadcast(t.raw(), t.nbytes(), 0);
   const bool talk = root && !c.quiet;  // headers, per-epoch lines, notes
   if (talk) warn_if_spinning_oversubscribed(program);
   const std::int64_t kill_after = test_hook("MINIDL_TEST_KILL_AFTER_STEP", 0, 1);
@@ -493,7 +492,11 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
   if (!c.checkpoint_dir.empty() && c.checkpoint_every == 0 && c.checkpoint_every_steps == 0)
     c.checkpoint_every = 1;
   std::int64_t n_params = 0;
-  for (const auto& [name, t] : model->parameters()) n_params += t.numel();
+  const auto shards = model->parameter_shards();
+  for (const auto& [name, t] : model->parameters()) {
+    const train::ParameterShard* s = train::find_shard(shards, name);
+    n_params += s != nullptr ? s->whole.numel() : t.numel();  // a part's whole tensor
+  }
   RunFacts facts{.program = program,
                  .model = model->describe(),
                  .parameters = n_params,
@@ -512,6 +515,7 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
     doing = fmt::format("resuming from '{}'", printable(c.resume));
     const checkpoint::Tensors into = checkpoint_tensors(*model, trainer);
     const checkpoint::Loaded ckpt = checkpoint::load_shared(comm, c.resume, into);
+    train::load_parameters(*model, into.parameters);  // sharded ones: their parts
     trainer.set_optimizer_state(into.optimizer_state);
     // Rank 0 judges; on an error it ends the job, the others waiting in their first step.
     if (root) {
@@ -776,11 +780,21 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
                                 : 100.0));
     }
   }
+  {
+    // Every rank's peak resident memory over the run (VmHWM), for the memory figures above.
+    const std::int64_t peak = peak_resident_bytes();
+    log_verbose("memory", "rank {}: peak resident {} B", comm.rank(), peak);
+    std::vector<std::int64_t> peaks(static_cast<std::size_t>(comm.size()));
+    comm.allgather(&peak, peaks.data(), sizeof peak);
+    metrics.add({{"peak_rss_bytes", peaks}});
+  }
   if (!c.trace.empty()) {
     doing = fmt::format("writing --trace '{}'", printable(c.trace));
     const std::size_t events = write_chrome_trace(c.trace, comm, trainer.trace_spans());
     if (talk) fmt::print("{}: wrote {} ({} kernel calls)\n", program, c.trace, events);
   }
+  // The parameters stored as parts, whole again on every rank (collective) for what follows.
+  if (tensor && (!c.save.empty() || hooks.after_training)) train::unshard_parameters(*model);
   if (!c.save.empty() && root) {
     doing = fmt::format("writing --save '{}'", printable(c.save));
     WritingOutput writing;

@@ -10,6 +10,7 @@
 #include "minidl/core/rng.hpp"
 #include "minidl/io/safetensors.hpp"
 #include "minidl/ops/ops.hpp"
+#include "minidl/parallel/tensor_parallel.hpp"
 
 namespace minidl::nn {
 
@@ -168,9 +169,71 @@ ir::Value* Module::source_value(ir::Graph& g, bool buffer, std::string_view name
     MINIDL_CHECK(n->op() == op && n->bound().raw() == it->second.raw(), who(), ": ", kind, " '",
                  full, "' cannot be a node of the graph, which has a node of that name already (",
                  n->op(), " ", n->output()->ref(), ")");
-    return n->output();
+    if (buffer) return n->output();
   }
-  return buffer ? ops::state(g, full, it->second) : ops::parameter(g, full, it->second);
+  if (buffer) return ops::state(g, full, it->second);
+  return train::read_parameter(g, full, it->second, train::find_shard(shards_, name));
+}
+
+const Tensor& Module::registered_parameter(std::string_view name) const {
+  auto it = std::find_if(parameters_.begin(), parameters_.end(),
+                         [&](const auto& p) { return p.first == name; });
+  MINIDL_CHECK(it != parameters_.end(), who(), " has no parameter '", name, "'");
+  return it->second;
+}
+
+std::vector<std::pair<std::string, train::ParameterShard>> Module::parameter_shards() {
+  std::vector<std::pair<std::string, train::ParameterShard>> out;
+  for (const auto& [name, s] : shards_) out.emplace_back(full_name(name), s);
+  for (Child& c : children_) {
+    auto theirs = c.module->parameter_shards();
+    out.insert(out.end(), theirs.begin(), theirs.end());
+  }
+  return out;
+}
+
+Module* Module::owner_of(const std::string& name) {
+  // A child whose full name prefixes `name` holds it (or one of its children does).
+  for (Child& c : children_) {
+    const std::string& p = c.module->name();
+    if (name.size() > p.size() && name.compare(0, p.size(), p) == 0 && name[p.size()] == '.')
+      return c.module->owner_of(name);
+  }
+  return this;
+}
+
+void Module::unshard_parameter(const std::string& name, const Tensor& whole) {
+  Module* m = owner_of(name);
+  if (m != this) return m->unshard_parameter(name, whole);
+  auto s = std::find_if(shards_.begin(), shards_.end(),
+                        [&](const auto& p) { return full_name(p.first) == name; });
+  MINIDL_CHECK(s != shards_.end() && whole.shape() == s->second.whole, who(), ": parameter '", name,
+               "' is not stored as a shard of ", whole.shape());
+  auto it = std::find_if(parameters_.begin(), parameters_.end(),
+                         [&](const auto& p) { return p.first == s->first; });
+  it->second = whole.clone();
+  shards_.erase(s);
+}
+
+void Module::shard_parameter(const std::string& name, const train::ParameterShard& shard) {
+  Module* m = owner_of(name);
+  if (m != this) return m->shard_parameter(name, shard);
+  auto it = std::find_if(parameters_.begin(), parameters_.end(),
+                         [&](const auto& p) { return full_name(p.first) == name; });
+  MINIDL_CHECK(it != parameters_.end(), who(), " has no parameter '", name, "' to shard");
+  MINIDL_CHECK(train::find_shard(shards_, it->first) == nullptr, who(), ": parameter '", name,
+               "' is stored as a shard already");
+  MINIDL_CHECK(it->second.shape() == shard.whole && shard.count >= 1 && shard.index >= 0 &&
+                   shard.index < shard.count && shard.axis >= 0 &&
+                   shard.axis < static_cast<int>(shard.whole.rank()) &&
+                   shard.whole[static_cast<std::size_t>(shard.axis)] % shard.count == 0,
+               who(), ": parameter '", name, "' ", it->second.shape(), " cannot be stored as part ",
+               shard.index, " of ", shard.count, " of ", shard.whole, " along axis ", shard.axis);
+  std::vector<std::int64_t> dims = shard.whole.dims();
+  dims[static_cast<std::size_t>(shard.axis)] /= shard.count;
+  // The handle in the list is the module's only one: replacing it releases the whole tensor.
+  it->second = parallel::take_piece(it->second, Shape(dims), shard.index, shard.count);
+  shards_.emplace_back(it->first, shard);
 }
 
 ir::Value* Module::parameter_value(ir::Graph& g, std::string_view name) {
@@ -186,14 +249,17 @@ void Module::initialize_parameter(std::string_view name, Init init, std::int64_t
   auto it = std::find_if(parameters_.begin(), parameters_.end(),
                          [&](const auto& p) { return p.first == name; });
   MINIDL_CHECK(it != parameters_.end(), who(), " has no parameter '", name, "'");
+  MINIDL_CHECK(train::find_shard(shards_, name) == nullptr, who(), ": parameter '", full_name(name),
+               "' is stored as a shard: initialise the model before it is sharded");
   initialize(it->second, init, fan_in, fan_out, seed, full_name(name));
 }
 
 Linear::Linear(std::int64_t in, std::int64_t out, Init init, bool bias)
     : in_(in), out_(out), init_(init) {
   MINIDL_CHECK(in > 0 && out > 0, "Linear(", in, " -> ", out, "): sizes must be positive");
-  weight_ = register_parameter("weight", Tensor::zeros({out, in}));
-  if (bias) bias_ = register_parameter("bias", Tensor::zeros({out}));
+  register_parameter("weight", Tensor::zeros({out, in}));
+  has_bias_ = bias;
+  if (bias) register_parameter("bias", Tensor::zeros({out}));
 }
 
 ir::Value* Linear::forward(ir::Value* x) {
@@ -201,13 +267,13 @@ ir::Value* Linear::forward(ir::Value* x) {
   MINIDL_CHECK(x->shape().rank() == 2 && x->shape()[1] == in_, describe(), " '", name(),
                "': expected input [N,", in_, "], got ", x->shape());
   ir::Value* y = ops::matmul(x, parameter_value(g, "weight"), false, true);
-  if (bias_.raw() != nullptr) y = ops::bias_add(y, parameter_value(g, "bias"));
+  if (has_bias_) y = ops::bias_add(y, parameter_value(g, "bias"));
   return y;
 }
 
 void Linear::reset_parameters(std::uint64_t seed) {
   initialize_parameter("weight", init_, in_, out_, seed);
-  if (bias_.raw() != nullptr) initialize_parameter("bias", Init::Zeros, in_, out_, seed);
+  if (has_bias_) initialize_parameter("bias", Init::Zeros, in_, out_, seed);
 }
 
 std::string Linear::describe() const {
@@ -225,8 +291,9 @@ Conv2d::Conv2d(std::int64_t in_channels, std::int64_t out_channels, std::int64_t
   MINIDL_CHECK(in_ > 0 && out_ > 0 && kernel_ > 0 && stride_ > 0 && pad_ >= 0, "Conv2d(", in_,
                " -> ", out_, ", kernel ", kernel_, ", stride ", stride_, ", pad ", pad_,
                "): sizes, kernel and stride must be positive and pad non-negative");
-  weight_ = register_parameter("weight", Tensor::zeros({out_, in_, kernel_, kernel_}));
-  if (bias) bias_ = register_parameter("bias", Tensor::zeros({out_}));
+  register_parameter("weight", Tensor::zeros({out_, in_, kernel_, kernel_}));
+  has_bias_ = bias;
+  if (bias) register_parameter("bias", Tensor::zeros({out_}));
 }
 
 ir::Value* Conv2d::forward(ir::Value* x) {
@@ -236,14 +303,14 @@ ir::Value* Conv2d::forward(ir::Value* x) {
   ir::Value* y =
       ops::apply("conv2d", {x, parameter_value(g, "weight")},
                  {{"stride", ir::Ints{stride_, stride_}}, {"pad", ir::Ints{pad_, pad_}}});
-  if (bias_.raw() != nullptr) y = ops::bias_add(y, parameter_value(g, "bias"));
+  if (has_bias_) y = ops::bias_add(y, parameter_value(g, "bias"));
   return y;
 }
 
 void Conv2d::reset_parameters(std::uint64_t seed) {
   const std::int64_t taps = kernel_ * kernel_;
   initialize_parameter("weight", init_, in_ * taps, out_ * taps, seed);
-  if (bias_.raw() != nullptr) initialize_parameter("bias", Init::Zeros, 0, 0, seed);
+  if (has_bias_) initialize_parameter("bias", Init::Zeros, 0, 0, seed);
 }
 
 std::string Conv2d::describe() const {
@@ -535,15 +602,18 @@ std::string Dropout::describe() const { return fmt::format("Dropout(p={})", p_);
 
 void load_state_dict(Module& m, const NamedTensors& values, const std::string& source) {
   NamedTensors state = m.state_dict();
+  const auto shards = m.parameter_shards();  // a part takes its part of the whole value
   std::string problems;
   for (auto& [name, t] : state) {
     auto it =
         std::find_if(values.begin(), values.end(), [&](const auto& v) { return v.first == name; });
+    const train::ParameterShard* s = train::find_shard(shards, name);
+    const Shape& shape = s != nullptr ? s->whole : t.shape();
     if (it == values.end()) {
-      problems += fmt::format("; missing '{}' {}", name, t.shape());
-    } else if (it->second.shape() != t.shape() || it->second.dtype() != t.dtype()) {
+      problems += fmt::format("; missing '{}' {}", name, shape);
+    } else if (it->second.shape() != shape || it->second.dtype() != t.dtype()) {
       problems += fmt::format("; '{}' is {} {} in the file, the model has {} {}", name,
-                              it->second.shape(), it->second.dtype(), t.shape(), t.dtype());
+                              it->second.shape(), it->second.dtype(), shape, t.dtype());
     }
   }
   for (const auto& [name, t] : values) {
@@ -553,8 +623,11 @@ void load_state_dict(Module& m, const NamedTensors& values, const std::string& s
   }
   MINIDL_CHECK(problems.empty(), "'", source, "' does not match the model", problems);
   for (auto& [name, t] : state) {
-    for (const auto& [vn, v] : values)
-      if (vn == name) t.copy_from(v);
+    const train::ParameterShard* s = train::find_shard(shards, name);
+    for (const auto& [vn, v] : values) {
+      if (vn != name) continue;
+      t.copy_from(s != nullptr ? parallel::take_piece(v, t.shape(), s->index, s->count) : v);
+    }
   }
 }
 
@@ -563,6 +636,10 @@ void load_state_dict(Module& m, const std::string& path) {
 }
 
 void save_state_dict(Module& m, const std::string& path) {
+  const auto shards = m.parameter_shards();
+  MINIDL_CHECK(shards.empty(), "cannot save '", path, "': parameter '", shards.front().first,
+               "' is stored as a part of ", shards.front().second.whole,
+               " (train::unshard_parameters stores it whole)");
   save_safetensors(path, m.state_dict(), {{"format", "pt"}, {"framework", "minidl"}});
 }
 

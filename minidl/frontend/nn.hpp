@@ -52,6 +52,14 @@ class Module : public train::Model {
   /// Buffers (state that is not trained: statistics, constants) by full name, in the same
   /// order. Graphs read them; autograd, the optimizer and the gradient reduction leave them out.
   NamedTensors buffers() final;
+  /// The parameters stored as shards (Model::parameter_shards), by full name.
+  std::vector<std::pair<std::string, train::ParameterShard>> parameter_shards() final;
+  /// Stores the parameter of full name `name` as its part shard.index: the module that
+  /// registered it keeps only a copy of that part, and graphs read it through read_parameter
+  /// (train/model.hpp). Throws for an unknown name, a part that does not divide the shape, or a
+  /// parameter stored as a shard already.
+  void shard_parameter(const std::string& name, const train::ParameterShard& shard) final;
+  void unshard_parameter(const std::string& name, const Tensor& whole) final;
   /// Parameters, then buffers: what --save writes and --init reads (PyTorch's state_dict).
   NamedTensors state_dict();
 
@@ -98,6 +106,8 @@ class Module : public train::Model {
   /// its full name.
   void initialize_parameter(std::string_view name, Init init, std::int64_t fan_in,
                             std::int64_t fan_out, std::uint64_t seed);
+  /// The registered parameter `name` (its storage: a shard's part once sharded).
+  const Tensor& registered_parameter(std::string_view name) const;
 
   /// What reset(seed) does for this module alone: initialise its own parameters (its
   /// children's reset_parameters are called by reset). The default leaves them as registered.
@@ -117,12 +127,16 @@ class Module : public train::Model {
   std::string full_name(std::string_view local) const;
   void collect(bool buffers, NamedTensors& out) const;
   ir::Value* source_value(ir::Graph& g, bool buffer, std::string_view name);
+  /// The module of the tree that registered the parameter of full name `name` (this one when no
+  /// child's name prefixes it).
+  Module* owner_of(const std::string& name);
   /// The module for error messages: its type and, once placed, its full name.
   std::string who() const;
 
   std::string local_name_, path_;
   bool training_ = true;
   NamedTensors parameters_, buffers_;
+  std::vector<std::pair<std::string, train::ParameterShard>> shards_;  // by local name
   std::vector<Child> children_;
 };
 
@@ -132,15 +146,16 @@ class Linear final : public Module {
   Linear(std::int64_t in, std::int64_t out, Init init = Init::He, bool bias = true);
   ir::Value* forward(ir::Value* x) override;
   std::string describe() const override;
-  const Tensor& weight() const { return weight_; }
-  const Tensor& bias() const { return bias_; }
+  const Tensor& weight() const { return registered_parameter("weight"); }
+  /// Null storage without a bias.
+  Tensor bias() const { return has_bias_ ? registered_parameter("bias") : Tensor(); }
 
  private:
   void reset_parameters(std::uint64_t seed) override;
 
   std::int64_t in_, out_;
   Init init_;
-  Tensor weight_, bias_;
+  bool has_bias_;
 };
 
 /// 2-D convolution over x [N, in, H, W] as PyTorch's Conv2d: weight [out, in, kernel, kernel],
@@ -152,15 +167,16 @@ class Conv2d final : public Module {
          std::int64_t stride = 1, std::int64_t pad = 0, Init init = Init::He, bool bias = true);
   ir::Value* forward(ir::Value* x) override;
   std::string describe() const override;
-  const Tensor& weight() const { return weight_; }
-  const Tensor& bias() const { return bias_; }
+  const Tensor& weight() const { return registered_parameter("weight"); }
+  /// Null storage without a bias.
+  Tensor bias() const { return has_bias_ ? registered_parameter("bias") : Tensor(); }
 
  private:
   void reset_parameters(std::uint64_t seed) override;
 
   std::int64_t in_, out_, kernel_, stride_, pad_;
   Init init_;
-  Tensor weight_, bias_;
+  bool has_bias_;
 };
 
 /// Max pooling over kernel x kernel windows of x [N, C, H, W]; stride 0 means the kernel.

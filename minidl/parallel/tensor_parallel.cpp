@@ -258,6 +258,13 @@ namespace {
 
 bool is_parameter(const ir::Value* v) { return v->producer()->op() == "parameter"; }
 
+// A parameter as a graph reads it whole: the parameter itself, or tp_gather of the part this
+// rank stores (train::read_parameter).
+bool is_stored(const ir::Value* v) {
+  const ir::Node* n = v->producer();
+  return is_parameter(v) || (n->op() == "tp_gather" && is_parameter(n->input(0)));
+}
+
 ir::Node* only_user(const ir::Value* v) {
   return v->users().size() == 1 ? v->users().front() : nullptr;
 }
@@ -267,14 +274,14 @@ ir::Node* only_user(const ir::Value* v) {
 bool linear_product(const ir::Node* n) {
   return n != nullptr && n->op() == "matmul" && n->inputs().size() == 2 &&
          !n->attrs().get<bool>("trans_a") && n->attrs().get<bool>("trans_b") &&
-         n->attrs().get<std::string>("activation") == "none" && is_parameter(n->input(1)) &&
+         n->attrs().get<std::string>("activation") == "none" && is_stored(n->input(1)) &&
          n->input(1)->shape().rank() == 2;
 }
 
 // bias_add(v, a parameter) reading v.
 ir::Node* bias_of(const ir::Value* v) {
   ir::Node* u = only_user(v);
-  return u != nullptr && u->op() == "bias_add" && u->input(0) == v && is_parameter(u->input(1))
+  return u != nullptr && u->op() == "bias_add" && u->input(0) == v && is_stored(u->input(1))
              ? u
              : nullptr;
 }
@@ -307,13 +314,8 @@ std::optional<Pair> pair_at(ir::Node* a) {
   return p;
 }
 
-}  // namespace
-
-TensorParallelPlan split_matmul_pairs(ir::Graph& g, const TensorParallelOptions& o) {
-  MINIDL_CHECK(o.shards >= 1 && o.rank >= 0 && o.rank < o.shards, "tensor parallelism: shard ",
-               o.rank, " of ", o.shards);
-  register_ops();
-  // Match first, then rewrite.
+// Every pair of g, matched before anything is rewritten; each pair's hidden width checked.
+std::vector<Pair> match_pairs(ir::Graph& g, int shards) {
   std::vector<Pair> pairs;
   std::set<const ir::Node*> taken;
   for (ir::Node* n : g.nodes()) {
@@ -324,35 +326,97 @@ TensorParallelPlan split_matmul_pairs(ir::Graph& g, const TensorParallelOptions&
       if (m) taken.insert(m);
     pairs.push_back(*p);
   }
-  MINIDL_CHECK(!pairs.empty(), "--tensor-parallel ", o.shards,
+  MINIDL_CHECK(!pairs.empty(), "--tensor-parallel ", shards,
                ": the model has no pair of Linear layers (matmul, optional bias and activation, "
                "matmul) to split");
+  for (const Pair& p : pairs) {
+    const std::int64_t hidden = p.first->input(1)->shape()[0];
+    MINIDL_CHECK(hidden % shards == 0, "--tensor-parallel ", shards, ": ", p.first->describe(),
+                 " has ", hidden, " output features, which do not split into ", shards,
+                 " equal shards");
+  }
+  return pairs;
+}
+
+// The parameter node of a stored value (is_stored).
+const ir::Node* parameter_node(const ir::Value* v) {
+  return is_parameter(v) ? v->producer() : v->producer()->input(0)->producer();
+}
+
+// The values a pair splits: its weights and first bias, each with the axis it is cut along.
+std::vector<std::pair<ir::Value*, int>> split_values(const Pair& p) {
+  std::vector<std::pair<ir::Value*, int>> out{{p.first->input(1), 0}};
+  if (p.first_bias) out.emplace_back(p.first_bias->input(1), 0);
+  out.emplace_back(p.second->input(1), 1);
+  return out;
+}
+
+// This shard's part of the stored value w along axis: the parameter holding it. A parameter
+// stored as this shard's part is read whole by tp_gather (train::read_parameter), whose input
+// is the part; a parameter stored whole is its own part only with one shard.
+ir::Value* part_of(ir::Value* w, int axis, const TensorParallelOptions& o) {
+  const ir::Node* n = w->producer();
+  const std::string& name = parameter_node(w)->name();
+  if (n->op() == "parameter") {
+    MINIDL_CHECK(o.shards == 1, "--tensor-parallel ", o.shards, ": parameter '", name, "' ",
+                 w->shape(),
+                 " is stored whole; the parameters of the layers it splits must be stored as "
+                 "shards first (train::shard_split_parameters)");
+    return w;
+  }
+  const auto& a = n->attrs();
+  const auto stored_axis = a.get<std::int64_t>("axis");
+  const auto rank = static_cast<std::int64_t>(w->shape().rank());
+  MINIDL_CHECK((stored_axis < 0 ? stored_axis + rank : stored_axis) == axis &&
+                   a.get<std::int64_t>("ranks") == o.shards &&
+                   a.get<std::int64_t>("group") == o.group,
+               "--tensor-parallel ", o.shards, ": parameter '", name, "' is stored as one of ",
+               a.get<std::int64_t>("ranks"), " parts along axis ", stored_axis, " of group ",
+               a.get<std::int64_t>("group"), "; the split needs one of ", o.shards, " along axis ",
+               axis, " of group ", o.group);
+  return n->input(0);
+}
+
+}  // namespace
+
+std::vector<SplitParameter> plan_split(ir::Graph& g, int shards) {
+  MINIDL_CHECK(shards >= 1, "--tensor-parallel must be at least 1, got ", shards);
+  register_ops();
+  std::vector<SplitParameter> out;
+  std::set<std::string> seen;
+  for (const Pair& p : match_pairs(g, shards)) {
+    for (const auto& [w, axis] : split_values(p)) {
+      const std::string& name = parameter_node(w)->name();
+      if (seen.insert(name).second) out.push_back({name, axis});
+    }
+  }
+  return out;
+}
+
+TensorParallelPlan split_matmul_pairs(ir::Graph& g, const TensorParallelOptions& o) {
+  MINIDL_CHECK(o.shards >= 1 && o.rank >= 0 && o.rank < o.shards, "tensor parallelism: shard ",
+               o.rank, " of ", o.shards);
+  register_ops();
+  const std::vector<Pair> pairs = match_pairs(g, o.shards);  // match first, then rewrite
   TensorParallelPlan plan;
-  const std::int64_t t = o.rank;
   // One piece per parameter, read by every replica's pair (thread replicas, micro-shards).
   std::map<ir::Value*, ir::Value*> pieces;
+  std::vector<ir::Node*> gathers;  // the whole reads the pieces replace
   for (const Pair& p : pairs) {
-    ir::Value* w1 = p.first->input(1);
-    ir::Value* w2 = p.second->input(1);
-    const std::int64_t hidden = w1->shape()[0];
-    MINIDL_CHECK(hidden % o.shards == 0, "--tensor-parallel ", o.shards, ": ", p.first->describe(),
-                 " has ", hidden, " output features, which do not split into ", o.shards,
-                 " equal shards");
-    const std::int64_t part = hidden / o.shards, lo = t * part, hi = lo + part;
     ir::Node* last = p.second_bias ? p.second_bias : p.second;
     ir::Value* old_out = last->output();
     const std::size_t before = g.nodes().size();
     const std::string base = p.first->name();
-    auto piece = [&](ir::Value* param, int axis) {
-      auto [it, added] = pieces.try_emplace(param, nullptr);
+    auto piece = [&](ir::Value* w, int axis) {
+      auto [it, added] = pieces.try_emplace(w, nullptr);
       if (!added) return it->second;
-      ir::Value* v = ops::slice(param, axis, lo, hi);
-      set_shard(*v->producer(), o.rank);
-      plan.pieces.push_back({param->producer()->name(), param, v, axis});
+      ir::Value* v = part_of(w, axis, o);
+      if (v != w) gathers.push_back(w->producer());
+      plan.pieces.push_back({parameter_node(w)->name(), w, v, axis});
       return it->second = v;
     };
     ir::Value* y = tp_copy(p.first->input(0), o.group, base + ".tp_copy");
-    y = ops::matmul(y, piece(w1, 0), false, true);
+    y = ops::matmul(y, piece(p.first->input(1), 0), false, true);
     set_shard(*y->producer(), o.rank);
     if (p.first_bias) y = ops::bias_add(y, piece(p.first_bias->input(1), 0));
     if (p.activation) {
@@ -360,7 +424,7 @@ TensorParallelPlan split_matmul_pairs(ir::Graph& g, const TensorParallelOptions&
                      p.activation->name() + ".shard")
               ->output();
     }
-    y = ops::matmul(y, piece(w2, 1), false, true);
+    y = ops::matmul(y, piece(p.second->input(1), 1), false, true);
     set_shard(*y->producer(), o.rank);
     y = tp_reduce(y, o.group, p.second->name() + ".tp_reduce");
     if (p.second_bias) y = ops::bias_add(y, p.second_bias->input(1));
@@ -368,7 +432,7 @@ TensorParallelPlan split_matmul_pairs(ir::Graph& g, const TensorParallelOptions&
                                        g.nodes().end());
     for (ir::Node* n : added) {
       n->set_phase(p.first->phase());
-      n->set_replica(n->op() == "slice" ? -1 : p.first->replica());
+      n->set_replica(p.first->replica());
       g.move_before(n, last);
     }
     g.replace_uses(old_out, y);
@@ -378,23 +442,11 @@ TensorParallelPlan split_matmul_pairs(ir::Graph& g, const TensorParallelOptions&
     g.remove(old);
     plan.pairs.push_back(base + " + " + p.second->name());
   }
+  // The whole reads of the split parameters are read by nothing now; each is a collective,
+  // which dead-code elimination would keep.
+  std::erase_if(gathers, [](const ir::Node* n) { return !n->output()->users().empty(); });
+  g.remove(gathers);
   return plan;
-}
-
-void gather_updated_pieces(ir::Graph& g, const TensorParallelPlan& plan,
-                           const std::vector<ir::Value*>& updated, const TensorParallelOptions& o) {
-  MINIDL_CHECK(updated.size() == plan.pieces.size(), "tensor parallelism: ", updated.size(),
-               " updated pieces of ", plan.pieces.size());
-  for (std::size_t i = 0; i < updated.size(); ++i) {
-    const TensorParallelPiece& p = plan.pieces[i];
-    ir::Value* whole = tp_gather(updated[i], p.axis, o.group, p.name + ".tp_gather");
-    whole->producer()->set_phase(ir::Phase::Communication);
-    ir::Value* flat = ops::reshape(whole, {whole->shape().numel()});
-    flat->producer()->set_phase(ir::Phase::Update);
-    g.add_node(op_assign_slice, {p.param, flat}, {{"offset", std::int64_t{0}}},
-               p.name + ".tp_assign")
-        ->set_phase(ir::Phase::Update);
-  }
 }
 
 // ---- pieces of tensors ------------------------------------------------------------------------

@@ -12,15 +12,15 @@
 // tp_reduce gathers the shards' partial sums and adds them in shard order on every rank, never
 // in MPI's order, so its bits depend on nothing but the shard count.
 //
-// split_matmul_pairs rewrites a training graph's forward: a Linear (matmul with a weight [out,
-// in], optional bias, optional elementwise activation) followed by another Linear reading only
-// its output becomes a column-parallel Linear (this shard's rows of the first weight and
-// bias) and a row-parallel one (this shard's columns of the second weight), between tp_copy
-// of the input and tp_reduce of the partial products, before the second bias: one collective
-// in the forward and one in the backward per pair. The pieces are slices of the whole
-// parameters, which every rank keeps; the optimizer updates the pieces, and
-// gather_updated_pieces writes the gathered pieces back into the parameters, so saving,
-// evaluation and resuming read whole tensors.
+// split_matmul_pairs rewrites a graph's forward: a Linear (matmul with a weight [out, in],
+// optional bias, optional elementwise activation) followed by another Linear reading only its
+// output becomes a column-parallel Linear (this shard's rows of the first weight and bias) and
+// a row-parallel one (this shard's columns of the second weight), between tp_copy of the input
+// and tp_reduce of the partial products, before the second bias: one collective in the forward
+// and one in the backward per pair. Each rank stores only its parts of the split parameters
+// (train::ParameterShard): a graph reads such a parameter whole through tp_gather of its part,
+// and the rewrite reads the part itself instead, so the parts are what the graph
+// differentiates and the optimizer updates, and no step gathers a parameter.
 #pragma once
 
 #include <memory>
@@ -45,11 +45,11 @@ struct TensorParallelOptions {
   int group = 0;   // the shards' communicator (register_group)
 };
 
-/// A parameter's piece on this shard: a slice of its rows (axis 0) or columns (axis 1).
+/// A parameter's piece on this shard: its rows (axis 0) or columns (axis 1).
 struct TensorParallelPiece {
   std::string name;
-  ir::Value* param = nullptr;  // the whole parameter
-  ir::Value* piece = nullptr;  // slice(param): what the graph reads and the optimizer updates
+  ir::Value* param = nullptr;  // the parameter as the model's graph read it (whole)
+  ir::Value* piece = nullptr;  // the parameter holding this shard's part: read by the split pair
   int axis = 0;
 };
 
@@ -60,9 +60,19 @@ struct TensorParallelPlan {
   ir::Value* piece_of(ir::Value* param) const;
 };
 
+/// A parameter the rewrite splits, and the axis along which each shard takes its part.
+struct SplitParameter {
+  std::string name;
+  int axis = 0;
+};
+/// The parameters split_matmul_pairs would split in g (which it leaves as it is), each once.
+/// Throws as split_matmul_pairs does.
+std::vector<SplitParameter> plan_split(ir::Graph& g, int shards);
+
 /// Rewrites every pair of matmul Linears in g's forward (before autograd) as described above.
 /// Throws minidl::Error naming the layer when a pair's hidden width does not split into
-/// `shards` equal parts, and when g holds no pair at all.
+/// `shards` equal parts, when g holds no pair at all, and, with more than one shard, naming the
+/// parameter when one to split is not stored as this shard's part along the split's axis.
 TensorParallelPlan split_matmul_pairs(ir::Graph& g, const TensorParallelOptions& o);
 
 /// split_matmul_pairs as a pass (`tensor-parallel`), run on a training graph's forward before
@@ -84,11 +94,6 @@ class TensorParallel final : public ir::Pass {
   TensorParallelOptions options_;
   TensorParallelPlan plan_;
 };
-
-/// After the optimizer's updates: updated[i] is the new value of plan.pieces[i].piece; each is
-/// gathered over the shards (tp_gather) and written into its whole parameter (assign_slice).
-void gather_updated_pieces(ir::Graph& g, const TensorParallelPlan& plan,
-                           const std::vector<ir::Value*>& updated, const TensorParallelOptions& o);
 
 /// The axis along which piece is a part of whole (the one dimension in which they differ; -1
 /// when the shapes are equal). Throws when they differ otherwise.

@@ -279,6 +279,160 @@ ir::Kernel make_shard_sum_squares(const ir::Node& node) {
   };
 }
 
+// ---- zero_scatter_into, zero_gather_into ------------------------------------------------------
+
+// The elements of the flat range [offset, offset + n) of a parameter that shard r holds, as
+// [begin, end) relative to the parameter (begin == end: none).
+std::pair<std::int64_t, std::int64_t> overlap(const ir::Ints& bounds, std::size_t r,
+                                              std::int64_t offset, std::int64_t n) {
+  const std::int64_t lo = std::max(bounds[r], offset), hi = std::min(bounds[r + 1], offset + n);
+  return hi > lo ? std::pair{lo - offset, hi - offset}
+                 : std::pair{std::int64_t{0}, std::int64_t{0}};
+}
+
+// shard [S], x [...] at flat `offset` -> shard, in place: x's elements within this rank's shard.
+void infer_into(ir::InferCtx& c) {
+  const std::int64_t shard = check_shards(c);
+  const auto bounds = c.attr<ir::Ints>("bounds");
+  const auto offset = c.attr<std::int64_t>("offset");
+  MINIDL_CHECK_NODE(
+      c, c.input(0) == Shape{shard} && c.dtype(0) == DType::F32 && c.dtype(1) == DType::F32,
+      "expected this rank's f32 shard [", shard, "] and an f32 tensor, got ", c.dtype(0), " ",
+      c.input(0), " and ", c.dtype(1), " ", c.input(1));
+  MINIDL_CHECK_NODE(c, offset >= 0 && offset + c.input(1).numel() <= bounds.back(), "offset ",
+                    offset, " + ", c.input(1).numel(), " elements exceeds the shards' ",
+                    bounds.back());
+  MINIDL_CHECK_NODE(c, c.attr<std::int64_t>("leaves") >= 0, "leaves must be >= 0");
+  c.set_output(0, c.input(0));
+}
+
+// This rank's part of the sum over the ranks of a parameter's gradient x, written into the
+// shard: MPI's reduce-scatter with each rank's count its part of x (none for most ranks). With
+// `whole` (zero_allreduce_into) x itself becomes the whole sum (an allreduce in place) and the
+// part is copied from it. In deterministic mode every rank's x is gathered and the tree's joins
+// are applied to this rank's part only (to all of x with `whole`): the same additions, in the
+// same order, as tree_allreduce makes there.
+ir::Kernel make_reduce_into(const ir::Node& node, bool whole) {
+  Communicator* comm = comm_of(node);
+  const auto bounds = node.attrs().get<ir::Ints>("bounds");
+  const auto rank = static_cast<std::size_t>(node.attrs().get<std::int64_t>("rank"));
+  const auto leaves = node.attrs().get<std::int64_t>("leaves");
+  const auto offset = node.attrs().get<std::int64_t>("offset");
+  const std::int64_t n = node.input(1)->shape().numel();
+  const auto [lo, hi] = overlap(bounds, rank, offset, n);
+  const std::int64_t at =
+      hi > lo ? offset + lo - bounds[rank] : 0;  // the part's place in the shard
+  // OpenMPI's collectives take temporary buffers of up to their input's size: x goes in chunks
+  // of at most kChunk elements, so those stay small beside the shard.
+  static constexpr std::int64_t kChunk = std::int64_t{1} << 20;
+  if (leaves == 0) {
+    if (whole) {
+      return [comm, n, lo, hi, at](const ir::KernelArgs& k) {
+        float* x = k.out[1].data<float>();
+        for (std::int64_t c = 0; c < n; c += kChunk)
+          comm->allreduce_sum(x + c, std::min(kChunk, n - c));
+        std::memcpy(k.out[0].data<float>() + at, x + lo,
+                    static_cast<std::size_t>(hi - lo) * sizeof(float));
+      };
+    }
+    // MPI's reduce-scatter hands out consecutive parts from the start of its input (the ranks
+    // holding no part of a chunk get none).
+    struct Call {
+      std::int64_t begin = 0, at = 0;  // x's first element, where this rank's part goes
+      std::vector<std::int64_t> counts;
+    };
+    std::vector<Call> calls;
+    for (std::int64_t c = 0; c < n; c += kChunk) {
+      const std::int64_t len = std::min(kChunk, n - c);
+      Call call{.begin = c};
+      for (std::size_t r = 0; r + 1 < bounds.size(); ++r) {
+        const auto [a, b] = overlap(bounds, r, offset + c, len);
+        call.counts.push_back(b - a);
+        if (r == rank && b > a) call.at = offset + c + a - bounds[rank];
+      }
+      calls.push_back(std::move(call));
+    }
+    return [comm, calls](const ir::KernelArgs& k) {
+      for (const Call& c : calls)
+        comm->reduce_scatter_sum(k.in[1].data<float>() + c.begin, k.out[0].data<float>() + c.at,
+                                 c.counts);
+    };
+  }
+  MINIDL_CHECK(leaves >= comm->size(), node.describe(), ": a tree over ", leaves,
+               " micro-shard(s) cannot give each of the ", comm->size(), " ranks one");
+  auto joins = std::make_shared<std::vector<std::pair<int, int>>>();
+  tree_combine_order(leaves, comm->size(), [&](int a, int b) { joins->emplace_back(a, b); });
+  return [comm, joins, n, lo, hi, at, whole](const ir::KernelArgs& k) {
+    const float* x = k.in[1].data<float>();
+    float* y = k.out[0].data<float>() + at;
+    // The range the joins apply to.
+    const std::int64_t from = whole ? 0 : lo, len = whole ? n : hi - lo;
+    // Every rank's x, for this call only: at any time one gradient times the ranks, not the
+    // whole model's (and nothing shared between the ranks a simulation runs in one process).
+    std::vector<float> parts;
+    if (!joins->empty()) {
+      parts.resize(static_cast<std::size_t>(n * comm->size()));
+      float* all = parts.data();
+      comm->allgather(x, all, n * static_cast<std::int64_t>(sizeof(float)));
+      for (const auto& [a, b] : *joins) {
+        float* dst = all + a * n + from;
+        const float* src = all + b * n + from;
+        ops::elementwise(len, [&](std::int64_t i0, std::int64_t i1) {
+#pragma omp simd
+          for (std::int64_t i = i0; i < i1; ++i) dst[i] += src[i];
+        });
+      }
+      if (whole)
+        std::memcpy(k.out[1].data<float>(), all, static_cast<std::size_t>(n) * sizeof(float));
+      x = all;
+    }
+    std::memcpy(y, x + lo, static_cast<std::size_t>(hi - lo) * sizeof(float));
+  };
+}
+
+ir::Kernel make_scatter_into(const ir::Node& node) { return make_reduce_into(node, false); }
+ir::Kernel make_allreduce_into(const ir::Node& node) { return make_reduce_into(node, true); }
+
+// shard [S], x [...] -> shard, x: zero_scatter_into's shard, and x summed over the ranks.
+void infer_allreduce_into(ir::InferCtx& c) {
+  infer_into(c);
+  c.set_output(1, c.input(1));
+}
+
+// param [...], shard [S] -> param, in place: every rank's part of the parameter, from its
+// shard, gathered into the parameter (MPI's allgatherv, each rank's count its part).
+void infer_gather_into(ir::InferCtx& c) {
+  const std::int64_t shard = check_shards(c);
+  const auto bounds = c.attr<ir::Ints>("bounds");
+  const auto offset = c.attr<std::int64_t>("offset");
+  MINIDL_CHECK_NODE(
+      c, c.input(1) == Shape{shard} && c.dtype(0) == DType::F32 && c.dtype(1) == DType::F32,
+      "expected an f32 parameter and this rank's f32 shard [", shard, "], got ", c.dtype(0), " ",
+      c.input(0), " and ", c.dtype(1), " ", c.input(1));
+  MINIDL_CHECK_NODE(c, offset >= 0 && offset + c.input(0).numel() <= bounds.back(), "offset ",
+                    offset, " + ", c.input(0).numel(), " elements exceeds the shards' ",
+                    bounds.back());
+  c.set_output(0, c.input(0));
+}
+
+ir::Kernel make_gather_into(const ir::Node& node) {
+  Communicator* comm = comm_of(node);
+  const auto bounds = node.attrs().get<ir::Ints>("bounds");
+  const auto rank = static_cast<std::size_t>(node.attrs().get<std::int64_t>("rank"));
+  const auto offset = node.attrs().get<std::int64_t>("offset");
+  const std::int64_t n = node.input(0)->shape().numel();
+  std::vector<std::int64_t> bytes;
+  for (std::size_t r = 0; r + 1 < bounds.size(); ++r) {
+    const auto [a, b] = overlap(bounds, r, offset, n);
+    bytes.push_back((b - a) * static_cast<std::int64_t>(sizeof(float)));
+  }
+  const auto [lo, hi] = overlap(bounds, rank, offset, n);
+  const std::int64_t at = hi > lo ? offset + lo - bounds[rank] : 0;
+  return [comm, bytes, at](const ir::KernelArgs& k) {
+    comm->allgatherv(k.in[1].data<float>() + at, k.out[0].raw(), bytes);
+  };
+}
+
 // ---- assign_slice -----------------------------------------------------------------------------
 
 // dst [...], src [n] -> dst, in place: dst's elements (flat) = src[offset, offset + dst.numel()).
@@ -336,6 +490,49 @@ MINIDL_OP(shard_sum_squares)
     .communication(ir::CommRole::Collective)
     .no_grad("a clipping norm: gradients are not differentiated again");
 
+MINIDL_OP(zero_scatter_into)
+    .inputs({"shard", "x"})
+    .attr<ir::Ints>("bounds")
+    .attr<int>("rank")
+    .attr<int>("offset")
+    .attr<int>("leaves", 0)
+    .attr<int>("group", 0)
+    .infer(infer_into)
+    .kernel_factory(ir::Backend::Native, "mpi", naming(make_scatter_into))
+    .inplace(0, 0)
+    .side_effect()
+    .communication(ir::CommRole::Collective)
+    .no_grad(kNoGrad);
+
+MINIDL_OP(zero_allreduce_into)
+    .inputs({"shard", "x"})
+    .outputs({"shard", "sum"})
+    .attr<ir::Ints>("bounds")
+    .attr<int>("rank")
+    .attr<int>("offset")
+    .attr<int>("leaves", 0)
+    .attr<int>("group", 0)
+    .infer(infer_allreduce_into)
+    .kernel_factory(ir::Backend::Native, "mpi", naming(make_allreduce_into))
+    .inplace(0, 0)
+    .inplace(1, 1)
+    .side_effect()
+    .communication(ir::CommRole::Collective)
+    .no_grad(kNoGrad);
+
+MINIDL_OP(zero_gather_into)
+    .inputs({"param", "shard"})
+    .attr<ir::Ints>("bounds")
+    .attr<int>("rank")
+    .attr<int>("offset")
+    .attr<int>("group", 0)
+    .infer(infer_gather_into)
+    .kernel_factory(ir::Backend::Native, "mpi", naming(make_gather_into))
+    .inplace(0, 0)
+    .side_effect()
+    .communication(ir::CommRole::Collective)
+    .no_grad(kNoGrad);
+
 MINIDL_OP(assign_slice)
     .inputs({"dst", "src"})
     .attr<int>("offset")
@@ -386,37 +583,37 @@ ZeroPieces zero_reduce_gradients(ir::Graph& g, const ZeroPlan& plan, const ZeroO
     MINIDL_CHECK(by_index[i] != nullptr, "--zero: the model's parameter '", plan.names[i],
                  "' is not used by the training graph, so it has no gradient to shard");
 
+  // No flat bucket of the whole gradient: each gradient is reduced where the backward left it
+  // (stage 1: allreduced in place, this rank's part copied into its shard; stage 2:
+  // reduce-scattered from there into the shard), so the reduction adds no whole-size buffer.
   const ir::Phase comm = ir::Phase::Communication;
-  ir::Value* flat =
-      add(g, ops::op("fill"), {}, {{"shape", ir::Ints{plan.total()}}}, "zero.bucket", comm)
-          ->output();
-  for (std::size_t i = 0; i < by_index.size(); ++i) {
-    flat = bucket_pack(flat, by_index[i], plan.offsets[i], "zero.pack." + plan.names[i]);
-    flat->producer()->set_phase(comm);
-  }
   const std::int64_t lo = plan.bounds[static_cast<std::size_t>(o.rank)];
-  ir::Value* shard = nullptr;
-  if (o.reduced) {
-    shard = bucket_unpack(flat, lo, Shape{plan.shard_size(o.rank)}, "zero.shard");
-  } else if (o.stage == 1) {
-    ir::Value* sum = o.tree_leaves > 0
-                         ? tree_allreduce(flat, o.tree_leaves, o.group, "zero.tree_allreduce")
-                         : allreduce(flat, 1.0, o.group, "zero.allreduce");
-    sum->producer()->set_phase(comm);
-    shard = bucket_unpack(sum, lo, Shape{plan.shard_size(o.rank)}, "zero.shard");
-  } else {
-    shard = add(g, op_reduce_scatter, {flat},
-                {{"bounds", shard_attr(plan)},
-                 {"rank", std::int64_t{o.rank}},
-                 {"leaves", o.tree_leaves},
-                 {"group", std::int64_t{o.group}}},
-                "zero.reduce_scatter", comm)
-                ->output();
+  ir::Value* shard = add(g, ops::op("fill"), {}, {{"shape", ir::Ints{plan.shard_size(o.rank)}}},
+                         "zero.shard", comm)
+                         ->output();
+  // Stage 1: the whole sums (the gradients, reduced in place); accumulated sums already reduced.
+  std::vector<ir::Value*> whole_sum(by_index.size(), nullptr);
+  for (std::size_t i = 0; i < by_index.size(); ++i) {
+    const std::string& name = plan.names[i];
+    if (o.reduced) {
+      whole_sum[i] = by_index[i];
+    } else {
+      // One chain through the shard: every rank runs the collectives in the flat order, whatever
+      // order the rest of its graph (its own pieces) would allow.
+      ir::Node* n =
+          add(g, o.stage == 1 ? op_zero_allreduce_into : op_zero_scatter_into, {shard, by_index[i]},
+              {{"bounds", shard_attr(plan)},
+               {"rank", std::int64_t{o.rank}},
+               {"offset", plan.offsets[i]},
+               {"leaves", o.tree_leaves},
+               {"group", std::int64_t{o.group}}},
+              (o.stage == 1 ? "zero.allreduce." : "zero.reduce_scatter.") + name, comm);
+      shard = n->output(0);
+      if (o.stage == 1) whole_sum[i] = n->output(1);
+    }
   }
-  shard->producer()->set_phase(comm);
 
   ZeroPieces out;
-  out.shard = shard;
   for (std::size_t i = 0; i < plan.names.size(); ++i) {
     const Slice p = plan.piece(i, o.rank);
     if (p.size() == 0) continue;
@@ -426,14 +623,31 @@ ZeroPieces zero_reduce_gradients(ir::Graph& g, const ZeroPlan& plan, const ZeroO
       if (v->producer()->name() == name) param = v;
     ir::Value* piece = bucket_unpack(param, p.begin, Shape{p.size()}, "zero.piece." + name);
     piece->producer()->set_phase(ir::Phase::Update);
-    ir::Value* grad =
-        bucket_unpack(shard, plan.offsets[i] + p.begin - lo, Shape{p.size()}, "zero.grad." + name);
-    grad->producer()->set_phase(comm);
+    ir::Value* grad = nullptr;  // stage 2: below, from the finished shard
+    if (whole_sum[i] != nullptr) {
+      // The piece of the whole sum; already taken gradients are placed in the shard too (read
+      // by the clipping norm only).
+      grad = bucket_unpack(whole_sum[i], p.begin, Shape{p.size()}, "zero.grad." + name);
+      grad->producer()->set_phase(comm);
+      if (o.reduced) {
+        shard = bucket_pack(shard, grad, plan.offsets[i] + p.begin - lo, "zero.shard." + name);
+        shard->producer()->set_phase(comm);
+      }
+    }
     out.names.push_back(name);
     out.index.push_back(i);
     out.params.push_back(piece);
     out.grads.push_back(grad);
   }
+  for (std::size_t k = 0; k < out.grads.size(); ++k) {
+    if (out.grads[k] != nullptr) continue;
+    const std::size_t i = out.index[k];
+    const Slice p = plan.piece(i, o.rank);
+    out.grads[k] = bucket_unpack(shard, plan.offsets[i] + p.begin - lo, Shape{p.size()},
+                                 "zero.grad." + out.names[k]);
+    out.grads[k]->producer()->set_phase(comm);
+  }
+  out.shard = shard;
   return out;
 }
 
@@ -465,17 +679,16 @@ void zero_gather_parameters(ir::Graph& g, const ZeroPlan& plan, const ZeroOption
                         "zero.pack_updated." + pieces.names[k]);
     shard->producer()->set_phase(ir::Phase::Update);
   }
-  ir::Value* all = add(g, op_allgatherv, {shard},
-                       {{"bounds", shard_attr(plan)},
-                        {"rank", std::int64_t{o.rank}},
-                        {"group", std::int64_t{o.group}}},
-                       "zero.allgatherv", ir::Phase::Communication)
-                       ->output();
+  // Each parameter gathers its parts straight into its own storage: no whole-size buffer.
   for (ir::Value* p : params) {
     const std::string& name = p->producer()->name();
     const auto i = static_cast<std::size_t>(plan.index(name));
-    add(g, op_assign_slice, {p, all}, {{"offset", plan.offsets[i]}}, "zero.assign." + name,
-        ir::Phase::Update);
+    add(g, op_zero_gather_into, {p, shard},
+        {{"bounds", shard_attr(plan)},
+         {"rank", std::int64_t{o.rank}},
+         {"offset", plan.offsets[i]},
+         {"group", std::int64_t{o.group}}},
+        "zero.allgatherv." + name, ir::Phase::Communication);
   }
 }
 

@@ -1,9 +1,11 @@
 // ZeRO stages 1 and 2: sharded optimizer state (and gradients) over the data-parallel ranks.
 // The parameters are laid end to end in one flat space (ZeroPlan), cut into one contiguous
-// shard per rank. A step then sums the gradients as one flat bucket and gives each rank the sum
-// of its shard only (stage 1: the whole bucket is reduced, each rank reads its shard; stage 2:
-// reduce_scatter), each rank updates the pieces of the parameters in its shard with optimizer
-// state for those pieces only, and allgatherv brings every rank the updated parameters.
+// shard per rank. A step then gives each rank the sum of its shard only, reducing each gradient
+// where the backward left it (stage 1: the gradient is allreduced in place, each rank reads its
+// pieces; stage 2: zero_scatter_into, whose reduce-scatter writes the rank's part into its
+// shard), each rank updates the pieces of the parameters in its shard with optimizer state for
+// those pieces only, and zero_gather_into all-gathers every parameter's parts straight into its
+// storage. No buffer of the whole model's size is added: only the shard's.
 //
 // Shards are cut at the boundaries of the chunks in which a gradient's squared norm is summed
 // (ops::fixed_order_chunk): each chunk's partial sum is then computed by one rank, and
@@ -14,6 +16,10 @@
 //
 //   reduce_scatter(x [N])       y [shard]: this rank's part of the sum over ranks of x
 //   allgatherv(x [shard])       y [N]: every rank's shard, in rank order
+//   zero_scatter_into(shard, x) shard, in place: x (a parameter's gradient, at `offset` in the
+//                               flat space) summed over the ranks, this rank's part written at
+//                               its place in the shard
+//   zero_gather_into(p, shard)  p, in place: every rank's part of parameter p, from its shard
 //   shard_sum_squares(x)        [] f32: the squared norm of all gradients, from the shards
 #pragma once
 

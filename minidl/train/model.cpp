@@ -5,6 +5,8 @@
 #include <set>
 
 #include "minidl/core/error.hpp"
+#include "minidl/ops/ops.hpp"
+#include "minidl/parallel/tensor_parallel.hpp"
 
 namespace minidl::train {
 
@@ -50,6 +52,35 @@ void check_names(Model& model) {
   };
   check(model.parameters(), "parameter");
   check(model.buffers(), "buffer");
+}
+
+void Model::shard_parameter(const std::string& name, const ParameterShard& shard) {
+  MINIDL_FAIL(describe(), ": cannot store parameter '", name, "' as part ", shard.index, " of ",
+              shard.count, " of ", shard.whole);
+}
+
+void Model::unshard_parameter(const std::string& name, const Tensor& whole) {
+  MINIDL_FAIL(describe(), ": cannot store parameter '", name, "' whole (", whole.shape(), ")");
+}
+
+const ParameterShard* find_shard(const std::vector<std::pair<std::string, ParameterShard>>& shards,
+                                 std::string_view name) {
+  for (const auto& [n, s] : shards)
+    if (n == name) return &s;
+  return nullptr;
+}
+
+ir::Value* read_parameter(ir::Graph& g, const std::string& name, const Tensor& storage,
+                          const ParameterShard* shard) {
+  const ir::Node* n = g.find(name);
+  ir::Value* v = n != nullptr ? n->output() : ops::parameter(g, name, storage);
+  if (shard == nullptr) return v;
+  if (const ir::Node* whole = g.find(name + ".whole")) return whole->output();
+  ir::Value* whole = parallel::tp_gather(v, shard->axis, shard->group, name + ".whole");
+  MINIDL_CHECK(whole->shape() == shard->whole, whole->producer()->describe(), ": gathers ",
+               whole->shape(), " from the parts ", storage.shape(), " of parameter '", name,
+               "', declared ", shard->whole);
+  return whole;
 }
 
 }  // namespace minidl::train

@@ -14,10 +14,11 @@
 #include "minidl/ops/ops.hpp"
 #include "minidl/ops/precision.hpp"
 #include "minidl/parallel/cross_replica_sums.hpp"
+#include "minidl/parallel/op_table.hpp"
+#include "minidl/parallel/tensor_parallel.hpp"
 #include "minidl/parallel/thread_replicas.hpp"
 #include "minidl/train/clip.hpp"
 #include "minidl/train/pipeline_graph.hpp"
-#include "minidl/train/tensor_parallel.hpp"
 #include "minidl/train/zero_update.hpp"
 
 namespace minidl::train {
@@ -279,20 +280,18 @@ CompiledStep compile_step(Model& model, const Loss& loss, optim::Optimizer* opti
     std::vector<PipelineAction> actions;  // this stage's schedule
     const std::int64_t leaves = layout.deterministic() ? layout.micro_shards(size) : 0;
     ir::Value* clip_total = nullptr;  // with ZeRO, from the shards
+    // Tensor parallelism: the split pairs read this rank's parts of their parameters (the
+    // parameters it stores), which the backward and the updates then see alone. Evaluation
+    // splits them too, so that no program gathers a split parameter whole (the shards of a
+    // replica evaluate the same samples).
+    if (tensor.shards > 1) {
+      ir::PassManager before;
+      before.add(std::make_unique<parallel::TensorParallel>(tensor));
+      before.run(g);
+    }
     if (spec.train) {
       if (o.sync_batch_stats) parallel::use_global_statistics(g);
-      // Tensor parallelism: the pieces of the split parameters take their place from here on.
-      parallel::TensorParallelPlan split;
-      if (tensor.shards > 1) {
-        ir::PassManager before;
-        auto pass = std::make_unique<parallel::TensorParallel>(tensor);
-        const parallel::TensorParallel& tp = *pass;
-        before.add(std::move(pass));
-        before.run(g);
-        split = tp.plan();
-      }
       std::vector<ir::Value*> params = parameters_of(g);
-      for (ir::Value*& v : params) v = split.piece_of(v);
       if (piped) {
         const auto micro = static_cast<int>(replicas);
         const auto schedule = make_schedule(o.pipeline.schedule, stages, micro);
@@ -332,12 +331,7 @@ CompiledStep compile_step(Model& model, const Loss& loss, optim::Optimizer* opti
       } else {
         grads = autograd::differentiate(g, total, params);
       }
-      if (job == Job::Step && tensor.shards > 1) {
-        const optim::StepInputs in{
-            ops::role_input(g, ir::Role::LearningRate, "lr", Shape{}, DType::F32),
-            ops::role_input(g, ir::Role::OptimizerStep, "optimizer_step", Shape{}, DType::I64)};
-        tensor_parallel_updates(g, *optimizer, split, tensor, params, grads, in);
-      } else if (job == Job::Step && o.zero > 0) {
+      if (job == Job::Step && o.zero > 0) {
         // ZeRO: this rank updates the pieces of its shard, with state for them only.
         const optim::StepInputs in{
             ops::role_input(g, ir::Role::LearningRate, "lr", Shape{}, DType::F32),
@@ -618,6 +612,12 @@ MemoryUse CompiledStep::memory() const {
       }
     }
   }
+  // ZeRO stage 1 allreduces every gradient whole in place, also those of the parameters of
+  // which this rank updates no piece.
+  for (const ir::Graph* g : graphs())
+    for (const ir::Node* n : g->nodes())
+      if (&n->def() == &parallel::op_zero_allreduce_into && grads.insert(n->output(1)).second)
+        m.gradients += bytes(n->output(1));
   for (const runtime::Executable* exe : executables())
     m.activations += static_cast<std::int64_t>(exe->memory().planned_bytes);
   return m;

@@ -51,8 +51,9 @@ struct StepOptions {
   /// initialised for this rank's pieces (zero_state_shapes).
   int zero = 0;
   /// Tensor parallelism (parallel/tensor_parallel.hpp, train/tensor_parallel.hpp): the shards
-  /// of this rank's replica, over which training graphs split the model's Linear pairs; `comm`
-  /// is then the replicas of this rank's shard. Null: none.
+  /// of this rank's replica, over which training graphs split the model's Linear pairs, whose
+  /// parameters the model must store as this rank's parts (train::shard_split_parameters);
+  /// `comm` is then the replicas of this rank's shard. Null: none.
   parallel::Communicator* tensor_comm = nullptr;
   /// Pipeline stages (train/pipeline.hpp): with stages > 1 the training program holds this
   /// rank's stage only, the layout's replicas (or micro-shards) are the micro-batches, and the
@@ -91,7 +92,9 @@ struct StepFeed {
 /// The bytes one rank's training step holds, by what they hold (MINIDL_VERBOSE=memory, the
 /// metrics' config record).
 struct MemoryUse {
-  std::int64_t parameters = 0;  // the parameters the step binds (every rank holds them whole)
+  /// The parameters the step binds: whole, or with tensor parallelism this rank's parts of the
+  /// split ones.
+  std::int64_t parameters = 0;
   /// The reduced gradients: the values the gradients' reduction hands the updates (the whole
   /// model's, or with --zero 2 this rank's shard).
   std::int64_t gradients = 0;

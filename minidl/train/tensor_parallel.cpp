@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <string>
 
+#include "minidl/ops/ops.hpp"
+#include "minidl/parallel/tensor_parallel.hpp"
+
 namespace minidl::train {
 namespace {
 
@@ -13,55 +16,66 @@ const Tensor* find(const NamedTensors& ts, const std::string& key) {
 
 }  // namespace
 
-void tensor_parallel_updates(ir::Graph& g, optim::Optimizer& optimizer,
-                             const parallel::TensorParallelPlan& plan,
-                             const parallel::TensorParallelOptions& o,
-                             const std::vector<ir::Value*>& params,
-                             const std::vector<ir::Value*>& grads, const optim::StepInputs& in) {
-  // The state of a split parameter becomes its piece, once (later graphs find it so).
-  NamedTensors state = optimizer.exchange_state({});
-  for (const parallel::TensorParallelPiece& p : plan.pieces) {
-    for (const std::string& kind : optimizer.state_kinds()) {
-      for (auto& [key, t] : state) {
-        if (key != p.name + "." + kind || t.shape() == p.piece->shape()) continue;
-        t = parallel::take_piece(t, p.piece->shape(), o.rank, o.shards);
-      }
-    }
+void shard_split_parameters(Model& model, const Shape& sample, parallel::Communicator& shards) {
+  // The split, found on a graph of the model's forward (gone, with the handles of the whole
+  // tensors it binds, before this returns).
+  ir::Graph scratch;
+  std::vector<std::int64_t> dims{1};
+  dims.insert(dims.end(), sample.dims().begin(), sample.dims().end());
+  model.forward(ops::input(scratch, "x", Shape(dims)));
+  const std::vector<parallel::SplitParameter> split = parallel::plan_split(scratch, shards.size());
+  for (const parallel::SplitParameter& p : split) {
+    Shape whole;
+    for (const auto& [name, t] : model.parameters())
+      if (name == p.name) whole = t.shape();
+    MINIDL_CHECK(whole.rank() > 0, "--tensor-parallel: '", p.name, "' is not a parameter of ",
+                 model.describe());
+    model.shard_parameter(p.name, {.whole = whole,
+                                   .axis = p.axis,
+                                   .index = shards.rank(),
+                                   .count = shards.size(),
+                                   .group = parallel::register_group(&shards)});
   }
-  optimizer.exchange_state(std::move(state));
-  std::vector<std::string> names;
-  for (ir::Value* v : params) {
-    std::string name = v->producer()->name();
-    for (const parallel::TensorParallelPiece& p : plan.pieces)
-      if (p.piece == v) name = p.name;
-    names.push_back(name);
+}
+
+NamedTensors gather_parameters(Model& model) {
+  const auto shards = model.parameter_shards();
+  NamedTensors out;
+  for (const auto& [name, t] : model.parameters()) {
+    const ParameterShard* s = find_shard(shards, name);
+    out.emplace_back(
+        name, s == nullptr ? t : parallel::gather_pieces(parallel::group(s->group), t, s->whole));
   }
-  optimizer.apply(g, names, params, grads, in);
-  std::vector<ir::Value*> updated;
-  for (const parallel::TensorParallelPiece& p : plan.pieces) {
-    ir::Node* u = nullptr;
-    for (ir::Node* user : p.piece->users())
-      if (user->def().update_role() && user->input(user->def().update_role()->param) == p.piece)
-        u = user;
-    MINIDL_CHECK(u != nullptr, "--tensor-parallel: the optimizer made no update of ",
-                 p.piece->ref());
-    updated.push_back(optim::updated_param(u));
+  return out;
+}
+
+void load_parameters(Model& model, const NamedTensors& whole) {
+  const auto shards = model.parameter_shards();
+  for (const auto& [name, t] : model.parameters()) {
+    const Tensor* w = find(whole, name);
+    MINIDL_CHECK(w != nullptr, "no tensor '", name, "' to load into the model's parameter");
+    if (w->raw() == t.raw()) continue;
+    const ParameterShard* s = find_shard(shards, name);
+    MINIDL_CHECK(w->shape() == (s ? s->whole : t.shape()), "parameter '", name, "' is ",
+                 s ? s->whole : t.shape(), ", the tensor to load ", w->shape());
+    Tensor(t).copy_from(s == nullptr ? *w
+                                     : parallel::take_piece(*w, t.shape(), s->index, s->count));
   }
-  parallel::gather_updated_pieces(g, plan, updated, o);
+}
+
+void unshard_parameters(Model& model) {
+  const auto shards = model.parameter_shards();
+  if (shards.empty()) return;
+  const NamedTensors whole = gather_parameters(model);
+  for (const auto& [name, s] : shards) model.unshard_parameter(name, *find(whole, name));
 }
 
 NamedTensors whole_state(const NamedTensors& own, Model& model, parallel::Communicator& shards) {
-  const NamedTensors params = model.parameters();
+  const auto split = model.parameter_shards();
   NamedTensors out;
   for (const auto& [key, t] : own) {
-    const Tensor* param = find(params, key.substr(0, key.rfind('.')));
-    MINIDL_CHECK(param != nullptr, "--tensor-parallel: optimizer state '", key,
-                 "' of no parameter");
-    if (param->shape() == t.shape()) {
-      out.emplace_back(key, t);
-    } else {
-      out.emplace_back(key, parallel::gather_pieces(shards, t, param->shape()));
-    }
+    const ParameterShard* s = find_shard(split, key.substr(0, key.rfind('.')));
+    out.emplace_back(key, s == nullptr ? t : parallel::gather_pieces(shards, t, s->whole));
   }
   return out;
 }

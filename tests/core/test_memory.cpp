@@ -10,6 +10,7 @@
 #include <string>
 
 #include "minidl/core/error.hpp"
+#include "minidl/core/resident.hpp"
 #include "minidl/core/tensor.hpp"
 
 using namespace minidl;
@@ -125,4 +126,15 @@ TEST(CgroupMemory, CheckHonoursTheLimitAndTheRanksOnTheHost) {
   }
   ::unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
   ::unsetenv("MINIDL_CGROUP_ROOT");
+}
+
+// VmHWM of /proc/self/status, in bytes; 0 when the line is missing or not in kB.
+TEST(PeakResident, ReadsVmHwmInBytes) {
+  EXPECT_EQ(minidl::peak_resident_bytes("Name:\tx\nVmPeak:\t  900 kB\nVmHWM:\t    1234 kB\n"),
+            1234 * 1024);
+  EXPECT_EQ(minidl::peak_resident_bytes("Name:\tx\nVmRSS:\t 5 kB\n"), 0);
+  EXPECT_EQ(minidl::peak_resident_bytes("VmHWM:\t 12 MB\n"), 0);
+#ifdef __linux__
+  EXPECT_GT(minidl::peak_resident_bytes(), 0);  // this process's own
+#endif
 }

@@ -6,12 +6,16 @@
 
 #include <cmath>
 #include <functional>
+#include <map>
+#include <stdexcept>
 
 #include "minidl/autograd/autograd.hpp"
+#include "minidl/frontend/nn.hpp"
 #include "minidl/ops/ops.hpp"
 #include "minidl/parallel/collectives.hpp"
 #include "minidl/parallel/tensor_parallel.hpp"
 #include "minidl/runtime/executable.hpp"
+#include "minidl/train/tensor_parallel.hpp"
 
 using namespace minidl;
 
@@ -160,4 +164,132 @@ TEST(MpiTensorParallel, RefusesAFeatureDimensionThatDoesNotSplit) {
   EXPECT_THAT([&] { parallel::tp_scatter(x, -1, 0); },
               ::testing::ThrowsMessage<Error>(::testing::HasSubstr(
                   "does not split into " + std::to_string(p) + " equal parts")));
+}
+
+namespace {
+
+// A 6 -> 12 -> 4 -> 3 MLP (12 splits into 2, 3 and 4 shards): the pair fc1, fc2; fc3 whole.
+std::unique_ptr<nn::Sequential> pair_mlp() {
+  auto m = std::make_unique<nn::Sequential>();
+  m->emplace<nn::Linear>("fc1", 6, 12, nn::Init::He);
+  m->emplace<nn::ReLU>("relu1");
+  m->emplace<nn::Linear>("fc2", 12, 4, nn::Init::He);
+  m->emplace<nn::ReLU>("relu2");
+  m->emplace<nn::Linear>("fc3", 4, 3, nn::Init::Xavier);
+  m->reset(11);
+  return m;
+}
+
+const Tensor& tensor_of(const NamedTensors& ts, const std::string& name) {
+  for (const auto& [n, t] : ts)
+    if (n == name) return t;
+  throw std::runtime_error("no tensor " + name);
+}
+
+// loss = sum(model(x)^2) and its gradients with respect to the graph's parameters (by name).
+struct Outcome {
+  float loss = 0.0f;
+  std::vector<Tensor> out;
+  std::map<std::string, Tensor> grads;
+};
+Outcome run_model(nn::Module& model, const Tensor& x,
+                  const parallel::TensorParallelOptions* split) {
+  ir::Graph g;
+  ir::Value* y = model.forward(ops::input(g, "x", x.shape()));
+  ir::Value* loss = ops::sum(ops::mul(y, y));
+  if (split != nullptr) parallel::split_matmul_pairs(g, *split);
+  std::vector<ir::Value*> params;
+  for (ir::Node* n : g.nodes())
+    if (n->op() == "parameter") params.push_back(n->output());
+  const std::vector<ir::Value*> grads = autograd::differentiate(g, loss, params);
+  g.add_output(y);
+  g.add_output(loss);
+  for (ir::Value* v : grads) g.add_output(v);
+  runtime::Executable exe(g);
+  Tensor(exe.input("x")).copy_from(x);
+  exe.run();
+  Outcome r{exe.value(loss).at(0), {exe.value(y).clone()}, {}};
+  for (std::size_t i = 0; i < params.size(); ++i)
+    r.grads[params[i]->producer()->name()] = exe.value(grads[i]).clone();
+  return r;
+}
+
+}  // namespace
+
+// Each rank stores its parts of the pair's parameters only: a graph that does not split the
+// layers reads them whole through tp_gather and computes what the whole model computes, bit
+// for bit; the split graph differentiates the parts, whose gradients are this rank's rows and
+// columns of the whole model's; gather_parameters, load_parameters and unshard_parameters move
+// between parts and whole tensors.
+TEST(MpiTensorParallel, ParametersStoredAsPartsOfTheWholeModel) {
+  parallel::Communicator& comm = parallel::world();
+  const int p = comm.size(), r = comm.rank();
+  if (12 % p != 0) GTEST_SKIP() << "12 hidden features do not split into " << p;
+  auto whole = pair_mlp();
+  auto model = pair_mlp();
+  train::shard_split_parameters(*model, Shape{6}, comm);
+  const auto shards = model->parameter_shards();
+  ASSERT_EQ(shards.size(), 3u);
+  EXPECT_EQ(shards[0].first, "fc1.weight");
+  EXPECT_EQ(shards[0].second.axis, 0);
+  EXPECT_EQ(shards[1].first, "fc1.bias");
+  EXPECT_EQ(shards[2].first, "fc2.weight");
+  EXPECT_EQ(shards[2].second.axis, 1);
+  const NamedTensors parts = model->parameters();
+  const std::int64_t h = 12 / p;
+  ASSERT_EQ(tensor_of(parts, "fc1.weight").shape(), (Shape{h, 6}));
+  ASSERT_EQ(tensor_of(parts, "fc2.weight").shape(), (Shape{4, h}));
+  ASSERT_EQ(tensor_of(parts, "fc3.weight").shape(), (Shape{3, 4}));
+  for (std::int64_t i = 0; i < h * 6; ++i)
+    ASSERT_EQ(tensor_of(parts, "fc1.weight").at(i),
+              tensor_of(whole->parameters(), "fc1.weight").at(r * h * 6 + i));
+
+  Tensor x = Tensor::empty({5, 6});
+  for (std::int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = 0.1f * (i % 7) - 0.3f;
+  // Unsplit: the gathered whole weights, the whole model's bits.
+  const Outcome a = run_model(*whole, x, nullptr), b = run_model(*model, x, nullptr);
+  ASSERT_EQ(a.loss, b.loss);
+  for (std::int64_t i = 0; i < a.out[0].numel(); ++i) ASSERT_EQ(a.out[0].at(i), b.out[0].at(i));
+  // Split: the parts are the graph's parameters; their gradients are the whole's parts.
+  const parallel::TensorParallelOptions o{
+      .shards = p, .rank = r, .group = parallel::register_group(&comm)};
+  const Outcome c = run_model(*model, x, &o);
+  EXPECT_NEAR(c.loss, a.loss, 1e-5 * std::abs(a.loss));
+  ASSERT_EQ(c.grads.count("fc1.weight"), 1u);
+  ASSERT_EQ(c.grads.at("fc1.weight").shape(), (Shape{h, 6}));
+  ASSERT_EQ(c.grads.at("fc2.weight").shape(), (Shape{4, h}));
+  const Tensor want1 = parallel::take_piece(a.grads.at("fc1.weight"), {h, 6}, r, p);
+  const Tensor want2 = parallel::take_piece(a.grads.at("fc2.weight"), {4, h}, r, p);
+  for (std::int64_t i = 0; i < want1.numel(); ++i)
+    EXPECT_NEAR(c.grads.at("fc1.weight").at(i), want1.at(i), 1e-4 * (1 + std::abs(want1.at(i))));
+  for (std::int64_t i = 0; i < want2.numel(); ++i)
+    EXPECT_NEAR(c.grads.at("fc2.weight").at(i), want2.at(i), 1e-4 * (1 + std::abs(want2.at(i))));
+  for (std::int64_t i = 0; i < 12; ++i)
+    EXPECT_NEAR(c.grads.at("fc3.weight").at(i), a.grads.at("fc3.weight").at(i),
+                1e-4 * (1 + std::abs(a.grads.at("fc3.weight").at(i))));
+
+  // Whole tensors out and in.
+  const NamedTensors gathered = train::gather_parameters(*model);
+  const NamedTensors reference = whole->parameters();
+  ASSERT_EQ(gathered.size(), reference.size());
+  for (std::size_t i = 0; i < gathered.size(); ++i) {
+    ASSERT_EQ(gathered[i].second.shape(), reference[i].second.shape()) << gathered[i].first;
+    for (std::int64_t j = 0; j < reference[i].second.numel(); ++j)
+      ASSERT_EQ(gathered[i].second.at(j), reference[i].second.at(j)) << gathered[i].first;
+  }
+  NamedTensors changed;
+  for (const auto& [name, t] : reference) {
+    Tensor c2 = t.clone();
+    for (std::int64_t j = 0; j < c2.numel(); ++j) c2.data<float>()[j] = 0.5f * j;
+    changed.emplace_back(name, c2);
+  }
+  train::load_parameters(*model, changed);
+  EXPECT_EQ(tensor_of(model->parameters(), "fc1.weight").at(0), 0.5f * (r * h * 6));
+  EXPECT_EQ(tensor_of(model->parameters(), "fc2.weight").at(1), 0.5f * (r * h + 1));
+  train::unshard_parameters(*model);
+  EXPECT_TRUE(model->parameter_shards().empty());
+  const NamedTensors back = model->parameters();
+  for (std::size_t i = 0; i < back.size(); ++i)
+    for (std::int64_t j = 0; j < back[i].second.numel(); ++j)
+      ASSERT_EQ(back[i].second.at(j), changed[i].second.at(j)) << back[i].first;
 }

@@ -129,6 +129,49 @@ TEST(TensorParallel, RefusesWhatItCannotSplit) {
               ThrowsMessage<Error>(HasSubstr("the model has no pair of Linear layers")));
 }
 
+// The split reads the parts each rank stores: a parameter stored whole cannot be split over
+// more than one shard. A module stores a part of a parameter only where the part divides it.
+TEST(TensorParallel, SplitsOnlyParametersStoredAsParts) {
+  parallel::register_ops();
+  auto model = mlp();
+  {
+    ir::Graph g;
+    model->forward(ops::input(g, "x", {2, 6}));
+    EXPECT_THAT([&] { parallel::split_matmul_pairs(g, {.shards = 2, .rank = 0, .group = 0}); },
+                ThrowsMessage<Error>(HasSubstr("parameter 'fc1.weight' [8,6] is stored whole")));
+    const auto split = parallel::plan_split(g, 2);
+    ASSERT_EQ(split.size(), 3u);
+    EXPECT_EQ(split[0].name, "fc1.weight");
+    EXPECT_EQ(split[1].name, "fc1.bias");
+    EXPECT_EQ(split[2].name, "fc2.weight");
+    EXPECT_EQ(split[2].axis, 1);
+  }
+  EXPECT_THAT(
+      [&] {
+        model->shard_parameter("fc2.weight",
+                               {.whole = {4, 8}, .axis = 1, .index = 0, .count = 3, .group = 0});
+      },
+      ThrowsMessage<Error>(HasSubstr("parameter 'fc2.weight' [4,8] cannot be stored as part 0 of "
+                                     "3 of [4,8] along axis 1")));
+  EXPECT_THAT(
+      [&] {
+        model->shard_parameter("fc9.weight",
+                               {.whole = {4, 8}, .axis = 1, .index = 0, .count = 2, .group = 0});
+      },
+      ThrowsMessage<Error>(HasSubstr("has no parameter 'fc9.weight' to shard")));
+  // Part 1 of 2 of fc2.weight's columns: the graph reads it whole through tp_gather.
+  const Tensor before = model->parameters()[2].second.clone();
+  model->shard_parameter("fc2.weight",
+                         {.whole = {4, 8}, .axis = 1, .index = 1, .count = 2, .group = 0});
+  const Tensor part = model->parameters()[2].second;
+  ASSERT_EQ(part.shape(), (Shape{4, 4}));
+  for (std::int64_t i = 0; i < 4; ++i)
+    for (std::int64_t j = 0; j < 4; ++j) EXPECT_EQ(part.at(i * 4 + j), before.at(i * 8 + 4 + j));
+  ASSERT_EQ(model->parameter_shards().size(), 1u);
+  EXPECT_THAT([&] { model->reset(1); },
+              ThrowsMessage<Error>(HasSubstr("'fc2.weight' is stored as a shard")));
+}
+
 // Pieces of a [2, 6] tensor along its columns: shard 1 of 3 holds columns 2 and 3 of each row.
 TEST(TensorParallel, TakesPiecesAlongOneAxis) {
   Tensor whole = Tensor::empty({2, 6});

@@ -6,6 +6,7 @@
 #include "minidl/ops/common.hpp"
 #include "minidl/ops/ops.hpp"
 #include "minidl/parallel/collectives.hpp"
+#include "minidl/parallel/op_table.hpp"
 #include "minidl/parallel/zero.hpp"
 #include "minidl/runtime/executable.hpp"
 #include "ops/harness.hpp"
@@ -71,6 +72,81 @@ static const std::vector<BadCase> kShardSumSquaresBad = {
      "do not cover the 9 elements"},
 };
 MINIDL_OP_TEST(shard_sum_squares, kShardSumSquares, kShardSumSquaresBad)
+
+static const std::vector<OpCase> kScatterInto = {
+    OpCase()
+        .shapes({{12}, {2, 3}})
+        .attrs({{"bounds", ir::Ints{0, 12}}, {"rank", 0}, {"offset", 5}}),
+    OpCase()
+        .shapes({{12}, {4}})
+        .attrs({{"bounds", ir::Ints{0, 12}}, {"rank", 0}, {"offset", 0}, {"leaves", 2}}),
+};
+static const std::vector<BadCase> kScatterIntoBad = {
+    {{{12}, {2, 4}},
+     {},
+     {{"bounds", ir::Ints{0, 12}}, {"rank", 0}, {"offset", 5}},
+     "offset 5 + 8 elements exceeds the shards' 12"},
+    {{{10}, {4}},
+     {},
+     {{"bounds", ir::Ints{0, 12}}, {"rank", 0}, {"offset", 0}},
+     "expected this rank's f32 shard [12] and an f32 tensor"},
+};
+MINIDL_OP_TEST(zero_scatter_into, kScatterInto, kScatterIntoBad)
+
+static const std::vector<OpCase> kAllreduceInto = {
+    OpCase()
+        .shapes({{12}, {2, 3}})
+        .attrs({{"bounds", ir::Ints{0, 12}}, {"rank", 0}, {"offset", 5}}),
+    OpCase()
+        .shapes({{12}, {4}})
+        .attrs({{"bounds", ir::Ints{0, 12}}, {"rank", 0}, {"offset", 8}, {"leaves", 2}}),
+};
+static const std::vector<BadCase> kAllreduceIntoBad = {
+    {{{12}, {2, 4}},
+     {},
+     {{"bounds", ir::Ints{0, 12}}, {"rank", 0}, {"offset", 5}},
+     "offset 5 + 8 elements exceeds the shards' 12"},
+};
+MINIDL_OP_TEST(zero_allreduce_into, kAllreduceInto, kAllreduceIntoBad)
+
+static const std::vector<OpCase> kGatherInto = {
+    OpCase().shapes({{2, 3}, {9}}).attrs({{"bounds", ir::Ints{0, 9}}, {"rank", 0}, {"offset", 3}}),
+};
+static const std::vector<BadCase> kGatherIntoBad = {
+    {{{2, 3}, {9}},
+     {},
+     {{"bounds", ir::Ints{0, 9}}, {"rank", 0}, {"offset", 4}},
+     "offset 4 + 6 elements exceeds the shards' 9"},
+    {{{2, 3}, {8}},
+     {},
+     {{"bounds", ir::Ints{0, 9}}, {"rank", 0}, {"offset", 0}},
+     "expected an f32 parameter and this rank's f32 shard [9]"},
+};
+MINIDL_OP_TEST(zero_gather_into, kGatherInto, kGatherIntoBad)
+
+// One rank: zero_scatter_into writes the gradient at its offset in the shard, zero_gather_into
+// reads the parameter back from there.
+TEST(Zero, ScatterAndGatherIntoPlaceOnOneRank) {
+  ir::Graph g;
+  Tensor shard = Tensor::zeros({9}), grad = Tensor::empty({2, 2}), param = Tensor::zeros({2, 2});
+  for (std::int64_t i = 0; i < 4; ++i) grad.data<float>()[i] = 1.5f + static_cast<float>(i);
+  const ir::Ints bounds{0, 9};
+  ir::Value* s = ops::parameter(g, "shard", shard);
+  ir::Value* filled =
+      g.add_node(parallel::op_zero_scatter_into, {s, ops::parameter(g, "g", grad)},
+                 {{"bounds", bounds}, {"rank", std::int64_t{0}}, {"offset", std::int64_t{3}}})
+          ->output();
+  ir::Value* back =
+      g.add_node(parallel::op_zero_gather_into, {ops::parameter(g, "p", param), filled},
+                 {{"bounds", bounds}, {"rank", std::int64_t{0}}, {"offset", std::int64_t{3}}})
+          ->output();
+  g.add_output(back);
+  runtime::Executable exe(g);
+  exe.run();
+  for (std::int64_t i = 0; i < 9; ++i)
+    EXPECT_EQ(shard.at(i), i >= 3 && i < 7 ? 1.5f + static_cast<float>(i - 3) : 0.0f) << i;
+  for (std::int64_t i = 0; i < 4; ++i) EXPECT_EQ(param.at(i), grad.at(i)) << i;
+}
 
 static const std::vector<OpCase> kAssignSlice = {
     OpCase().shapes({{2, 3}, {10}}).attrs({{"offset", 4}}),
