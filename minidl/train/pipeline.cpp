@@ -331,10 +331,19 @@ std::unordered_map<const ir::Node*, int> assign_stages(
   }
   // Profiled time, in nanoseconds (integers, as the other measures: the search compares them
   // exactly, and every rank has the same table).
+  // A parameter's update (the table has it under the parameter's name) goes with the first
+  // node that reads it: the stage that holds it runs it.
   std::vector<std::int64_t> nanos(n + 1, 0);
+  std::unordered_set<const ir::Node*> counted;
+  auto seconds = [&](const std::string& name) {
+    const auto it = node_seconds->find(name);
+    return it != node_seconds->end() ? std::llround(it->second * 1e9) : 0LL;
+  };
   for (std::size_t i = 0; i < n && node_seconds != nullptr; ++i) {
-    const auto it = node_seconds->find(first[i]->name());
-    nanos[i + 1] = nanos[i] + (it != node_seconds->end() ? std::llround(it->second * 1e9) : 0);
+    nanos[i + 1] = nanos[i] + seconds(first[i]->name());
+    for (const ir::Value* in : first[i]->inputs())
+      if (in->producer()->op() == "parameter" && counted.insert(in->producer()).second)
+        nanos[i + 1] += seconds(in->producer()->name());
   }
   const bool by_time = balance == "time" && nanos[n] > 0;
   const bool by_flops = !by_time && balance != "params" && flops[n] > 0;

@@ -12,8 +12,15 @@ NodeSeconds attribute_to_forward(const std::vector<runtime::KernelProfile>& prof
   NodeSeconds table;
   for (const runtime::KernelProfile& k : profile) {
     const ir::Node& n = *k.node;
-    if (n.phase() == ir::Phase::Update || n.phase() == ir::Phase::Communication ||
-        n.def().comm_role() != ir::CommRole::None || n.def().is_source())
+    if (n.phase() == ir::Phase::Update) {
+      // An update counts for its parameter (the stage that holds it runs it).
+      if (const auto& role = n.def().update_role())
+        table[n.input(static_cast<std::size_t>(role->param))->producer()->name()] +=
+            k.seconds / std::max(runs, 1);
+      continue;
+    }
+    if (n.phase() == ir::Phase::Communication || n.def().comm_role() != ir::CommRole::None ||
+        n.def().is_source())
       continue;
     // A fused node is named after the first node it holds ("conv2.conv2d+bias+relu"), a
     // backward node after its forward node ("fc1.matmul.bwd", "fc1.matmul.bwd.1").

@@ -13,7 +13,7 @@ namespace minidl::train {
 
 /// Per forward node name: the seconds per step of that node and of the nodes named after it
 /// (its backward, "<name>.bwd..."; a fused node "<name>+bias+relu"), summed over the profile of
-/// a step. Update and communication nodes are left out.
+/// a step; a parameter's update under the parameter's name. Communication is left out.
 using NodeSeconds = std::map<std::string, double>;
 
 /// Attributes each profiled kernel of `runs` steps to the forward node it is named after: the

@@ -59,6 +59,17 @@ TEST(StageBalance, CutsByProfiledTime) {
   EXPECT_EQ(stage.at(c.h1->producer()), 0);
   EXPECT_EQ(stage.at(c.h2->producer()), 1);
   EXPECT_THAT(summary, HasSubstr("6.000 ms (75.0%) 2.000 ms (25.0%)"));
+  // A parameter's update (under its name) weighs on its reader's stage: 3, 1, 1 ms cut after
+  // the first product, but a 4 ms update of w3 (read by the last) moves the cut after the
+  // second.
+  auto with_update = c.times(3e-3, 1e-3, 1e-3);
+  stage = train::assign_stages(c.g, {c.f}, 2, {}, &summary, &with_update, "time");
+  EXPECT_EQ(stage.at(c.h2->producer()), 1);
+  with_update["w3"] = 4e-3;
+  stage = train::assign_stages(c.g, {c.f}, 2, {}, &summary, &with_update, "time");
+  EXPECT_EQ(stage.at(c.h2->producer()), 0);
+  EXPECT_EQ(stage.at(c.y->producer()), 1);
+  EXPECT_THAT(summary, HasSubstr("4.000 ms (44.4%) 5.000 ms (55.6%)"));
 }
 
 TEST(StageBalance, OtherMeasuresAndFallbacks) {
@@ -108,7 +119,7 @@ TEST(StageBalance, AttributesBackwardAndFusedTimeToTheForwardNode) {
                                    row(pbwd, 6.0), row(upd, 8.0), row(sent, 3.0), row(bwdx, 1.0)},
                                   2);
   ASSERT_EQ(t.size(), 3u);
-  EXPECT_DOUBLE_EQ(t.at("fc1.matmul"), 4.0);        // (2 + 4 + 2) / 2; the update left out
+  EXPECT_DOUBLE_EQ(t.at("fc1.matmul"), 4.0);        // (2 + 4 + 2) / 2
   EXPECT_DOUBLE_EQ(t.at("pool1.max_pool2d"), 3.5);  // (1 + 6) / 2
   EXPECT_DOUBLE_EQ(t.at("fc2.bwdx"), 0.5);          // ".bwdx" is not a backward suffix
 }
