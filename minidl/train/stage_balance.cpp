@@ -36,9 +36,12 @@ NodeSeconds attribute_to_forward(const std::vector<runtime::KernelProfile>& prof
   return table;
 }
 
-NodeSeconds profile_forward(Model& model, const Loss& loss, optim::Optimizer& optimizer,
+namespace {
+
+// The table of this process's own profiled steps (see profile_forward); an error goes to *error.
+NodeSeconds profile_locally(Model& model, const Loss& loss, optim::Optimizer& optimizer,
                             const Shape& sample, std::int64_t micro, const StepOptions& options,
-                            parallel::Communicator& comm, int steps) {
+                            int steps, std::string* error) {
   // What a step changes: the parameters, the buffers (running statistics) and the optimizer's
   // state (its own, fresh, during the profile).
   std::vector<std::pair<Tensor, Tensor>> saved;
@@ -46,7 +49,6 @@ NodeSeconds profile_forward(Model& model, const Loss& loss, optim::Optimizer& op
   for (auto& [name, t] : model.buffers()) saved.emplace_back(t, t.clone());
   NamedTensors state = optimizer.exchange_state({});
   NodeSeconds table;
-  std::string error;
   try {
     StepOptions o = options;
     o.pipeline = {};
@@ -88,12 +90,26 @@ NodeSeconds profile_forward(Model& model, const Loss& loss, optim::Optimizer& op
     }
     table = attribute_to_forward(least, 1);
   } catch (const Error& e) {
-    error = e.what();
+    *error = e.what();
   }
   for (auto& [t, copy] : saved) t.copy_from(copy);
   optimizer.exchange_state(std::move(state));
-  // Rank 0's table on every rank; a rank whose profile failed sends its error instead (only
-  // rank 0's counts: the others take its table, or its error).
+  return table;
+}
+
+}  // namespace
+
+NodeSeconds profile_forward(Model& model, const Loss& loss, optim::Optimizer& optimizer,
+                            const Shape& sample, std::int64_t micro, const StepOptions& options,
+                            parallel::Communicator& comm, int steps) {
+  // Rank 0 profiles and the others take its table: every rank cuts alike, and the profile is
+  // not disturbed by the other ranks profiling at once (they wait in the broadcast).
+  NodeSeconds table;
+  std::string error;
+  if (comm.rank() == 0) {
+    table = profile_locally(model, loss, optimizer, sample, micro, options, steps, &error);
+  }
+  // Rank 0's table on every rank, or its error when its profile failed.
   std::string text;
   if (!error.empty()) {
     text = "!" + error;

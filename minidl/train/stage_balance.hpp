@@ -21,12 +21,12 @@ using NodeSeconds = std::map<std::string, double>;
 /// "fc1.matmul+bias+relu" both to "fc1.matmul".
 NodeSeconds attribute_to_forward(const std::vector<runtime::KernelProfile>& profile, int runs);
 
-/// Runs `steps` profiled training steps of the whole model in one process on `micro` samples
+/// Rank 0 runs `steps` profiled training steps of the whole model in one process on `micro` samples
 /// of zeros (one thread per micro-batch, as a stage runs it), and takes each kernel's least
 /// time over the steps after the first, and restores every parameter,
 /// buffer and optimizer state tensor afterwards, so that training is not changed by a bit
-/// (neither the data order nor a random stream is touched). Then rank 0's table is broadcast
-/// over `comm` (a collective: every rank calls it at the same point), so every rank cuts alike.
+/// (neither the data order nor a random stream is touched), and broadcasts the table over `comm`
+/// (a collective: every rank calls it at the same point), so every rank cuts alike.
 NodeSeconds profile_forward(Model& model, const Loss& loss, optim::Optimizer& optimizer,
                             const Shape& sample, std::int64_t micro, const StepOptions& options,
                             parallel::Communicator& comm, int steps = 4);
