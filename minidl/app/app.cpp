@@ -24,6 +24,7 @@
 #include "minidl/core/text.hpp"
 #include "minidl/core/threading.hpp"
 #include "minidl/frontend/checkpoint_shared.hpp"
+#include "minidl/frontend/stage_times.hpp"
 #include "minidl/frontend/trace.hpp"
 #include "minidl/frontend/trainer.hpp"
 #include "minidl/io/file.hpp"
@@ -159,6 +160,29 @@ void apply_pipeline_flags(AppConfig& c, int ranks) {
                " cannot be shared out equally among the ", replicas,
                " data-parallel replicas of each stage");
   if (c.deterministic) c.micro_batch = c.batch_size / c.micro_batches;
+}
+
+/// The metrics of an epoch of pipeline stages: pipeline_bubble, the stages' idle time over
+/// their step time (all stages together), beside the ideal; per stage its bubble and its
+/// seconds per step by kind.
+nlohmann::json stage_times_record(const std::vector<StageTimes>& stages, std::int64_t steps,
+                                  int micro) {
+  StageTimes all;
+  nlohmann::json per = nlohmann::json::array();
+  const double n = static_cast<double>(std::max<std::int64_t>(steps, 1));
+  for (const StageTimes& t : stages) {
+    all.idle += t.idle;
+    all.forward += t.step() - t.idle;
+    per.push_back({{"bubble", t.bubble()},
+                   {"forward_seconds", t.forward / n},
+                   {"backward_seconds", t.backward / n},
+                   {"update_seconds", t.update / n},
+                   {"communication_seconds", t.communication / n},
+                   {"idle_seconds", t.idle / n}});
+  }
+  return {{"pipeline_bubble", all.bubble()},
+          {"pipeline_bubble_ideal", ideal_bubble(static_cast<int>(stages.size()), micro)},
+          {"pipeline_stage_times", per}};
 }
 
 /// Writes the graph to path (--dump-graph), as DOT when it ends in ".dot", else as text.
@@ -434,6 +458,7 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
     }
     topt.pipeline_stages = c.pipeline_stages;
     topt.pipeline_schedule = c.schedule;
+    topt.pipeline_balance = c.stage_balance;
     for (std::size_t at = 0; !c.stage_boundaries.empty() && at <= c.stage_boundaries.size();) {
       const std::size_t comma =
           std::min(c.stage_boundaries.find(',', at), c.stage_boundaries.size());
@@ -676,6 +701,13 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
   EvalStats last{};
   bool evaluated = false;
   double data_wait = 0.0, data_prepare = 0.0;  // over the epochs, for the --profile summary
+  // Pipeline stages with --profile: each stage's time by kind, this epoch's (the profile counts
+  // from the first step).
+  const bool staged = c.pipeline_stages > 1 && c.profile;
+  const int stage_micro = staged ? static_cast<int>(c.micro_batches) /
+                                       (comm.size() / static_cast<int>(c.pipeline_stages))
+                                 : 0;
+  StageTimes stage_times_before;
   for (int epoch = first_epoch; epoch <= c.epochs; ++epoch) {
     doing = fmt::format("training epoch {}", epoch);
     progress.start_epoch(epoch, train_set.size(), epoch == first_epoch ? first_sample : 0);
@@ -688,6 +720,12 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
     last = e;
     evaluated = true;
     const double sps = static_cast<double>(s.timed_samples) / s.seconds;
+    std::vector<StageTimes> stages;  // a collective: every rank, at the same point
+    if (staged) {
+      const StageTimes total = stage_times(trainer.training_executables());
+      stages = gather_stage_times(comm, total - stage_times_before, c.pipeline_stages);
+      stage_times_before = total;
+    }
     progress.clear();
     if (talk) {
       const std::string quality = loss->classification()
@@ -709,15 +747,8 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
             s.seconds - s.comm_seconds - s.wait_seconds - s.data_wait_seconds, s.comm_seconds,
             s.wait_seconds, s.data_wait_seconds, s.data_prepare_seconds,
             c.no_prefetch ? "on the main thread" : "on the prefetch thread");
-        if (c.pipeline_stages > 1) {
-          // Rank 0's (stage 0's) time in its sends and receives: waiting for the other stages.
-          const double p = c.pipeline_stages;
-          const double m = static_cast<double>(c.micro_batches) / (comm.size() / p);
-          fmt::print(
-              "           pipeline bubble {:.1f}% of the epoch on rank 0 (its sends and "
-              "receives), ideal (P-1)/(M+P-1) = {:.1f}%\n",
-              100.0 * s.comm_seconds / s.seconds, 100.0 * (p - 1) / (m + p - 1));
-        }
+        if (staged)
+          fmt::print("{}", format_stage_times(stages, steps_counted, stage_micro, "           "));
       }
       std::fflush(stdout);
     }
@@ -734,8 +765,7 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
         {"data_wait_seconds", s.data_wait_seconds},
         {"data_prepare_seconds", s.data_prepare_seconds},
         {"lr", s.lr}};
-    if (c.pipeline_stages > 1 && c.profile)  // rank 0's share of the epoch in sends and receives
-      record["pipeline_bubble"] = s.seconds > 0 ? s.comm_seconds / s.seconds : 0.0;
+    if (staged) record.update(stage_times_record(stages, steps_counted, stage_micro));
     if (loss->classification()) {
       record["train_accuracy"] = s.accuracy;
       record["test_accuracy"] = e.accuracy;

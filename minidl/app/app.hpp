@@ -72,6 +72,7 @@ struct AppConfig {
   // Where the pipeline stages end: names of the model's children (or nodes), comma-separated;
   // empty: cut automatically.
   std::string stage_boundaries;
+  std::string stage_balance = "time";  // what the automatic pipeline cut balances
   int zero = 0;  // ZeRO stage (TrainerOptions::zero): 1 optimizer state sharded, 2 gradients too
   // Tensor-parallel shards per replica (TrainerOptions::tensor_comm): the ranks are replicas x
   // shards, and the model's Linear pairs are split over the shards.

@@ -530,7 +530,7 @@ std::vector<Flag> make_table() {
       {.name = "--pipeline-stages",
        .field = &AppConfig::pipeline_stages,
        .help = "pipeline parallelism: cut the model into P stages, one rank each (mpirun -np P); "
-               "the cut balances the forward's FLOPs (else the parameters)",
+               "the cut balances the stages' profiled time (see --stage-balance)",
        .check = range(1, 64),
        .resume = {"pipeline_stages", Rule::Note},
        .metric = {"pipeline_stages"},
@@ -554,9 +554,18 @@ std::vector<Flag> make_table() {
       {.name = "--stage-boundaries",
        .field = &AppConfig::stage_boundaries,
        .help = "with --pipeline-stages P: where stages end, P - 1 comma-separated names of the "
-               "model's children (e.g. act1) or nodes; default: cut balancing the forward's FLOPs",
+               "model's children (e.g. act1) or nodes; default: cut balancing --stage-balance",
        .resume = {"stage_boundaries", Rule::Note},
        .metric = {"stage_boundaries"},
+       .needs = {"--pipeline-stages"}},
+      {.name = "--stage-balance",
+       .field = &AppConfig::stage_balance,
+       .help = "with --pipeline-stages and no --stage-boundaries: what the cut balances: time "
+               "(each node's, profiled in a few one-process steps on a micro-batch), flops (the "
+               "forward's) or params; each falls back to the next when it counts nothing",
+       .check = one_of({"time", "flops", "params"}),
+       .resume = {"stage_balance", Rule::Note},
+       .metric = {"stage_balance"},
        .needs = {"--pipeline-stages"}},
       {.name = "--dump-schedule",
        .field = &AppConfig::dump_schedule,

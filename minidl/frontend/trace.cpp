@@ -39,6 +39,7 @@ std::string rank_events(const std::vector<TraceSpan>& spans, int rank, double or
   }
   for (const TraceSpan& s : spans) {
     nlohmann::json args{{"op", s.op}, {"kernel", s.kernel}};
+    if (!s.waited_in.empty()) args["waited in"] = s.waited_in;
     if (s.flops > 0 && s.duration_us > 0) args["GFLOP/s"] = s.flops / s.duration_us * 1e-3;
     add({{"ph", "X"},
          {"name", s.name},

@@ -150,7 +150,8 @@ Trainer::Trainer(train::Model& model, optim::Optimizer& optimizer, TrainerOption
                               .stage = comm_.rank() / replicas,
                               .comm = &comm_,
                               .schedule = options.pipeline_schedule,
-                              .boundaries = options.pipeline_boundaries};
+                              .boundaries = options.pipeline_boundaries,
+                              .balance = options.pipeline_balance};
   }
   MINIDL_CHECK(options.micro_batch == 0 || options.batch_size % options.micro_batch == 0,
                "deterministic mode: the micro-batch ", options.micro_batch,
@@ -616,6 +617,11 @@ std::vector<TraceSpan> Trainer::trace_spans() const {
     for (const runtime::KernelProfile& k : exe->profile()) profile[k.node] = &k;
     for (const runtime::TraceEvent& e : exe->trace()) {
       const runtime::KernelProfile* k = profile.at(e.node);
+      if (e.idle) {  // the part of a receive spent waiting for its message
+        spans.push_back({"bubble", "idle", e.node->op(), k->kernel, e.thread, e.begin_us,
+                         e.duration_us, 0.0, e.node->name()});
+        continue;
+      }
       spans.push_back({e.node->name(), category(*e.node), e.node->op(), k->kernel, e.thread,
                        e.begin_us, e.duration_us, static_cast<double>(k->flops)});
     }

@@ -70,6 +70,8 @@ struct TrainerOptions {
   std::string pipeline_schedule = "gpipe";  // gpipe or 1f1b
   /// Where the stages end (train::PipelineOptions::boundaries); empty: cut automatically.
   std::vector<std::string> pipeline_boundaries;
+  /// What the automatic cut balances (train::PipelineOptions::balance): time, flops or params.
+  std::string pipeline_balance = "time";
   /// The loss; null: softmax cross-entropy against the labels.
   const train::Loss* loss = nullptr;
   /// What the loss's targets are: the dataset's labels, or the samples themselves (an
@@ -164,8 +166,12 @@ class Trainer {
   };
   std::vector<KernelTime> kernel_times() const;
   /// Every recorded kernel call of the training programs (CompileOptions::trace), with its
-  /// category: communication, wait (for a non-blocking reduction), update or compute.
+  /// category: communication, wait (for a non-blocking reduction), update or compute; a
+  /// receive's wait for its message is a span of its own ("bubble", category idle).
   std::vector<TraceSpan> trace_spans() const;
+  /// The executables of every training program this rank runs (not those compiled as another
+  /// rank for the preflight): their profiles say where the steps' time went.
+  std::vector<const runtime::Executable*> training_executables() const;
 
   /// Ends the epoch in progress after the current step (from a StepCallback); train_epoch then
   /// returns that epoch's statistics so far. Every rank must ask at the same step.
@@ -230,9 +236,6 @@ class Trainer {
   std::unique_ptr<parallel::Communicator> stage_comm_;
   std::unique_ptr<train::Loss> own_loss_;  // the default loss, when options.loss is null
   const train::Loss* loss_ = nullptr;
-  /// The executables of every training program this rank runs (not those compiled as another
-  /// rank for the preflight).
-  std::vector<const runtime::Executable*> training_executables() const;
   /// Seconds in communication and waiting kernels of all training programs so far (profiling).
   std::pair<double, double> comm_wait_seconds() const;
 

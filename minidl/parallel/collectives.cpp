@@ -1,12 +1,15 @@
 #include "minidl/parallel/collectives.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <mutex>
 #include <utility>
 #include <vector>
 
+#include "minidl/core/clock.hpp"
+#include "minidl/core/idle.hpp"
 #include "minidl/ops/common.hpp"
 #include "minidl/ops/registry.hpp"
 #include "minidl/parallel/op_table.hpp"
@@ -318,6 +321,13 @@ ir::Kernel make_recv(const ir::Node& node) {
   auto plain = std::make_shared<std::vector<std::uint32_t>>(
       static_cast<std::size_t>(g.blocked() ? g.numel() : 0));
   return [comm, peer, tag, g, plain](const ir::KernelArgs& k) {
+    // Waiting for the message to arrive is idle time (the sender is still computing it: a
+    // pipeline's bubble); receiving and reordering it is this kernel's work.
+    if (idle_wanted()) {
+      const Clock::time_point t = Clock::now();
+      comm->probe(peer, tag);
+      note_idle(std::chrono::duration<double>(Clock::now() - t).count());
+    }
     const auto bytes = static_cast<std::int64_t>(k.out[0].nbytes());
     if (!g.blocked()) return comm->recv(k.out[0].raw(), bytes, peer, tag);
     comm->recv(plain->data(), bytes, peer, tag);

@@ -412,6 +412,11 @@ class MpiCommunicator final : public Communicator {
                  " bytes, the message has ", got);
   }
 
+  void probe(int peer, int tag) override {
+    check_rank("probe", peer);
+    check_mpi(MPI_Probe(peer, tag, comm_, MPI_STATUS_IGNORE), "MPI_Probe");
+  }
+
   std::unique_ptr<Communicator> split(int color, int key) override {
     MPI_Comm sub = MPI_COMM_NULL;
     check_mpi(MPI_Comm_split(comm_, color, key, &sub), "MPI_Comm_split");

@@ -65,6 +65,13 @@ class Communicator {
   /// Point to point, blocking. Messages between a pair of ranks with the same tag arrive in order.
   virtual void send(const void* data, std::int64_t bytes, int peer, int tag) = 0;
   virtual void recv(void* data, std::int64_t bytes, int peer, int tag) = 0;
+  /// Blocks until a message from peer with tag has arrived (MPI_Probe), without receiving it:
+  /// the time a receiver waits for its sender, apart from the time the message takes to copy.
+  /// A single process has its messages already (a recv without one fails there).
+  virtual void probe(int peer, int tag) {
+    (void)peer;
+    (void)tag;
+  }
 
   /// The node-local communicator (MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)) and the leaders'.
   /// ranks_per_node > 0 pretends nodes of that many consecutive ranks (tests on one machine);

@@ -4,6 +4,7 @@
 
 #include "minidl/ops/op_table.hpp"
 #include "minidl/parallel/collectives.hpp"
+#include "minidl/parallel/data_parallel.hpp"
 
 namespace minidl::parallel {
 
@@ -15,19 +16,20 @@ bool CrossReplicaSums::run(ir::Graph& g) {
   std::vector<ir::Node*> sums;
   for (ir::Node* n : g.nodes())
     if (&n->def() == &ops::op_cross_replica_sum) sums.push_back(n);
+  // Over this pass's communicator: the job's ranks, or a pipeline stage's data-parallel
+  // replicas (each stage sums its own samples' statistics, as its gradients).
+  const int group = register_group(&comm_);
   for (ir::Node* n : sums) {
-    MINIDL_CHECK(n->annotations().find("stage") == nullptr, n->describe(),
-                 ": a sum over the data-parallel replicas of a pipeline stage (BatchNorm's "
-                 "statistics) is not implemented: run one rank per stage");
     MINIDL_CHECK(n->replica() < 0, n->describe(), " still belongs to replica ", n->replica(),
                  ": the thread-replicas pass joins the replicas' sums first");
     // The node's copy is reduced in place; its readers read the reduced value.
     ir::Value* v = n->output();
     const std::string name = n->name() + (tree_leaves_ > 0 ? ".tree_allreduce" : ".allreduce");
-    ir::Value* reduced =
-        tree_leaves_ > 0 ? tree_allreduce(v, tree_leaves_, 0, name) : allreduce(v, 1.0, 0, name);
+    ir::Value* reduced = tree_leaves_ > 0 ? tree_allreduce(v, tree_leaves_, group, name)
+                                          : allreduce(v, 1.0, group, name);
     ir::Node* c = reduced->producer();
     c->set_phase(ir::Phase::Communication);
+    if (n->annotations().find("stage") != nullptr) set_stage(*c, stage_of(*n));
     g.replace_uses(v, reduced, c);
     // Right after the sum: the order stays valid, and the replicas wait no longer than needed.
     const auto& order = g.nodes();

@@ -550,6 +550,7 @@ class Deferred final : public Communicator {
   void recv(void* d, std::int64_t bytes, int peer, int tag) override {
     get().recv(d, bytes, peer, tag);
   }
+  void probe(int peer, int tag) override { get().probe(peer, tag); }
   std::unique_ptr<Communicator> split(int color, int key) override {
     return get().split(color, key);
   }

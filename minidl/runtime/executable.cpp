@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "minidl/core/clock.hpp"
+#include "minidl/core/idle.hpp"
 #include "minidl/core/log.hpp"
 
 namespace minidl::runtime {
@@ -402,19 +403,30 @@ void Executable::run_steps(std::size_t begin, std::size_t end, int replica) {
       if (options_.count_denormals) count_step_subnormals(i);
       continue;
     }
+    // A kernel that waits for another process notes how long (core/idle.hpp): measured only
+    // when asked, so that an untimed run does not pay for it.
+    set_idle_wanted(true);
+    take_idle();
     const double t0 = trace_clock_us();
     steps_[i].kernel(steps_[i].args);
     const double t1 = trace_clock_us();
+    set_idle_wanted(false);
+    // The wait happened at the start of the call, and within it.
+    const double idle_us = std::clamp(take_idle() * 1e6, 0.0, t1 - t0);
     if (options_.check_numerics) check_numerics(*steps_[i].node, steps_[i].in, steps_[i].out);
     if (options_.count_denormals) count_step_subnormals(i);
     profile_[i].calls++;
     profile_[i].seconds += (t1 - t0) * 1e-6;
+    profile_[i].idle_seconds += idle_us * 1e-6;
     if (options_.trace) {
       TraceBuffer& b = trace_[static_cast<std::size_t>(std::max(replica, 0))];
-      if (b.events.size() < options_.trace_limit / trace_.size()) {
-        b.events.push_back({steps_[i].node, std::max(replica, 0), t0, t1 - t0});
+      const std::size_t events = idle_us > 0.0 ? 2 : 1;
+      if (b.events.size() + events <= options_.trace_limit / trace_.size()) {
+        const int thread = std::max(replica, 0);
+        if (idle_us > 0.0) b.events.push_back({steps_[i].node, thread, t0, idle_us, true});
+        b.events.push_back({steps_[i].node, thread, t0 + idle_us, t1 - t0 - idle_us});
       } else {
-        ++b.dropped;
+        b.dropped += events;
       }
     }
   }

@@ -70,15 +70,22 @@ struct KernelProfile {
   std::int64_t calls = 0;
   double seconds = 0.0;
   std::int64_t flops = 0;  // per call, from the op's count (0: the op has none)
+  /// The part of `seconds` the kernel spent waiting for another process with nothing to do
+  /// (a receive whose message had not arrived: the pipeline's bubble), as it noted it
+  /// (core/idle.hpp).
+  double idle_seconds = 0.0;
 };
 
 /// One kernel call on the timeline: the node, the thread that ran it (its replica in a parallel
-/// section, else 0) and its start and length in microseconds of trace_clock_us().
+/// section, else 0) and its start and length in microseconds of trace_clock_us(). A call that
+/// waited for another process first (core/idle.hpp) is two events: the wait (idle) and then the
+/// rest of the call.
 struct TraceEvent {
   const ir::Node* node;
   int thread;
   double begin_us;
   double duration_us;
+  bool idle = false;
 };
 
 /// Microseconds of the monotonic clock, the same in every process of one machine.

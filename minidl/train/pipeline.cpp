@@ -261,11 +261,12 @@ std::int64_t param_elements(const ir::Node& n) {
 
 }  // namespace
 
-std::unordered_map<const ir::Node*, int> assign_stages(const ir::Graph& g,
-                                                       const std::vector<ForwardRange>& forwards,
-                                                       int stages,
-                                                       const std::vector<std::string>& boundaries,
-                                                       std::string* summary) {
+std::unordered_map<const ir::Node*, int> assign_stages(
+    const ir::Graph& g, const std::vector<ForwardRange>& forwards, int stages,
+    const std::vector<std::string>& boundaries, std::string* summary,
+    const std::map<std::string, double>* node_seconds, const std::string& balance) {
+  MINIDL_CHECK(balance == "time" || balance == "flops" || balance == "params", "--stage-balance ",
+               balance, " (expected time, flops or params)");
   MINIDL_CHECK(!forwards.empty(), "pipeline: no forward to cut");
   const std::vector<ir::Node*>& nodes = g.nodes();
   auto computed = [&](const ForwardRange& f) {
@@ -328,8 +329,25 @@ std::unordered_map<const ir::Node*, int> assign_stages(const ir::Graph& g,
     const ir::FlopsFn f = first[i]->def().flops_fn();
     flops[i + 1] = flops[i] + (f != nullptr ? f(*first[i]) : 0);
   }
-  const bool by_flops = flops[n] > 0;
-  const std::vector<std::int64_t>& wcum = by_flops ? flops : cum;
+  // Profiled time, in nanoseconds (integers, as the other measures: the search compares them
+  // exactly, and every rank has the same table).
+  // A parameter's update (the table has it under the parameter's name) goes with the first
+  // node that reads it: the stage that holds it runs it.
+  std::vector<std::int64_t> nanos(n + 1, 0);
+  std::unordered_set<const ir::Node*> counted;
+  auto seconds = [&](const std::string& name) {
+    const auto it = node_seconds->find(name);
+    return it != node_seconds->end() ? std::llround(it->second * 1e9) : 0LL;
+  };
+  for (std::size_t i = 0; i < n && node_seconds != nullptr; ++i) {
+    nanos[i + 1] = nanos[i] + seconds(first[i]->name());
+    for (const ir::Value* in : first[i]->inputs())
+      if (in->producer()->op() == "parameter" && counted.insert(in->producer()).second)
+        nanos[i + 1] += seconds(in->producer()->name());
+  }
+  const bool by_time = balance == "time" && nanos[n] > 0;
+  const bool by_flops = !by_time && balance != "params" && flops[n] > 0;
+  const std::vector<std::int64_t>& wcum = by_time ? nanos : by_flops ? flops : cum;
   std::vector<std::size_t> cuts;
   if (!boundaries.empty()) {
     MINIDL_CHECK(static_cast<int>(boundaries.size()) == stages - 1, "pipeline: ", boundaries.size(),
@@ -449,7 +467,19 @@ std::unordered_map<const ir::Node*, int> assign_stages(const ir::Graph& g,
                           100.0 * static_cast<double>(end - prev) / static_cast<double>(total));
       prev = end;
     }
-    if (by_flops) {
+    if (by_time) {
+      text += "; profiled time per stage (forward and backward):";
+      prev = 0;
+      for (int s = 0; s < stages; ++s) {
+        const std::int64_t end =
+            s + 1 < stages ? nanos[cuts[static_cast<std::size_t>(s)] + 1] : nanos[n];
+        text +=
+            fmt::format(" {:.3f} ms ({:.1f}%)", static_cast<double>(end - prev) * 1e-6,
+                        100.0 * static_cast<double>(end - prev) / static_cast<double>(nanos[n]));
+        prev = end;
+      }
+    }
+    if (by_flops || (by_time && flops[n] > 0)) {
       text += "; forward FLOPs per stage:";
       prev = 0;
       for (int s = 0; s < stages; ++s) {
@@ -461,9 +491,14 @@ std::unordered_map<const ir::Node*, int> assign_stages(const ir::Graph& g,
         prev = end;
       }
     }
-    text += boundaries.empty() ? (by_flops ? "; balanced by forward FLOPs"
-                                           : "; balanced by parameter count (no op counts FLOPs)")
-                               : "; cut where told";
+    text += !boundaries.empty() ? std::string("; cut where told")
+            : by_time           ? std::string("; balanced by profiled time")
+            : by_flops          ? std::string("; balanced by forward FLOPs")
+            : balance == "params"
+                ? std::string("; balanced by parameter count")
+                : std::string("; balanced by parameter count (no op counts FLOPs)");
+    if (boundaries.empty() && balance == "time" && !by_time && node_seconds != nullptr)
+      text += " (no profiled time)";
     *summary = text;
   }
   return stage_of;

@@ -8,6 +8,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -63,8 +66,17 @@ struct PipelineOptions {
   std::string schedule = "gpipe";  // or "1f1b"
   /// Where the stages end, as the name of the node whose output is the last of a stage (one
   /// per boundary, in order), e.g. set by the user between children of a Sequential; empty:
-  /// cut automatically, balancing the parameter count.
+  /// cut automatically, balancing `balance`.
   std::vector<std::string> boundaries;
+  /// What the automatic cut balances: "time" (each forward node's time with its backward's,
+  /// profiled in a few one-process steps on a micro-batch: train/stage_balance.hpp), "flops"
+  /// (the forward's FLOPs as the ops count them) or "params" (parameter elements); each falls
+  /// back to the next when it has nothing to count.
+  std::string balance = "time";
+  /// With "time": the profiled table, measured when the first training program is compiled and
+  /// kept for the others (copies of the options share it).
+  std::shared_ptr<std::optional<std::map<std::string, double>>> node_seconds =
+      std::make_shared<std::optional<std::map<std::string, double>>>();
 };
 
 }  // namespace minidl::train

@@ -2,6 +2,7 @@
 // the send / recv ops at the cuts, and the node order that follows a stage's schedule.
 #pragma once
 
+#include <map>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -19,17 +20,19 @@ struct ForwardRange {
 };
 
 /// The stage of every node of g: the forward of each micro-batch cut after the nodes named by
-/// `boundaries` (or automatically, balancing the forward's FLOPs as the ops count them, or the
-/// parameters' elements when no op counts them) into `stages` stages, everything after the
+/// `boundaries` (or automatically, balancing `balance`: "time", each forward node's seconds
+/// in `node_seconds` (by name; absent: 0); "flops", the forward's FLOPs as the ops count them;
+/// "params", the parameters' elements; each falling back to the next when it counts nothing)
+/// into `stages` stages, everything after the
 /// forwards (the loss) in the last, a source in the stage of its readers, a state update with
 /// its computed input. `summary` gets one line: the cut, each stage's share and the measure. Throws
 /// when the forward cannot be cut so (naming the boundary, or the stage count and the places it
 /// could be cut).
-std::unordered_map<const ir::Node*, int> assign_stages(const ir::Graph& g,
-                                                       const std::vector<ForwardRange>& forwards,
-                                                       int stages,
-                                                       const std::vector<std::string>& boundaries,
-                                                       std::string* summary);
+std::unordered_map<const ir::Node*, int> assign_stages(
+    const ir::Graph& g, const std::vector<ForwardRange>& forwards, int stages,
+    const std::vector<std::string>& boundaries, std::string* summary,
+    const std::map<std::string, double>* node_seconds = nullptr,
+    const std::string& balance = "time");
 
 /// What the cut leaves on this rank's stage.
 struct StageCut {

@@ -19,6 +19,7 @@
 #include "minidl/parallel/thread_replicas.hpp"
 #include "minidl/train/clip.hpp"
 #include "minidl/train/pipeline_graph.hpp"
+#include "minidl/train/stage_balance.hpp"
 #include "minidl/train/zero_update.hpp"
 
 namespace minidl::train {
@@ -299,7 +300,14 @@ CompiledStep compile_step(Model& model, const Loss& loss, optim::Optimizer* opti
         actions = schedule[static_cast<std::size_t>(stage)];
         if (s.programs_.size() == 1) s.schedule_ = schedule;
         std::string summary;
-        const auto stage_of = assign_stages(g, forwards, stages, o.pipeline.boundaries, &summary);
+        // --stage-balance time: every forward node's time, profiled once per run in one
+        // process on a micro-batch (the same table on every rank).
+        auto& measured = *o.pipeline.node_seconds;
+        if (o.pipeline.boundaries.empty() && o.pipeline.balance == "time" && !measured)
+          measured = profile_forward(model, loss, *optimizer, spec.sample, slices[0].size(), o,
+                                     *o.pipeline.comm);
+        const auto stage_of = assign_stages(g, forwards, stages, o.pipeline.boundaries, &summary,
+                                            measured ? &*measured : nullptr, o.pipeline.balance);
         if (s.programs_.size() == 1) log_verbose("pipeline", "{}", summary);
         // Once per cut (every batch size cuts alike).
         static std::string printed;

@@ -57,6 +57,8 @@ if "compute" not in cats or "update" not in cats:
     problems.append(f"categories {cats} lack compute or update")
 if ranks > 1 and "communication" not in cats:
     problems.append(f"categories {cats} lack communication")
+if any(e["cat"] == "idle" or e["name"] == "bubble" for e in spans):
+    problems.append("a bubble (idle) span in a run without pipeline stages")
 if not any(e["args"].get("op") == "matmul" and e["args"].get("GFLOP/s", 0) > 0 for e in spans):
     problems.append("no matmul event with a GFLOP/s figure")
 for p in problems:

@@ -247,6 +247,48 @@ TEST(Collectives, SendThenRecvInOneProcess) {
               ThrowsMessage<Error>(HasSubstr("send 'far' (%")));
 }
 
+// Timed (profile and trace), a receive measures its wait for the message apart from the
+// rest: the wait is an idle event at the start of the call, the rest follows it without a gap,
+// and the profile's idle seconds are the idle events' (within the call's time).
+TEST(Collectives, RecvWaitIsIdleInProfileAndTrace) {
+  ir::Graph g;
+  parallel::send(ops::parameter(g, "x", iota({2, 3}, 7)), 0, 5);
+  ir::Value* y = parallel::recv(g, {2, 3}, DType::F32, 0, 5, 0, "r");
+  g.add_output(y);
+  runtime::Executable exe(g, {.profile = true, .trace = true});
+  for (int i = 0; i < 3; ++i) exe.run();
+  expect_values(exe.value(y), {7, 8, 9, 10, 11, 12});
+  double idle_us = 0.0;
+  int calls = 0;
+  const std::vector<runtime::TraceEvent> events = exe.trace();
+  for (std::size_t i = 0; i < events.size(); ++i) {
+    const runtime::TraceEvent& e = events[i];
+    if (e.node != y->producer()) {
+      EXPECT_FALSE(e.idle) << e.node->describe();  // a send waits for nothing
+      continue;
+    }
+    if (!e.idle) {
+      ++calls;
+      continue;
+    }
+    idle_us += e.duration_us;
+    ASSERT_LT(i + 1, events.size());
+    EXPECT_EQ(events[i + 1].node, e.node);
+    EXPECT_FALSE(events[i + 1].idle);
+    EXPECT_DOUBLE_EQ(events[i + 1].begin_us, e.begin_us + e.duration_us);
+  }
+  EXPECT_EQ(calls, 3);
+  for (const runtime::KernelProfile& k : exe.profile()) {
+    if (k.node != y->producer()) {
+      EXPECT_EQ(k.idle_seconds, 0.0) << k.node->describe();
+      continue;
+    }
+    EXPECT_EQ(k.calls, 3);
+    EXPECT_NEAR(k.idle_seconds, idle_us * 1e-6, 1e-12);
+    EXPECT_LE(k.idle_seconds, k.seconds);
+  }
+}
+
 TEST(Collectives, PackAndUnpackAreExactCopies) {
   Tensor a = iota({2, 2}, 1), b = iota({3}, 10);
   ir::Graph g;
