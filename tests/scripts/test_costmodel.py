@@ -34,15 +34,49 @@ class Formulas(unittest.TestCase):
         self.assertEqual(costmodel.allreduce_seconds(0, 8, 1.0, 1.0), 0.0)
 
     def test_small_message_takes_recursive_doubling(self):
-        # 8 ranks, 8 bytes: doubling 3 (a + 8b); ring 14 (a + b)
+        # 8 ranks, under 10000 bytes: doubling, 3 (a + n b)
         a, b = 10e-6, 1e-9
         self.assertAlmostEqual(costmodel.allreduce_seconds(8, 8, a, b), 3 * (a + 8 * b))
+        self.assertAlmostEqual(costmodel.allreduce_seconds(9996, 8, a, b), 3 * (a + 9996 * b))
 
-    def test_large_message_takes_the_ring(self):
+    def test_medium_message_takes_the_ring_even_when_latency_bound(self):
+        # OpenMPI's rule: from 10000 bytes up to P MiB the ring, though doubling would be
+        # cheaper here: 1024 ranks, 256 KiB, 100 us
+        a, b, n = 100e-6, 0.8e-9, 256 * 1024
+        ring = 2 * 1023 * (a + 256 * b)
+        self.assertAlmostEqual(costmodel.allreduce_seconds(n, 1024, a, b), ring)
+        self.assertGreater(ring, 10 * (a + n * b))
+        # 4 MiB over 8 ranks: 512 KiB blocks
+        self.assertAlmostEqual(costmodel.allreduce_seconds(4 * MB, 8, 10e-6, 1e-9),
+                               2 * 7 * (10e-6 + MB / 2 * 1e-9))
+
+    def test_ring_remainder_is_reduced_on_its_own(self):
+        # 10004 elements over 8 ranks: blocks of 1250, 4 elements (16 bytes) left: doubling
+        a, b = 10e-6, 1e-9
+        self.assertAlmostEqual(costmodel.allreduce_seconds(4 * 10004, 8, a, b),
+                               2 * 7 * (a + 5000 * b) + 3 * (a + 16 * b))
+
+    def test_large_message_takes_the_segmented_ring(self):
+        # 64 MiB over 8 ranks (over 8 MiB): 8 MiB blocks, 8 segments of 1 MiB
         a, b, n = 10e-6, 1e-9, 64 * MB
-        ring = 2 * 7 * (a + n * b / 8)
-        self.assertAlmostEqual(costmodel.allreduce_seconds(n, 8, a, b), ring)
-        self.assertLess(ring, 3 * (a + n * b))
+        self.assertAlmostEqual(costmodel.allreduce_seconds(n, 8, a, b),
+                               7 * (9 * a + 2 * 8 * MB * b))
+
+    def test_few_elements_take_reduce_and_broadcast(self):
+        # 3000 elements (12000 bytes) over 4096 ranks: not more elements than ranks
+        a, b = 10e-6, 1e-9
+        self.assertAlmostEqual(costmodel.allreduce_seconds(12000, 4096, a, b),
+                               2 * 12 * (a + 12000 * b))
+
+    def test_compute_from_a_table(self):
+        table = {"step_compute_seconds": {"1": 1e-3, "4": 2.5e-3, "16": 8.5e-3}}
+        self.assertAlmostEqual(costmodel.compute_from_table(table, 4), 2.5e-3)
+        self.assertAlmostEqual(costmodel.compute_from_table(table, 10), 5.5e-3)
+        self.assertAlmostEqual(costmodel.compute_from_table(table, 32), 16.5e-3)
+        m = costmodel.CostModel(calibration())
+        m.compute_table = table
+        p = m.predict("m", costmodel.Layout(16, 1, 1), 64)
+        self.assertAlmostEqual(p.compute_seconds, 2.5e-3)
 
     def test_non_power_of_two_rounds_up(self):
         self.assertAlmostEqual(costmodel.allreduce_seconds(4, 3, 1.0, 0.0), 2.0)
