@@ -28,6 +28,7 @@
 #include "minidl/ir/printer.hpp"
 #include "minidl/ops/ops.hpp"
 #include "minidl/ops/precision.hpp"
+#include "minidl/ops/registry.hpp"
 #include "minidl/parallel/communicator.hpp"
 #include "minidl/parallel/layout.hpp"
 #include "minidl/parallel/preflight.hpp"
@@ -219,14 +220,17 @@ void print_kernel_times(parallel::Communicator& comm, std::vector<Trainer::Kerne
     fmt::print("(ranks ran different numbers of nodes: the times are rank 0's alone)\n");
 }
 
-/// --metrics' record of the --profile table (rank 0's): per node its op, category, calls,
-/// seconds and elements per call (what scripts/simulate-cluster makes a compute table of).
+/// --metrics' record of the --profile table (rank 0's): per node its op, category, whether it
+/// communicates (ir::CommRole: what --compute-table leaves running), calls, seconds and
+/// elements per call (what scripts/simulate-cluster makes a compute table of).
 nlohmann::json kernel_times_json(const std::vector<Trainer::KernelTime>& rows) {
   nlohmann::json out = nlohmann::json::array();
   for (const auto& r : rows) {
+    const ir::OpDef* def = ops::find_op(r.op);
     out.push_back({{"node", r.node},
                    {"op", r.op},
                    {"category", r.category},
+                   {"communicates", def != nullptr && def->comm_role() != ir::CommRole::None},
                    {"calls", r.calls},
                    {"seconds", r.seconds},
                    {"elements", r.elements}});

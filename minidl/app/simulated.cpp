@@ -69,6 +69,7 @@ DatasetSplits simulated_shared_data(const AppConfig& c, const std::string& dir,
 }
 
 namespace {
+#ifdef MINIDL_SIMGRID
 
 /// Per node: (elements, seconds per call) points, sorted by elements.
 using ComputeTable = std::map<std::string, std::vector<std::pair<double, double>>, std::less<>>;
@@ -126,7 +127,6 @@ double interpolate(const std::vector<std::pair<double, double>>& pts, double x) 
   return std::max(0.0, pts[lo].second + t * (pts[hi].second - pts[lo].second));
 }
 
-#ifdef MINIDL_SIMGRID
 constexpr std::size_t kSharedBytes = std::size_t{64} << 10;
 
 void* simulated_allocate(std::size_t bytes) {

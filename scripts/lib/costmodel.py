@@ -18,14 +18,14 @@ be set beside the simulator on the same cluster. Costs:
 
 - compute of a step on a rank: step_seconds + sample_seconds * (its samples) / (T * E(T));
 - an allreduce of n bytes (f32) over P ranks with latency a and inverse bandwidth b: the
-  algorithm OpenMPI's fixed decision rule picks (coll_tuned_decision_fixed, which SMPI's
-  "ompi" selector copies, so the simulator runs the same): under 10000 bytes recursive
-  doubling, ceil(log2 P) (a + n b); with more elements than ranks and n <= P MiB the ring
-  (reduce-scatter then allgather), 2 (P - 1) (a + (n / P) b), its remainder of n / P elements
-  reduced on its own; above P MiB the segmented ring, whose reduce-scatter runs once per 1 MiB
-  segment of a rank's block, (P - 1) ((k + 1) a + 2 (n / P) b) for k segments; otherwise a
-  reduce and a broadcast, 2 ceil(log2 P) (a + n b). The ring's 2 (P - 1) latencies make
-  buckets over 10000 bytes latency-bound on many nodes;
+  algorithm OpenMPI 4.1's fixed decision rule picks by P and n (coll_tuned_decision_fixed, which
+  SimGrid 3.32's "ompi" selector copies, so the simulator runs the same; ALLREDUCE_RULE):
+  recursive doubling, L (a + n b) with L = ceil(log2 P); the ring (reduce-scatter then
+  allgather), 2 (P - 1) (a + (n / P) b); the segmented ring, whose reduce-scatter runs once per
+  1 MiB segment of a rank's block, (P - 1) ((k + 1) a + 2 (n / P) b) for k segments; a reduce
+  and a broadcast, 2 L (a + n b); Rabenseifner's (reduce-scatter by recursive halving,
+  allgather by recursive doubling), 2 L a + 2 ((P - 1) / P) n b. From 16 KiB (fewer bytes on
+  small jobs) it is Rabenseifner's, whose latency grows with log2 P;
 - buckets: the gradients packed in backward order into buckets of at most bucket_bytes (a larger
   gradient alone; 0: one per gradient), one allreduce each;
 - "allreduce": one allreduce over all ranks, at the network's cost when the job spans several
@@ -53,9 +53,38 @@ class CalibrationError(Exception):
     """A calibration file that cannot be used; the message names the file and the key."""
 
 
-RDB_BELOW = 10000  # bytes: OpenMPI's "intermediate message" (recursive doubling below)
 SEGMENT = 1 << 20  # bytes: OpenMPI's segment of the segmented ring
 ELEMENT = 4  # bytes of an f32, the only type the gradients are reduced in
+
+# OpenMPI 4.1's allreduce rule for commutative operations, as SimGrid 3.32 copies it: per
+# communicator size (below the first bound of a row), the algorithm below each message size
+# (bytes), the last one above. Algorithms: "rdb" recursive doubling, "ring", "segring" the
+# segmented ring, "redbcast" a reduce and a broadcast, "rab" Rabenseifner's.
+ALLREDUCE_RULE = [
+    (4, [(8, "ring"), (4096, "rdb"), (8192, "ring"), (16384, "rdb"), (65536, "ring"),
+         (262144, "segring")], "rab"),
+    (8, [(16, "ring"), (8192, "rdb")], "rab"),
+    (16, [(8192, "rdb")], "rab"),
+    (32, [(64, "segring"), (4096, "rdb")], "rab"),
+    (64, [(128, "segring")], "rab"),
+    (128, [(262144, "rdb")], "rab"),
+    (256, [(131072, "redbcast"), (262144, "rdb")], "rab"),
+    (512, [(4096, "redbcast")], "rab"),
+    (2048, [(2048, "redbcast"), (16384, "rdb")], "rab"),
+    (4096, [(2048, "redbcast"), (4096, "segring"), (16384, "rdb")], "rab"),
+    (None, [(2048, "redbcast"), (16384, "segring"), (32768, "rdb")], "rab"),
+]
+
+
+def allreduce_algorithm(nbytes, ranks):
+    """The algorithm OpenMPI 4.1's fixed rule (SMPI's "ompi" selector) picks."""
+    for below, sizes, above in ALLREDUCE_RULE:
+        if below is None or ranks < below:
+            for limit, name in sizes:
+                if nbytes < limit:
+                    return name
+            return above
+    raise AssertionError("the rule's last row takes every size")
 
 
 def allreduce_seconds(nbytes, ranks, alpha, beta):
@@ -64,19 +93,22 @@ def allreduce_seconds(nbytes, ranks, alpha, beta):
     if ranks <= 1 or nbytes <= 0:
         return 0.0
     steps = math.ceil(math.log2(ranks))
-    if nbytes < RDB_BELOW:
-        return steps * (alpha + nbytes * beta)
+    algorithm = allreduce_algorithm(nbytes, ranks)
     count = nbytes // ELEMENT
-    if count > ranks:
-        if ranks * SEGMENT >= nbytes:
-            block = (count // ranks) * ELEMENT
-            remainder = (count % ranks) * ELEMENT
-            return (2.0 * (ranks - 1) * (alpha + block * beta) +
-                    allreduce_seconds(remainder, ranks, alpha, beta))
+    if algorithm == "ring" and count >= ranks:
+        block = (count // ranks) * ELEMENT
+        remainder = (count % ranks) * ELEMENT
+        return (2.0 * (ranks - 1) * (alpha + block * beta) +
+                allreduce_seconds(remainder, ranks, alpha, beta))
+    if algorithm == "segring" and count >= ranks:
         block = nbytes / ranks
-        segments = math.ceil(block / SEGMENT)
+        segments = max(1, math.ceil(block / SEGMENT))
         return (ranks - 1) * ((segments + 1) * alpha + 2.0 * block * beta)
-    return 2.0 * steps * (alpha + nbytes * beta)
+    if algorithm == "rab" and count >= ranks:
+        return 2.0 * steps * alpha + 2.0 * (ranks - 1) / ranks * nbytes * beta
+    if algorithm == "redbcast":
+        return 2.0 * steps * (alpha + nbytes * beta)
+    return steps * (alpha + nbytes * beta)  # recursive doubling (and what falls back to it)
 
 
 def buckets(gradient_bytes, bucket_bytes):
