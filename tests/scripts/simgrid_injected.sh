@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Compute injected from a table (--compute-table) in the MLP built against SimGrid's SMPI: with
-# every node of the table at 1 ms per call, one simulated rank's epoch takes its steps x nodes x
-# 1 ms of simulated time, to 1 us (no kernel runs, nothing else takes time); 4 simulated ranks
+# every node of the table at 1 ms per call (one point, or a line through two points around the
+# node's size), one simulated rank's epoch takes its steps x nodes x 1 ms of simulated time, to
+# 1 us (no kernel runs, nothing else takes time); 4 simulated ranks
 # give the same simulated times in two runs (the machine's load does not enter them); a table
 # that is not JSON, or a node's point that is not [ELEMENTS, SECONDS], is refused in one line
 # naming the flag, and the real build refuses the flag. Builds the simulated MLP first
@@ -54,6 +55,7 @@ import json, sys
 tmp = sys.argv[1]
 nodes = {}
 counts = {}
+lines = {}
 for r in (1, 4):
     recs = [json.loads(l) for l in open(f"{tmp}/measured-{r}.jsonl") if l.strip()]
     rows = next(x["kernel_times"] for x in recs if "kernel_times" in x)
@@ -61,7 +63,12 @@ for r in (1, 4):
     counts[r] = len(compute)
     for x in compute:
         nodes[x["node"]] = [[x["elements"], 1e-3]]
+        # For the 1-rank run: a line through 0 and twice the node's size there, listed out of
+        # order, interpolated at its size: 1 ms again.
+        if r == 1:
+            lines[x["node"]] = [[2 * x["elements"], 2e-3], [0.0, 0.0]]
 json.dump({"nodes": nodes}, open(f"{tmp}/table.json", "w"))
+json.dump({"nodes": lines}, open(f"{tmp}/table-lines.json", "w"))
 open(f"{tmp}/nodes-1", "w").write(str(counts[1]))
 EOF
 nodes1=$(cat "$tmp/nodes-1")
@@ -73,23 +80,28 @@ for l in open(sys.argv[1]):
     if "epoch" in r: print(repr(r["epoch_seconds"]))' "$1"
 }
 
-# One rank: 3 steps per epoch, every node 1 ms.
-if simulate 1 "$tmp/inj-1.out" injected -- "${flags[@]}" --compute-table "$tmp/table.json" \
-  --metrics "$tmp/inj-1.jsonl"; then
-  expect=$(python3 -c "print(3 * $nodes1 * 1e-3)")
-  while read -r t; do
-    # Within 1 us: SMPI adds 10 ns of simulated time to every MPI_Wtime call (smpi/wtime).
-    if python3 -c "import sys; sys.exit(not 0 <= $t - $expect < 1e-6)"; then
-      echo "ok   1 rank, injected: an epoch is $t s of simulated time = 3 steps x $nodes1 nodes x 1 ms"
-    else
-      fail "1 rank, injected: an epoch took $t s of simulated time, expected $expect"
+# One rank: 3 steps per epoch, every node 1 ms (one point, or interpolated between two).
+for table in table table-lines; do
+  if simulate 1 "$tmp/inj-1.out" injected -- "${flags[@]}" --compute-table "$tmp/$table.json" \
+    --metrics "$tmp/inj-1.jsonl"; then
+    expect=$(python3 -c "print(3 * $nodes1 * 1e-3)")
+    while read -r t; do
+      # Within 1 us: SMPI adds 10 ns of simulated time to every MPI_Wtime call (smpi/wtime).
+      if python3 -c "import sys; sys.exit(not 0 <= $t - $expect < 1e-6)"; then
+        echo "ok   1 rank, injected ($table): an epoch is $t s of simulated time = 3 steps x $nodes1 nodes x 1 ms"
+      else
+        fail "1 rank, injected ($table): an epoch took $t s of simulated time, expected $expect"
+      fi
+    done < <(epoch_seconds "$tmp/inj-1.jsonl")
+    if grep -q "has no time for" "$tmp/inj-1.out"; then
+      fail "1 rank, injected ($table): a training node is missing from the table"
+      grep "has no time for" "$tmp/inj-1.out" | head -3
     fi
-  done < <(epoch_seconds "$tmp/inj-1.jsonl")
-  grep -q "has no time for" "$tmp/inj-1.out" && grep "has no time for" "$tmp/inj-1.out" | head -3
-else
-  tail -20 "$tmp/inj-1.out"
-  fail "the injected 1-rank run failed"
-fi
+  else
+    tail -20 "$tmp/inj-1.out"
+    fail "the injected 1-rank run failed ($table)"
+  fi
+done
 
 # Four ranks, twice: the same simulated times, bit for bit.
 for k in a b; do
