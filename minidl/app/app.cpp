@@ -31,6 +31,7 @@
 #include "minidl/ir/printer.hpp"
 #include "minidl/ops/ops.hpp"
 #include "minidl/ops/precision.hpp"
+#include "minidl/ops/registry.hpp"
 #include "minidl/parallel/communicator.hpp"
 #include "minidl/parallel/layout.hpp"
 #include "minidl/parallel/preflight.hpp"
@@ -246,6 +247,24 @@ void print_kernel_times(parallel::Communicator& comm, std::vector<Trainer::Kerne
     fmt::print("(ranks ran different numbers of nodes: the times are rank 0's alone)\n");
 }
 
+/// --metrics' record of the --profile table (rank 0's): per node its op, category, whether it
+/// communicates (ir::CommRole: what --compute-table leaves running), calls, seconds and
+/// elements per call (what scripts/simulate-cluster makes a compute table of).
+nlohmann::json kernel_times_json(const std::vector<Trainer::KernelTime>& rows) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& r : rows) {
+    const ir::OpDef* def = ops::find_op(r.op);
+    out.push_back({{"node", r.node},
+                   {"op", r.op},
+                   {"category", r.category},
+                   {"communicates", def != nullptr && def->comm_role() != ir::CommRole::None},
+                   {"calls", r.calls},
+                   {"seconds", r.seconds},
+                   {"elements", r.elements}});
+  }
+  return out;
+}
+
 /// More OpenMP threads on this machine than cores, with threads that spin when idle (OpenMP's
 /// default), make every parallel region wait for preempted threads: say how to avoid it.
 void warn_if_spinning_oversubscribed(const std::string& program) {
@@ -396,6 +415,8 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
     });
     const auto& dims = data.train.images.shape().dims();
     sample = Shape(std::vector<std::int64_t>(dims.begin() + 1, dims.end()));
+    // After the data (which stays real), before the model's and the runs' buffers.
+    topt.compile.injected = simulated_compute(c);
     doing = "building the model";
     model = build(c, sample);
     model->reset(c.seed);
@@ -795,6 +816,7 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
   }
   if (c.profile) {
     print_kernel_times(comm, trainer.kernel_times(), talk);
+    metrics.add({{"kernel_times", kernel_times_json(trainer.kernel_times())}});
     if (talk) {
       // Whether preparing the batches was hidden behind the steps: the main thread's wait
       // against the time the preparation took.

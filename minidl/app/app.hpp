@@ -94,6 +94,9 @@ struct AppConfig {
   std::string init;
   std::string dump_graph;
   std::string trace;  // Chrome trace of every kernel call of the job (rank 0 writes it)
+  // A simulated run (SimGrid SMPI) only: per-node compute times (JSON, scripts/simulate-cluster
+  // writes it) spent instead of running the kernels (minidl/app/simulated.hpp).
+  std::string compute_table;
   bool no_shuffle = false;
   // --quiet: nothing on stdout but one final line (test loss and accuracy after the last
   // epoch); errors still go to stderr. No header, per-epoch lines, bar, notes or profile.

@@ -625,6 +625,13 @@ std::vector<Flag> make_table() {
        .field = &AppConfig::trace,
        .help = "write every kernel call of the training steps to FILE.json (Chrome trace: "
                "Perfetto, chrome://tracing), one track per rank and thread"},
+      {.name = "--compute-table",
+       .field = &AppConfig::compute_table,
+       .help = "a simulated run only (-DMINIDL_SIMGRID=ON): do not run the kernels, spend the "
+               "time FILE gives each node instead (per-node times of --profile runs, made by "
+               "scripts/simulate-cluster --compute profile); large buffers are shared by the "
+               "simulated ranks",
+       .metric = {"compute_table"}},
   };
 }
 

@@ -1,6 +1,7 @@
 #include "minidl/core/tensor.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -138,14 +139,29 @@ void check_fits_in_memory(std::size_t bytes, const std::string& what) {
               " of memory available (", b.source, ")");
 }
 
-Storage::Storage(std::size_t nbytes) : nbytes_(nbytes) {
+namespace {
+std::atomic<const StorageAllocator*> storage_allocator{nullptr};
+}  // namespace
+
+void set_storage_allocator(const StorageAllocator* a) { storage_allocator.store(a); }
+
+Storage::Storage(std::size_t nbytes)
+    : nbytes_(nbytes), allocator_(storage_allocator.load(std::memory_order_relaxed)) {
   std::size_t rounded =
       (std::max<std::size_t>(nbytes, 1) + kAlignment - 1) / kAlignment * kAlignment;
-  data_ = std::aligned_alloc(kAlignment, rounded);
+  data_ = allocator_ != nullptr ? allocator_->allocate(rounded)
+                                : std::aligned_alloc(kAlignment, rounded);
   MINIDL_CHECK(data_ != nullptr, "cannot allocate ", format_bytes(nbytes), ": out of memory");
 }
 
-Storage::~Storage() { std::free(data_); }
+Storage::~Storage() {
+  if (allocator_ != nullptr) {
+    allocator_->release(
+        data_, (std::max<std::size_t>(nbytes_, 1) + kAlignment - 1) / kAlignment * kAlignment);
+  } else {
+    std::free(data_);
+  }
+}
 
 Tensor Tensor::empty(Shape shape, DType dtype) {
   for (auto d : shape.dims()) MINIDL_CHECK(d >= 0, "negative dimension in shape ", shape);

@@ -47,6 +47,18 @@ void check_fits_in_memory(std::size_t bytes, const std::string& what);
 /// "3.1 GiB", "512.0 MiB", "12.0 KiB", "100 B".
 std::string format_bytes(std::size_t bytes);
 
+/// Where Storage takes its memory. By default std::aligned_alloc and std::free; a simulated run
+/// whose kernels do not run (its compute time injected from a table) installs one that maps
+/// large blocks of every simulated rank onto the same memory (minidl/app/simulated.cpp).
+struct StorageAllocator {
+  /// A block of at least bytes bytes, 64-byte aligned, or nullptr when out of memory.
+  void* (*allocate)(std::size_t bytes);
+  void (*release)(void* data, std::size_t bytes);
+};
+/// Storage made from now on uses a (nullptr: the default); each block is released by the
+/// allocator that made it.
+void set_storage_allocator(const StorageAllocator* a);
+
 /// An owned, 64-byte aligned block of bytes.
 class Storage {
  public:
@@ -60,6 +72,7 @@ class Storage {
  private:
   void* data_ = nullptr;
   std::size_t nbytes_ = 0;
+  const StorageAllocator* allocator_ = nullptr;  // nullptr: the default
 };
 
 class Tensor {

@@ -600,13 +600,18 @@ std::vector<Trainer::KernelTime> Trainer::kernel_times() const {
       t.node = k.node->name();
       t.op = k.node->op();
       t.kernel = k.kernel;
+      t.category = category(*k.node);
       t.calls += k.calls;
       t.seconds += k.seconds;
       t.flops += static_cast<double>(k.flops) * static_cast<double>(k.calls);
+      t.elements += static_cast<double>(k.elements) * static_cast<double>(k.calls);
     }
   }
   std::vector<KernelTime> rows;
-  for (auto& [name, t] : by_name) rows.push_back(std::move(t));
+  for (auto& [name, t] : by_name) {
+    if (t.calls > 0) t.elements /= static_cast<double>(t.calls);
+    rows.push_back(std::move(t));
+  }
   return rows;
 }
 

@@ -160,9 +160,11 @@ class Trainer {
   /// sorted by node name. Empty unless CompileOptions::profile.
   struct KernelTime {
     std::string node, op, kernel;
+    std::string category;  // compute, update, communication or wait
     std::int64_t calls = 0;
     double seconds = 0.0;
-    double flops = 0.0;  // over all calls (0: the op has no count)
+    double flops = 0.0;     // over all calls (0: the op has no count)
+    double elements = 0.0;  // per call (runtime::node_elements), the mean over the calls
   };
   std::vector<KernelTime> kernel_times() const;
   /// Every recorded kernel call of the training programs (CompileOptions::trace), with its

@@ -103,6 +103,13 @@ void check_numerics(const ir::Node& n, const std::vector<Tensor>& in,
 
 }  // namespace
 
+std::int64_t node_elements(const ir::Node& n) {
+  std::int64_t e = 0;
+  for (const ir::Value* v : n.inputs()) e += v->shape().numel();
+  for (const ir::Value* v : n.outputs()) e += v->shape().numel();
+  return e;
+}
+
 double trace_clock_us() {
   return std::chrono::duration<double, std::micro>(Clock::now().time_since_epoch()).count();
 }
@@ -329,7 +336,10 @@ void Executable::make_steps(const ir::Graph& g) {
     // (oneDNN plans a primitive's thread partition when it is created and would otherwise wait
     // for threads that the section does not have).
     ir::Kernel kernel;
-    if (n->replica() >= 0) {
+    double injected = -1.0;
+    if (options_.injected && n->def().comm_role() == ir::CommRole::None) {
+      injected = std::max(0.0, options_.injected->seconds(*n));  // not made: never run
+    } else if (n->replica() >= 0) {
       const int threads = omp_get_max_threads();
       omp_set_num_threads(1);
       try {
@@ -342,7 +352,7 @@ void Executable::make_steps(const ir::Graph& g) {
     } else {
       kernel = chosen->make(*n);
     }
-    Step s{n, std::move(kernel), {}, {}, {}, label};
+    Step s{n, std::move(kernel), {}, {}, {}, label, injected};
     for (const ir::Value* v : n->inputs()) s.in.push_back(view.at(v));
     for (const ir::Value* v : n->outputs()) s.out.push_back(view.at(v));
     steps_.push_back(std::move(s));
@@ -353,7 +363,8 @@ void Executable::make_steps(const ir::Graph& g) {
   if (options_.profile || options_.trace) {
     for (const Step& s : steps_) {
       const ir::FlopsFn flops = s.node->def().flops_fn();
-      profile_.push_back({s.node, s.kernel_name, 0, 0.0, flops ? flops(*s.node) : 0});
+      profile_.push_back(
+          {s.node, s.kernel_name, 0, 0.0, flops ? flops(*s.node) : 0, node_elements(*s.node)});
     }
   }
   if (options_.trace) {
@@ -393,14 +404,29 @@ void Executable::find_sections() {
   }
 }
 
+void Executable::run_step(std::size_t i) {
+  Step& s = steps_[i];
+  if (s.injected >= 0.0) {
+    options_.injected->spend(s.injected);
+    return;
+  }
+  s.kernel(s.args);
+}
+
+void Executable::check_step(std::size_t i) {
+  const Step& s = steps_[i];
+  if (s.injected >= 0.0) return;  // no kernel ran
+  if (options_.check_numerics) check_numerics(*s.node, s.in, s.out);
+  if (options_.count_denormals) count_step_subnormals(i);
+}
+
 void Executable::run_steps(std::size_t begin, std::size_t end, int replica) {
   const bool timed = options_.profile || options_.trace;
   for (std::size_t i = begin; i < end; ++i) {
     if (replica >= 0 && step_replica_[i] != replica) continue;
     if (!timed) {
-      steps_[i].kernel(steps_[i].args);
-      if (options_.check_numerics) check_numerics(*steps_[i].node, steps_[i].in, steps_[i].out);
-      if (options_.count_denormals) count_step_subnormals(i);
+      run_step(i);
+      check_step(i);
       continue;
     }
     // A kernel that waits for another process notes how long (core/idle.hpp): measured only
@@ -408,13 +434,12 @@ void Executable::run_steps(std::size_t begin, std::size_t end, int replica) {
     set_idle_wanted(true);
     take_idle();
     const double t0 = trace_clock_us();
-    steps_[i].kernel(steps_[i].args);
+    run_step(i);
     const double t1 = trace_clock_us();
     set_idle_wanted(false);
     // The wait happened at the start of the call, and within it.
     const double idle_us = std::clamp(take_idle() * 1e6, 0.0, t1 - t0);
-    if (options_.check_numerics) check_numerics(*steps_[i].node, steps_[i].in, steps_[i].out);
-    if (options_.count_denormals) count_step_subnormals(i);
+    check_step(i);
     profile_[i].calls++;
     profile_[i].seconds += (t1 - t0) * 1e-6;
     profile_[i].idle_seconds += idle_us * 1e-6;

@@ -11,6 +11,7 @@
 // compile time), and no buffer is shared between values of a section.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -19,6 +20,22 @@
 #include "minidl/ir/graph.hpp"
 
 namespace minidl::runtime {
+
+/// Compute time injected instead of computed: where only the time of a run matters (a simulated
+/// cluster whose per-node compute time comes from a profile of a real run), the kernels do not
+/// run; each call spends the time the table gives for its node. Nodes that communicate
+/// (ir::CommRole other than None) still run.
+struct InjectedCompute {
+  /// Seconds one call of n's kernel takes (0 for a node the table does not know).
+  std::function<double(const ir::Node& n)> seconds;
+  /// Passes that much time (a simulated build: the simulator's clock advances).
+  std::function<void(double seconds)> spend;
+};
+
+/// The elements a call of n's kernel reads and writes: the sum of its inputs' and outputs'
+/// element counts. Affine in the batch for every node, so a time measured at a few batch sizes
+/// can be interpolated in it (the key of a compute table, see InjectedCompute).
+std::int64_t node_elements(const ir::Node& n);
 
 struct CompileOptions {
   /// Preferred backend; others are the fallback when it declines a node. A node annotation
@@ -45,6 +62,8 @@ struct CompileOptions {
   /// Executable::subnormal_report() tabulates them; MINIDL_VERBOSE=denormals turns this on and
   /// prints the table when the executable is destroyed. Costs a pass over every output.
   bool count_denormals = false;
+  /// Set: kernels are not made nor run, their time is spent instead (see InjectedCompute).
+  std::shared_ptr<const InjectedCompute> injected;
 };
 
 /// Subnormal numbers in one output of one node, over the runs of an executable.
@@ -69,7 +88,8 @@ struct KernelProfile {
   std::string kernel;
   std::int64_t calls = 0;
   double seconds = 0.0;
-  std::int64_t flops = 0;  // per call, from the op's count (0: the op has none)
+  std::int64_t flops = 0;     // per call, from the op's count (0: the op has none)
+  std::int64_t elements = 0;  // per call: node_elements
   /// The part of `seconds` the kernel spent waiting for another process with nothing to do
   /// (a receive whose message had not arrived: the pipeline's bubble), as it noted it
   /// (core/idle.hpp).
@@ -131,6 +151,7 @@ class Executable {
     std::vector<Tensor> in, out;
     ir::KernelArgs args;
     std::string kernel_name;
+    double injected = -1.0;  // >= 0: seconds spent instead of running the kernel
   };
   // Steps [begin, end) form a parallel section of `replicas` threads.
   struct Section {
@@ -145,6 +166,10 @@ class Executable {
   void make_steps(const ir::Graph& g);
   void plan_memory(const ir::Graph& g);
   void find_sections();
+  /// Runs step i's kernel, or spends its injected time.
+  void run_step(std::size_t i);
+  /// After step i's kernel: the numerics check and the subnormal count, where asked.
+  void check_step(std::size_t i);
   void run_steps(std::size_t begin, std::size_t end, int replica);
   void run_section(const Section& s);
   void count_step_subnormals(std::size_t step);

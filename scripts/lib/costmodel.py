@@ -17,9 +17,15 @@ The calibration (scripts/calibrate-cost-model writes it; JSON):
 be set beside the simulator on the same cluster. Costs:
 
 - compute of a step on a rank: step_seconds + sample_seconds * (its samples) / (T * E(T));
-- an allreduce of n bytes over P ranks with latency a and inverse bandwidth b: the cheaper of
-  recursive doubling, ceil(log2 P) * (a + n b), and the ring, 2 (P - 1) (a + n b / P) (what
-  OpenMPI's default selection roughly does: doubling for small messages, the ring for large);
+- an allreduce of n bytes (f32) over P ranks with latency a and inverse bandwidth b: the
+  algorithm OpenMPI 4.1's fixed decision rule picks by P and n (coll_tuned_decision_fixed, which
+  SimGrid 3.32's "ompi" selector copies, so the simulator runs the same; ALLREDUCE_RULE):
+  recursive doubling, L (a + n b) with L = ceil(log2 P); the ring (reduce-scatter then
+  allgather), 2 (P - 1) (a + (n / P) b); the segmented ring, whose reduce-scatter runs once per
+  1 MiB segment of a rank's block, (P - 1) ((k + 1) a + 2 (n / P) b) for k segments; a reduce
+  and a broadcast, 2 L (a + n b); Rabenseifner's (reduce-scatter by recursive halving,
+  allgather by recursive doubling), 2 L a + 2 ((P - 1) / P) n b. From 16 KiB (fewer bytes on
+  small jobs) it is Rabenseifner's, whose latency grows with log2 P;
 - buckets: the gradients packed in backward order into buckets of at most bucket_bytes (a larger
   gradient alone; 0: one per gradient), one allreduce each;
 - "allreduce": one allreduce over all ranks, at the network's cost when the job spans several
@@ -29,6 +35,11 @@ be set beside the simulator on the same cluster. Costs:
   node leaders over the network.
 
 Nothing overlaps (the default, --overlap off): a step is compute + communication.
+
+A compute table (scripts/simulate-cluster --compute profile writes it: the per-node times the
+simulator injects, and their sum per step at each measured batch per rank) can replace the
+calibration's compute: compute_from_table() / CostModel.compute_table; then the model and the
+simulator use the same compute figures and differ only in communication.
 """
 import json
 import math
@@ -42,13 +53,62 @@ class CalibrationError(Exception):
     """A calibration file that cannot be used; the message names the file and the key."""
 
 
+SEGMENT = 1 << 20  # bytes: OpenMPI's segment of the segmented ring
+ELEMENT = 4  # bytes of an f32, the only type the gradients are reduced in
+
+# OpenMPI 4.1's allreduce rule for commutative operations, as SimGrid 3.32 copies it: per
+# communicator size (below the first bound of a row), the algorithm below each message size
+# (bytes), the last one above. Algorithms: "rdb" recursive doubling, "ring", "segring" the
+# segmented ring, "redbcast" a reduce and a broadcast, "rab" Rabenseifner's.
+ALLREDUCE_RULE = [
+    (4, [(8, "ring"), (4096, "rdb"), (8192, "ring"), (16384, "rdb"), (65536, "ring"),
+         (262144, "segring")], "rab"),
+    (8, [(16, "ring"), (8192, "rdb")], "rab"),
+    (16, [(8192, "rdb")], "rab"),
+    (32, [(64, "segring"), (4096, "rdb")], "rab"),
+    (64, [(128, "segring")], "rab"),
+    (128, [(262144, "rdb")], "rab"),
+    (256, [(131072, "redbcast"), (262144, "rdb")], "rab"),
+    (512, [(4096, "redbcast")], "rab"),
+    (2048, [(2048, "redbcast"), (16384, "rdb")], "rab"),
+    (4096, [(2048, "redbcast"), (4096, "segring"), (16384, "rdb")], "rab"),
+    (None, [(2048, "redbcast"), (16384, "segring"), (32768, "rdb")], "rab"),
+]
+
+
+def allreduce_algorithm(nbytes, ranks):
+    """The algorithm OpenMPI 4.1's fixed rule (SMPI's "ompi" selector) picks."""
+    for below, sizes, above in ALLREDUCE_RULE:
+        if below is None or ranks < below:
+            for limit, name in sizes:
+                if nbytes < limit:
+                    return name
+            return above
+    raise AssertionError("the rule's last row takes every size")
+
+
 def allreduce_seconds(nbytes, ranks, alpha, beta):
-    """Time of one allreduce of nbytes over ranks ranks (0 for one rank or no bytes)."""
+    """Time of one allreduce of nbytes (f32) over ranks ranks, by the algorithm OpenMPI's fixed
+    rule picks (see the module's docstring); 0 for one rank or no bytes."""
     if ranks <= 1 or nbytes <= 0:
         return 0.0
-    doubling = math.ceil(math.log2(ranks)) * (alpha + nbytes * beta)
-    ring = 2.0 * (ranks - 1) * (alpha + nbytes * beta / ranks)
-    return min(doubling, ring)
+    steps = math.ceil(math.log2(ranks))
+    algorithm = allreduce_algorithm(nbytes, ranks)
+    count = nbytes // ELEMENT
+    if algorithm == "ring" and count >= ranks:
+        block = (count // ranks) * ELEMENT
+        remainder = (count % ranks) * ELEMENT
+        return (2.0 * (ranks - 1) * (alpha + block * beta) +
+                allreduce_seconds(remainder, ranks, alpha, beta))
+    if algorithm == "segring" and count >= ranks:
+        block = nbytes / ranks
+        segments = max(1, math.ceil(block / SEGMENT))
+        return (ranks - 1) * ((segments + 1) * alpha + 2.0 * block * beta)
+    if algorithm == "rab" and count >= ranks:
+        return 2.0 * steps * alpha + 2.0 * (ranks - 1) / ranks * nbytes * beta
+    if algorithm == "redbcast":
+        return 2.0 * steps * (alpha + nbytes * beta)
+    return steps * (alpha + nbytes * beta)  # recursive doubling (and what falls back to it)
 
 
 def buckets(gradient_bytes, bucket_bytes):
@@ -176,6 +236,8 @@ class CostModel:
                 total += allreduce_seconds(n, layout.nodes, net_a, net_b)
         return total
 
+    compute_table = None  # a compute table (compute_from_table) replacing the calibration's
+
     def predict(self, name, layout, global_batch=None):
         """The epoch of model name on layout, at global_batch samples per step (default: the
         calibrated batch size)."""
@@ -186,8 +248,11 @@ class CostModel:
                              f"ranks a sample")
         steps = max(1, int(m["train_samples"]) // batch)
         per_rank = math.ceil(batch / layout.ranks)  # the slowest rank's share
-        compute = float(m["step_seconds"]) + float(m["sample_seconds"]) * per_rank / \
-            self.thread_factor(m, layout.threads)
+        if self.compute_table is not None:
+            compute = compute_from_table(self.compute_table, per_rank, layout.ranks)
+        else:
+            compute = float(m["step_seconds"]) + float(m["sample_seconds"]) * per_rank / \
+                self.thread_factor(m, layout.threads)
         return Prediction(layout, steps, compute, self.communication(m, layout))
 
     def best(self, name, nodes, cores_per_node, global_batch=None):
@@ -209,6 +274,55 @@ class CostModel:
             raise ValueError(f"no layout of {nodes} node(s) x {cores_per_node} core(s) gives "
                              f"every rank a sample of a global batch of {global_batch}")
         return min(options, key=lambda p: p.epoch_seconds), options
+
+
+def compute_from_table(table, per_rank, ranks=2):
+    """Seconds of compute per step at per_rank samples per rank from a compute table's
+    step_compute_seconds ({batch per rank: seconds}; for one rank its
+    step_compute_seconds_one_rank when it has any, the graph of one rank being another):
+    linear between the measured batches, along the nearest two beyond them, never below 0."""
+    key = "step_compute_seconds"
+    if ranks == 1 and table.get("step_compute_seconds_one_rank"):
+        key = "step_compute_seconds_one_rank"
+    pts = sorted((int(b), float(t)) for b, t in table[key].items())
+    if len(pts) == 1:
+        return pts[0][1]
+    hi = 1
+    while hi + 1 < len(pts) and pts[hi][0] < per_rank:
+        hi += 1
+    (b0, t0), (b1, t1) = pts[hi - 1], pts[hi]
+    return max(0.0, t0 + (per_rank - b0) * (t1 - t0) / (b1 - b0))
+
+
+def gradient_bytes(path):
+    """Bytes of each f32 parameter of a safetensors file, in the order the backward makes the
+    gradients (the reverse of the parameters' order in the file)."""
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+    params = [(v["data_offsets"][0], v["data_offsets"][1] - v["data_offsets"][0])
+              for k, v in header.items() if k != "__metadata__"]
+    return [size for _, size in sorted(params, reverse=True)]
+
+
+# SimGrid's default loopback (network/loopback-lat, network/loopback-bw): what ranks on one
+# simulated host pay, for a model made from a compute table and a platform alone.
+SIMGRID_LOOPBACK = (15e-6, 1.0 / 498e6)
+
+
+def from_table(model, table, platform, train_samples):
+    """A cost model of model from a compute table (its compute and gradient sizes) and a
+    platform file (the network), with SimGrid's loopback for ranks of one node."""
+    alpha, beta = platform_network(platform)
+    cal = {"network": {"alpha": alpha, "beta": beta},
+           "shm": {"alpha": SIMGRID_LOOPBACK[0], "beta": SIMGRID_LOOPBACK[1]},
+           "models": {model: {"sample_seconds": 0.0, "step_seconds": 0.0,
+                              "gradient_bytes": table["gradient_bytes"],
+                              "train_samples": train_samples,
+                              "batch_size": int(table.get("batch_size", 64))}}}
+    m = CostModel(cal, source=f"the compute table of {model} and {platform}")
+    m.compute_table = table
+    return m
 
 
 def load(path):

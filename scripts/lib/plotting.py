@@ -69,12 +69,13 @@ def read_metrics(path):
             epochs.append(record)
         elif isinstance(record.get("config"), dict):
             config = record["config"]
-        elif "peak_rss_bytes" in record:
-            pass  # the ranks' peak memory after the last epoch: nothing to draw
+        elif "peak_rss_bytes" in record or "kernel_times" in record:
+            pass  # after the last epoch: the ranks' peak memory, the profile: nothing to draw
         else:
             raise MetricsError(f"{path}:{number}: a record needs \"epoch\" (or, as the first "
                                f"record, \"config\", or, after the last epoch, "
-                               f"\"peak_rss_bytes\"); got the keys {sorted(record)}")
+                               f"\"peak_rss_bytes\" or \"kernel_times\"); got the keys "
+                               f"{sorted(record)}")
     if not epochs:
         raise MetricsError(f"{path}: no epoch records (lines with \"epoch\")")
     return Run(path, config, epochs)

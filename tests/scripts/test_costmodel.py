@@ -34,15 +34,61 @@ class Formulas(unittest.TestCase):
         self.assertEqual(costmodel.allreduce_seconds(0, 8, 1.0, 1.0), 0.0)
 
     def test_small_message_takes_recursive_doubling(self):
-        # 8 ranks, 8 bytes: doubling 3 (a + 8b); ring 14 (a + b)
+        # 8 ranks, under 8192 bytes: doubling, 3 (a + n b)
         a, b = 10e-6, 1e-9
-        self.assertAlmostEqual(costmodel.allreduce_seconds(8, 8, a, b), 3 * (a + 8 * b))
+        self.assertAlmostEqual(costmodel.allreduce_seconds(8, 16, a, b), 4 * (a + 8 * b))
+        self.assertAlmostEqual(costmodel.allreduce_seconds(8000, 8, a, b), 3 * (a + 8000 * b))
 
-    def test_large_message_takes_the_ring(self):
-        a, b, n = 10e-6, 1e-9, 64 * MB
-        ring = 2 * 7 * (a + n * b / 8)
-        self.assertAlmostEqual(costmodel.allreduce_seconds(n, 8, a, b), ring)
-        self.assertLess(ring, 3 * (a + n * b))
+    def test_openmpi_rule(self):
+        # OpenMPI 4.1's table by communicator and message size (SMPI 3.32's ompi selector)
+        pick = costmodel.allreduce_algorithm
+        self.assertEqual(pick(4, 2), "ring")
+        self.assertEqual(pick(100, 2), "rdb")
+        self.assertEqual(pick(10000, 2), "rdb")
+        self.assertEqual(pick(20000, 2), "ring")
+        self.assertEqual(pick(100000, 2), "segring")
+        self.assertEqual(pick(300000, 2), "rab")
+        self.assertEqual(pick(8192, 8), "rab")
+        self.assertEqual(pick(100000, 200), "redbcast")
+        self.assertEqual(pick(200000, 200), "rdb")
+        self.assertEqual(pick(8192, 1024), "rdb")
+        self.assertEqual(pick(256 * 1024, 1024), "rab")
+        self.assertEqual(pick(8192, 8192), "segring")
+
+    def test_rabenseifner(self):
+        # 1024 ranks, 256 KiB, 100 us: 2 log2 P latencies, 2 (P - 1) / P of the bytes
+        a, b, n = 100e-6, 0.8e-9, 256 * 1024
+        self.assertAlmostEqual(costmodel.allreduce_seconds(n, 1024, a, b),
+                               20 * a + 2 * 1023 / 1024 * n * b)
+
+    def test_ring_and_its_remainder(self):
+        # 2 ranks, 8000 bytes (the ring from 4096 to 8192): blocks of 1000 elements
+        a, b = 10e-6, 1e-9
+        self.assertAlmostEqual(costmodel.allreduce_seconds(8000, 2, a, b), 2 * (a + 4000 * b))
+        # 2001 elements: blocks of 1000, one element (4 bytes) left: doubling
+        self.assertAlmostEqual(costmodel.allreduce_seconds(8004, 2, a, b),
+                               2 * (a + 4000 * b) + (a + 4 * b))
+
+    def test_segmented_ring(self):
+        # 2 ranks, 128 KiB: blocks of 64 KiB, one segment
+        a, b, n = 10e-6, 1e-9, 128 * 1024
+        self.assertAlmostEqual(costmodel.allreduce_seconds(n, 2, a, b),
+                               1 * (2 * a + 2 * 64 * 1024 * b))
+
+    def test_reduce_and_broadcast(self):
+        a, b = 10e-6, 1e-9
+        self.assertAlmostEqual(costmodel.allreduce_seconds(100000, 200, a, b),
+                               2 * 8 * (a + 100000 * b))
+
+    def test_compute_from_a_table(self):
+        table = {"step_compute_seconds": {"1": 1e-3, "4": 2.5e-3, "16": 8.5e-3}}
+        self.assertAlmostEqual(costmodel.compute_from_table(table, 4), 2.5e-3)
+        self.assertAlmostEqual(costmodel.compute_from_table(table, 10), 5.5e-3)
+        self.assertAlmostEqual(costmodel.compute_from_table(table, 32), 16.5e-3)
+        m = costmodel.CostModel(calibration())
+        m.compute_table = table
+        p = m.predict("m", costmodel.Layout(16, 1, 1), 64)
+        self.assertAlmostEqual(p.compute_seconds, 2.5e-3)
 
     def test_non_power_of_two_rounds_up(self):
         self.assertAlmostEqual(costmodel.allreduce_seconds(4, 3, 1.0, 0.0), 2.0)
