@@ -309,11 +309,13 @@ CompiledStep compile_step(Model& model, const Loss& loss, optim::Optimizer* opti
         const auto stage_of = assign_stages(g, forwards, stages, o.pipeline.boundaries, &summary,
                                             measured ? &*measured : nullptr, o.pipeline.balance);
         if (s.programs_.size() == 1) log_verbose("pipeline", "{}", summary);
-        // Once per cut (every batch size cuts alike).
+        // Once per cut: every batch size cuts alike (the shorter last batch's FLOPs differ,
+        // not its cut).
         static std::string printed;
-        if (o.pipeline.comm->rank() == 0 && spec.as_rank < 0 && summary != printed) {
+        const std::string cut_names = summary.substr(0, summary.find(';'));
+        if (o.pipeline.comm->rank() == 0 && spec.as_rank < 0 && cut_names != printed) {
           fmt::print("{}\n", summary);
-          printed = summary;
+          printed = cut_names;
         }
         const int group = parallel::register_group(o.pipeline.comm);
         // The same replica of the neighbouring stages.
