@@ -7,22 +7,8 @@
 # the flag. Builds the simulated MLP first (incrementally) in SIM_BUILD_DIR.
 # Usage: simgrid_deterministic.sh path/to/mnist_mlp SOURCE_DIR SIM_BUILD_DIR [CCACHE]
 set -u
-mlp=$1 src=$2 sim=$3 launcher=${4:-}
-# shellcheck source=../examples/common.sh
-source "$(dirname "${BASH_SOURCE[0]}")/../examples/common.sh"
-
-if [ ! -f "$sim/CMakeCache.txt" ]; then
-  cmake -S "$src" -B "$sim" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMINIDL_SIMGRID=ON \
-    ${launcher:+-DCMAKE_CXX_COMPILER_LAUNCHER="$launcher"} >"$tmp/configure.out" 2>&1 ||
-    { cat "$tmp/configure.out"; exit 1; }
-fi
-if ! nice cmake --build "$sim" --target mnist_mlp >"$tmp/build.out" 2>&1; then
-  tail -30 "$tmp/build.out"
-  echo "FAIL building the simulated MLP in $sim"
-  exit 1
-fi
-simmlp=$sim/examples/mnist_mlp
-platform=$src/scripts/platforms/ethernet-10g-star.xml
+# shellcheck source=simgrid_common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/simgrid_common.sh"
 
 synthetic_idx "$tmp/data" 384 64 # 3 steps of 128: 16 micro-shards of 8, one per rank
 flags=(--data "$tmp/data" --deterministic --batch-size 128 --micro-batch 8 --epochs 1 --threads 1
