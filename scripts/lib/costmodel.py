@@ -14,7 +14,7 @@ The calibration (scripts/calibrate-cost-model writes it; JSON):
          "train_samples": N, "batch_size": B,
          # optional, measured on this machine by a 2-rank run (absent: 0, 1, 1):
          "multi_rank_step_seconds": S,  # per step, what a multi-rank graph adds
-         "collective_factor": F,        # the app's collectives over the alpha-beta formulas
+         "collective_overhead_seconds": S,  # per bucket, the app's collective over the formula
          "oversubscription_slowdown": X}},  # a step's slowdown per doubling of threads/core
      "cores": C}                      # cores of the calibrated machine (for oversubscription)
 
@@ -48,13 +48,14 @@ each from one run; a calibration without them gets the neutral value):
   compute at half the batch is then well above half the one-rank step. Fitted from a profiled
   2-rank run (compute per step minus the one-rank formula at its per-rank batch) and added to
   every layout of more than one rank;
-- the app's collectives (collective_factor): with several ranks the app runs each reduction in
-  its non-blocking form (MPI_Iallreduce awaited with MPI_Test, "watched"), and a rank's
-  communication timer also holds its wait for the slower rank, which the blocking allreduce
-  bench/mpi_costs times does not. Fitted as the profiled 2-rank run's communication and waiting
-  per step over the formulas' communication for that layout (per model: about 4 for the MLP,
-  9 for the CIFAR CNN on the quiet calibration), and multiplies every layout's communication,
-  node level and network alike (the network's was not measured so: an extrapolation);
+- the app's collectives (collective_overhead_seconds): with several ranks the app runs each
+  bucket's reduction in its non-blocking form (MPI_Iallreduce awaited with MPI_Test,
+  "watched"), and a rank's communication timer also holds its wait for the slower rank; the
+  blocking allreduce bench/mpi_costs times has neither. Fitted from the same profiled 2-rank
+  run: its communication and waiting per step minus the formulas' for that layout, split
+  evenly over its buckets; added to each bucket's reduction of every layout of several ranks
+  (a per-call cost, so smaller buckets pay it more often). It was measured through shared
+  memory on 2 ranks: on a network and at other rank counts it is an extrapolation;
 - oversubscription (oversubscription_slowdown): when ranks x threads on a node exceed its cores
   (cal "cores", or best()'s cores_per_node), each rank computes on cores / ranks cores (its
   threads time-slice them), and a step is slowed further by time-slicing between the ranks and
@@ -235,7 +236,8 @@ class CostModel:
         m = models[name]
         for key in ("sample_seconds", "step_seconds", "gradient_bytes", "train_samples"):
             self._need(m, key, f"models.{name}.")
-        for key in ("multi_rank_step_seconds", "collective_factor", "oversubscription_slowdown"):
+        for key in ("multi_rank_step_seconds", "collective_overhead_seconds",
+                    "oversubscription_slowdown"):
             v = m.get(key, 1.0)
             if not isinstance(v, (int, float)) or v < 0 or \
                     (key == "oversubscription_slowdown" and v <= 0):
@@ -259,7 +261,9 @@ class CostModel:
     def communication(self, m, layout):
         """Seconds per step spent reducing the gradients."""
         sizes = buckets(m["gradient_bytes"], int(layout.bucket_mb * 1024 * 1024))
-        total = 0.0
+        if layout.ranks <= 1:
+            return 0.0
+        total = float(m.get("collective_overhead_seconds", 0.0)) * len(sizes)
         net_a, net_b = self.network
         shm_a, shm_b = self.shm
         for n in sizes:
@@ -270,7 +274,7 @@ class CostModel:
                 if layout.ranks_per_node > 1:
                     total += 2.0 * (shm_a + n * shm_b)
                 total += allreduce_seconds(n, layout.nodes, net_a, net_b)
-        return total * float(m.get("collective_factor", 1.0))
+        return total
 
     compute_table = None  # a compute table (compute_from_table) replacing the calibration's
 

@@ -174,13 +174,18 @@ class MeasuredTerms(unittest.TestCase):
         model.compute_table = {"step_compute_seconds": {"16": 1.0, "32": 2.0}}
         self.assertAlmostEqual(model.predict("m", costmodel.Layout(1, 2, 1)).compute_seconds, 2.0)
 
-    def test_collective_factor_scales_communication(self):
-        lay = costmodel.Layout(2, 1, 1, "allreduce", 0.0)
-        plain = costmodel.CostModel(calibration()).predict("m", lay)
-        watched = self.cal(collective_factor=2.5).predict("m", lay)
-        self.assertGreater(plain.comm_seconds, 0.0)
-        self.assertAlmostEqual(watched.comm_seconds, 2.5 * plain.comm_seconds)
-        self.assertAlmostEqual(watched.compute_seconds, plain.compute_seconds)
+    def test_collective_overhead_is_paid_per_bucket(self):
+        plain = costmodel.CostModel(calibration())
+        watched = self.cal(collective_overhead_seconds=1e-3)
+        for bucket_mb, count in ((0.0, 3), (1.0, 3), (64.0, 1)):  # gradients of 4, 1, 1 MiB
+            lay = costmodel.Layout(2, 1, 1, "allreduce", bucket_mb)
+            p, w = plain.predict("m", lay), watched.predict("m", lay)
+            self.assertAlmostEqual(w.comm_seconds, p.comm_seconds + count * 1e-3)
+            self.assertAlmostEqual(w.compute_seconds, p.compute_seconds)
+        lay = costmodel.Layout(4, 2, 1, "hierarchical", 64.0)
+        self.assertAlmostEqual(watched.predict("m", lay).comm_seconds,
+                               plain.predict("m", lay).comm_seconds + 1e-3)
+        self.assertEqual(watched.predict("m", costmodel.Layout(1, 1, 2)).comm_seconds, 0.0)
 
     def test_oversubscription(self):
         model = self.cal(oversubscription_slowdown=1.5)
@@ -207,7 +212,7 @@ class MeasuredTerms(unittest.TestCase):
         self.assertTrue(all(o.slowdown == 1.0 for o in options))
 
     def test_bad_terms_are_named(self):
-        for key, value in (("collective_factor", -1), ("oversubscription_slowdown", 0),
+        for key, value in (("collective_overhead_seconds", -1), ("oversubscription_slowdown", 0),
                            ("multi_rank_step_seconds", "x")):
             with self.assertRaisesRegex(costmodel.CalibrationError, f"'models.m.{key}' must be"):
                 self.cal(**{key: value}).model("m")
@@ -244,7 +249,10 @@ class Calibration(unittest.TestCase):
             cal_script.measure_multi_rank("m", cal, "/nonexistent")
         self.assertEqual(runs, [(1, 2, 64), (2, 2, 64)])
         self.assertAlmostEqual(m["multi_rank_step_seconds"], 10e-3)
-        self.assertAlmostEqual(m["collective_factor"], 3.0)
+        # twice the formula's communication beyond it, over 3 buckets (each gradient alone)
+        count = len(costmodel.buckets(m["gradient_bytes"], cal_script.DEFAULT_BUCKET_MB * MB))
+        self.assertEqual(count, 3)
+        self.assertAlmostEqual(m["collective_overhead_seconds"], 2 * plain.comm_seconds / count)
         self.assertAlmostEqual(m["oversubscription_slowdown"], 1.7)
         model = costmodel.CostModel(cal)
         for threads, factor in ((1, 1.0), (2, 1.7)):
