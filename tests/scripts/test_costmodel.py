@@ -1,7 +1,9 @@
 #!/usr/bin/python3
 """Unit tests of the cost model (scripts/lib/costmodel.py) and of the scripts that use it:
 the alpha-beta formulas against hand-computed values, bucketing, the layout it picks on a
-calibration made up so that the answer is known, platform files, and bad calibrations."""
+calibration made up so that the answer is known, the measured terms (multi-rank compute, the
+program's collectives, oversubscription) and calibrate-cost-model's fits of them on made-up
+runs, platform files, and bad calibrations."""
 import importlib.machinery
 import importlib.util
 import json
