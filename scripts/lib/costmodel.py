@@ -203,7 +203,9 @@ class Prediction:
 
     @property
     def comm_share(self):
-        return self.comm_seconds / self.step_seconds if self.step_seconds > 0 else 0.0
+        """Communication's share of a step (the oversubscription's slowdown scales both parts)."""
+        total = self.compute_seconds + self.comm_seconds
+        return self.comm_seconds / total if total > 0 else 0.0
 
 
 class CostModel:
