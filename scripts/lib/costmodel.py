@@ -11,7 +11,12 @@ The calibration (scripts/calibrate-cost-model writes it; JSON):
          "step_seconds": S,        # per step whatever the batch: update, launch overheads
          "thread_efficiency": {"2": E, ...},  # speedup of T threads over one, divided by T
          "gradient_bytes": [B, ...],          # the gradients, in the order the backward makes them
-         "train_samples": N, "batch_size": B}}}
+         "train_samples": N, "batch_size": B,
+         # optional, measured on this machine by a 2-rank run (absent: 0, 1, 1):
+         "multi_rank_step_seconds": S,  # per step, what a multi-rank graph adds
+         "collective_overhead_seconds": S,  # per bucket, the app's collective over the formula
+         "oversubscription_slowdown": X}},  # a step's slowdown per doubling of threads/core
+     "cores": C}                      # cores of the calibrated machine (for oversubscription)
 
 "network" may instead come from a SimGrid platform file (platform_network()), so the model can
 be set beside the simulator on the same cluster. Costs:
@@ -33,6 +38,30 @@ be set beside the simulator on the same cluster. Costs:
 - "hierarchical": inside each node a reduce and a broadcast through shared memory
   (2 * (a_shm + n b_shm) per bucket with several ranks on the node), and an allreduce among the
   node leaders over the network.
+
+Three measured terms correct the formulas on a real machine (scripts/calibrate-cost-model fits
+each from one run; a calibration without them gets the neutral value):
+
+- multi-rank compute (multi_rank_step_seconds): with one rank the graph fuses each SGD update
+  into its weight-gradient product; with several, the reduction sits between them, so each
+  parameter gets its own update kernel, plus the buckets' pack and unpack kernels. Per-rank
+  compute at half the batch is then well above half the one-rank step. Fitted from a profiled
+  2-rank run (compute per step minus the one-rank formula at its per-rank batch) and added to
+  every layout of more than one rank;
+- the app's collectives (collective_overhead_seconds): with several ranks the app runs each
+  bucket's reduction in its non-blocking form (MPI_Iallreduce awaited with MPI_Test,
+  "watched"), and a rank's communication timer also holds its wait for the slower rank; the
+  blocking allreduce bench/mpi_costs times has neither. Fitted from the same profiled 2-rank
+  run: its communication and waiting per step minus the formulas' for that layout, split
+  evenly over its buckets; added to each bucket's reduction of every layout of several ranks
+  (a per-call cost, so smaller buckets pay it more often). It was measured through shared
+  memory on 2 ranks: on a network and at other rank counts it is an extrapolation;
+- oversubscription (oversubscription_slowdown): when ranks x threads on a node exceed its cores
+  (cal "cores", or best()'s cores_per_node), each rank computes on cores / ranks cores (its
+  threads time-slice them), and a step is slowed further by time-slicing between the ranks and
+  by OpenMP barriers whose threads were preempted: the step (compute and communication) is
+  multiplied by X ** log2(ranks x threads / cores). X is fitted from one oversubscribed run
+  (2 ranks x 2 threads on 2 cores): its step time over the model's step without the term.
 
 Nothing overlaps (the default, --overlap off): a step is compute + communication.
 
@@ -157,15 +186,16 @@ class Layout:
 
 
 class Prediction:
-    def __init__(self, layout, steps, compute, communication):
+    def __init__(self, layout, steps, compute, communication, slowdown=1.0):
         self.layout = layout
         self.steps = steps
         self.compute_seconds = compute  # per step
         self.comm_seconds = communication  # per step
+        self.slowdown = slowdown  # of the whole step, by oversubscription
 
     @property
     def step_seconds(self):
-        return self.compute_seconds + self.comm_seconds
+        return (self.compute_seconds + self.comm_seconds) * self.slowdown
 
     @property
     def epoch_seconds(self):
@@ -173,7 +203,9 @@ class Prediction:
 
     @property
     def comm_share(self):
-        return self.comm_seconds / self.step_seconds if self.step_seconds > 0 else 0.0
+        """Communication's share of a step (the oversubscription's slowdown scales both parts)."""
+        total = self.compute_seconds + self.comm_seconds
+        return self.comm_seconds / total if total > 0 else 0.0
 
 
 class CostModel:
@@ -206,6 +238,14 @@ class CostModel:
         m = models[name]
         for key in ("sample_seconds", "step_seconds", "gradient_bytes", "train_samples"):
             self._need(m, key, f"models.{name}.")
+        for key in ("multi_rank_step_seconds", "collective_overhead_seconds",
+                    "oversubscription_slowdown"):
+            v = m.get(key, 1.0)
+            if not isinstance(v, (int, float)) or v < 0 or \
+                    (key == "oversubscription_slowdown" and v <= 0):
+                raise CalibrationError(f"{self.source}: 'models.{name}.{key}' must be a number "
+                                       f"{'> 0' if key == 'oversubscription_slowdown' else '>= 0'}"
+                                       f", got {v!r}")
         return m
 
     def thread_factor(self, m, threads):
@@ -223,7 +263,9 @@ class CostModel:
     def communication(self, m, layout):
         """Seconds per step spent reducing the gradients."""
         sizes = buckets(m["gradient_bytes"], int(layout.bucket_mb * 1024 * 1024))
-        total = 0.0
+        if layout.ranks <= 1:
+            return 0.0
+        total = float(m.get("collective_overhead_seconds", 0.0)) * len(sizes)
         net_a, net_b = self.network
         shm_a, shm_b = self.shm
         for n in sizes:
@@ -238,9 +280,10 @@ class CostModel:
 
     compute_table = None  # a compute table (compute_from_table) replacing the calibration's
 
-    def predict(self, name, layout, global_batch=None):
+    def predict(self, name, layout, global_batch=None, cores=None):
         """The epoch of model name on layout, at global_batch samples per step (default: the
-        calibrated batch size)."""
+        calibrated batch size), on nodes of cores cores (default: the calibration's "cores";
+        neither: no oversubscription)."""
         m = self.model(name)
         batch = global_batch or int(m.get("batch_size", 64))
         if batch < layout.ranks:
@@ -248,12 +291,20 @@ class CostModel:
                              f"ranks a sample")
         steps = max(1, int(m["train_samples"]) // batch)
         per_rank = math.ceil(batch / layout.ranks)  # the slowest rank's share
+        cores = cores or self.cal.get("cores")
+        threads, slowdown = layout.threads, 1.0
+        busy = layout.ranks_per_node * layout.threads
+        if cores and busy > cores:  # oversubscribed: see the module's docstring
+            threads = max(1, min(layout.threads, int(cores) // layout.ranks_per_node))
+            slowdown = float(m.get("oversubscription_slowdown", 1.0)) ** math.log2(busy / cores)
         if self.compute_table is not None:
             compute = compute_from_table(self.compute_table, per_rank, layout.ranks)
         else:
             compute = float(m["step_seconds"]) + float(m["sample_seconds"]) * per_rank / \
-                self.thread_factor(m, layout.threads)
-        return Prediction(layout, steps, compute, self.communication(m, layout))
+                self.thread_factor(m, threads)
+            if layout.ranks > 1:
+                compute += float(m.get("multi_rank_step_seconds", 0.0))
+        return Prediction(layout, steps, compute, self.communication(m, layout), slowdown)
 
     def best(self, name, nodes, cores_per_node, global_batch=None):
         """(best prediction, all predictions) over ranks per node x threads filling the cores,
@@ -269,7 +320,7 @@ class CostModel:
                     layout = Layout(nodes, rpn, cores_per_node // rpn, strategy, bucket)
                     if global_batch is not None and global_batch < layout.ranks:
                         continue
-                    options.append(self.predict(name, layout, global_batch))
+                    options.append(self.predict(name, layout, global_batch, cores_per_node))
         if not options:
             raise ValueError(f"no layout of {nodes} node(s) x {cores_per_node} core(s) gives "
                              f"every rank a sample of a global batch of {global_batch}")

@@ -1,7 +1,11 @@
 #!/usr/bin/python3
 """Unit tests of the cost model (scripts/lib/costmodel.py) and of the scripts that use it:
 the alpha-beta formulas against hand-computed values, bucketing, the layout it picks on a
-calibration made up so that the answer is known, platform files, and bad calibrations."""
+calibration made up so that the answer is known, the measured terms (multi-rank compute, the
+program's collectives, oversubscription) and calibrate-cost-model's fits of them on made-up
+runs, platform files, and bad calibrations."""
+import importlib.machinery
+import importlib.util
 import json
 import math
 import os
@@ -9,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import unittest
+import unittest.mock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "scripts", "lib"))
@@ -151,6 +156,115 @@ class Predictions(unittest.TestCase):
         cal["models"]["m"]["thread_efficiency"] = {"2": 1.0, "4": 1.0}
         best, _ = costmodel.CostModel(cal).best("m", 4, 4)
         self.assertEqual((best.layout.ranks_per_node, best.layout.threads), (1, 4))
+
+
+class MeasuredTerms(unittest.TestCase):
+    """The terms a real machine adds: multi-rank compute, the app's collectives, oversubscription."""
+
+    def cal(self, **terms):
+        cal = calibration()
+        cal["models"]["m"].update(terms)
+        return costmodel.CostModel(cal)
+
+    def test_multi_rank_compute_is_added_to_several_ranks_only(self):
+        model = self.cal(multi_rank_step_seconds=5e-3)
+        one = model.predict("m", costmodel.Layout(1, 1, 1))
+        self.assertAlmostEqual(one.compute_seconds, 2e-3 + 64e-3)
+        two = model.predict("m", costmodel.Layout(1, 2, 1))
+        self.assertAlmostEqual(two.compute_seconds, 2e-3 + 32e-3 + 5e-3)
+        # a compute table measured its multi-rank rows on a multi-rank run already
+        model.compute_table = {"step_compute_seconds": {"16": 1.0, "32": 2.0}}
+        self.assertAlmostEqual(model.predict("m", costmodel.Layout(1, 2, 1)).compute_seconds, 2.0)
+
+    def test_collective_overhead_is_paid_per_bucket(self):
+        plain = costmodel.CostModel(calibration())
+        watched = self.cal(collective_overhead_seconds=1e-3)
+        for bucket_mb, count in ((0.0, 3), (1.0, 3), (64.0, 1)):  # gradients of 4, 1, 1 MiB
+            lay = costmodel.Layout(2, 1, 1, "allreduce", bucket_mb)
+            p, w = plain.predict("m", lay), watched.predict("m", lay)
+            self.assertAlmostEqual(w.comm_seconds, p.comm_seconds + count * 1e-3)
+            self.assertAlmostEqual(w.compute_seconds, p.compute_seconds)
+        lay = costmodel.Layout(4, 2, 1, "hierarchical", 64.0)
+        self.assertAlmostEqual(watched.predict("m", lay).comm_seconds,
+                               plain.predict("m", lay).comm_seconds + 1e-3)
+        self.assertEqual(watched.predict("m", costmodel.Layout(1, 1, 2)).comm_seconds, 0.0)
+
+    def test_oversubscription(self):
+        model = self.cal(oversubscription_slowdown=1.5)
+        fits = model.predict("m", costmodel.Layout(1, 2, 1), cores=2)
+        self.assertEqual(fits.slowdown, 1.0)
+        # 2 ranks x 2 threads on 2 cores: one core per rank (one thread's compute), slowed 1.5x
+        over = model.predict("m", costmodel.Layout(1, 2, 2), cores=2)
+        self.assertAlmostEqual(over.compute_seconds, fits.compute_seconds)
+        self.assertAlmostEqual(over.step_seconds, 1.5 * fits.step_seconds)
+        # 2 x 4: two doublings past the cores
+        over4 = model.predict("m", costmodel.Layout(1, 2, 4), cores=2)
+        self.assertAlmostEqual(over4.step_seconds, 1.5 ** 2 * fits.step_seconds)
+        # 1 rank x 4 threads on 2 cores: two threads' compute, one doubling
+        one = model.predict("m", costmodel.Layout(1, 1, 4), cores=2)
+        self.assertAlmostEqual(one.step_seconds, 1.5 * (2e-3 + 64e-3 / (2 * 0.5)))
+        # the calibration's cores by default; no cores known: never oversubscribed
+        cal = calibration(cores=2)
+        cal["models"]["m"]["oversubscription_slowdown"] = 1.5
+        self.assertEqual(costmodel.CostModel(cal).predict("m", costmodel.Layout(1, 2, 2)).slowdown,
+                         1.5)
+        self.assertEqual(model.predict("m", costmodel.Layout(1, 2, 2)).slowdown, 1.0)
+        # best() fills its nodes' cores exactly, whatever the calibrated machine had
+        best, options = costmodel.CostModel(cal).best("m", 4, 8)
+        self.assertTrue(all(o.slowdown == 1.0 for o in options))
+
+    def test_bad_terms_are_named(self):
+        for key, value in (("collective_overhead_seconds", -1), ("oversubscription_slowdown", 0),
+                           ("multi_rank_step_seconds", "x")):
+            with self.assertRaisesRegex(costmodel.CalibrationError, f"'models.m.{key}' must be"):
+                self.cal(**{key: value}).model("m")
+
+
+class Calibration(unittest.TestCase):
+    """scripts/calibrate-cost-model's fits of the measured terms, on made-up runs."""
+
+    def test_multi_rank_terms(self):
+        loader = importlib.machinery.SourceFileLoader(
+            "calibrate", os.path.join(ROOT, "scripts", "calibrate-cost-model"))
+        spec = importlib.util.spec_from_loader("calibrate", loader)
+        cal_script = importlib.util.module_from_spec(spec)
+        loader.exec_module(cal_script)
+        cal = calibration(cores=2)
+        m = cal["models"]["m"]
+        m["measured"] = {}
+        # the formula of 2 x 1 at the default buckets
+        plain = costmodel.CostModel(calibration()).predict(
+            "m", costmodel.Layout(1, 2, 1, "allreduce", cal_script.DEFAULT_BUCKET_MB), 64)
+        runs = []
+
+        def train(name, threads, batch, steps, metrics, save=None, ranks=1):
+            runs.append((threads, ranks, batch))
+            # every configuration's first run is disturbed (3x): the median of the runs counts
+            slow = 3.0 if runs.count(runs[-1]) == 1 else 1.0
+            if threads == 1:  # 2 x 1: 10 ms more compute, 3x the formula's communication
+                t = plain.compute_seconds + 10e-3 + 3 * plain.comm_seconds
+                return {"steps": 10, "epoch_seconds": 10 * t * slow,
+                        "comm_seconds": 10 * 2 * plain.comm_seconds * slow,
+                        "wait_seconds": 10 * plain.comm_seconds}, {}
+            t = 1.7 * (plain.compute_seconds + 10e-3 + 3 * plain.comm_seconds)  # 2 x 2
+            return {"steps": 10, "epoch_seconds": 10 * t * slow}, {}
+        cal_script.train = train
+        with unittest.mock.patch("os.cpu_count", return_value=2):
+            cal_script.measure_multi_rank("m", cal, "/nonexistent")
+        runs_each = cal_script.RUNS
+        self.assertEqual(runs, [(1, 2, 64)] * runs_each + [(2, 2, 64)] * runs_each)
+        self.assertAlmostEqual(m["multi_rank_step_seconds"], 10e-3)
+        # twice the formula's communication beyond it, over 3 buckets (each gradient alone)
+        count = len(costmodel.buckets(m["gradient_bytes"], cal_script.DEFAULT_BUCKET_MB * MB))
+        self.assertEqual(count, 3)
+        self.assertAlmostEqual(m["collective_overhead_seconds"], 2 * plain.comm_seconds / count)
+        self.assertAlmostEqual(m["oversubscription_slowdown"], 1.7)
+        model = costmodel.CostModel(cal)
+        for threads, factor in ((1, 1.0), (2, 1.7)):
+            p = model.predict("m", costmodel.Layout(1, 2, threads, "allreduce",
+                                                    cal_script.DEFAULT_BUCKET_MB), 64)
+            self.assertAlmostEqual(p.step_seconds, factor * (plain.compute_seconds + 10e-3 +
+                                                             3 * plain.comm_seconds))
 
 
 class Files(unittest.TestCase):
