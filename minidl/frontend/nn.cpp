@@ -563,9 +563,9 @@ namespace {
 // The activations by name: make_activation and the app's --activation values both read it.
 const std::vector<std::pair<std::string, std::unique_ptr<Module> (*)()>>& activations() {
   static const std::vector<std::pair<std::string, std::unique_ptr<Module> (*)()>> table{
-      {"relu", [] -> std::unique_ptr<Module> { return std::make_unique<ReLU>(); }},
-      {"sigmoid", [] -> std::unique_ptr<Module> { return std::make_unique<Sigmoid>(); }},
-      {"tanh", [] -> std::unique_ptr<Module> { return std::make_unique<Tanh>(); }},
+      {"relu", []() -> std::unique_ptr<Module> { return std::make_unique<ReLU>(); }},
+      {"sigmoid", []() -> std::unique_ptr<Module> { return std::make_unique<Sigmoid>(); }},
+      {"tanh", []() -> std::unique_ptr<Module> { return std::make_unique<Tanh>(); }},
   };
   return table;
 }

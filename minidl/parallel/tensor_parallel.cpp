@@ -454,12 +454,12 @@ TensorParallelPlan split_matmul_pairs(ir::Graph& g, const TensorParallelOptions&
 int piece_axis(const Shape& whole, const Shape& piece) {
   MINIDL_CHECK(whole.rank() == piece.rank(), "tensor parallelism: a piece ", piece, " of ", whole);
   int axis = -1;
-  for (std::size_t d = 0; d < whole.rank(); ++d) {
+  for (int d = 0; d < whole.rank(); ++d) {
     if (whole[d] == piece[d]) continue;
     MINIDL_CHECK(axis < 0 && piece[d] > 0 && whole[d] % piece[d] == 0,
                  "tensor parallelism: ", piece, " is not a piece of ", whole,
                  " along one dimension");
-    axis = static_cast<int>(d);
+    axis = d;
   }
   return axis;
 }
