@@ -26,14 +26,7 @@ StageTimes stage_times(std::span<const runtime::KernelProfile> profile) {
 
 StageTimes stage_times(const std::vector<const runtime::Executable*>& executables) {
   StageTimes t;
-  for (const runtime::Executable* exe : executables) {
-    const StageTimes e = stage_times(exe->profile());
-    t.forward += e.forward;
-    t.backward += e.backward;
-    t.update += e.update;
-    t.communication += e.communication;
-    t.idle += e.idle;
-  }
+  for (const runtime::Executable* exe : executables) t += stage_times(exe->profile());
   return t;
 }
 
@@ -49,13 +42,9 @@ std::vector<StageTimes> gather_stage_times(parallel::Communicator& comm, const S
   const int per_stage = comm.size() / stages;
   std::vector<StageTimes> out(static_cast<std::size_t>(stages));
   for (int r = 0; r < comm.size(); ++r) {
-    StageTimes& t = out[static_cast<std::size_t>(r / per_stage)];
     const double* x = all.data() + static_cast<std::size_t>(r) * kFields;
-    t.forward += x[0] / per_stage;
-    t.backward += x[1] / per_stage;
-    t.update += x[2] / per_stage;
-    t.communication += x[3] / per_stage;
-    t.idle += x[4] / per_stage;
+    out[static_cast<std::size_t>(r / per_stage)] += StageTimes{
+        x[0] / per_stage, x[1] / per_stage, x[2] / per_stage, x[3] / per_stage, x[4] / per_stage};
   }
   return out;
 }

@@ -25,6 +25,14 @@ struct StageTimes {
     return {forward - o.forward, backward - o.backward, update - o.update,
             communication - o.communication, idle - o.idle};
   }
+  StageTimes& operator+=(const StageTimes& o) {
+    forward += o.forward;
+    backward += o.backward;
+    update += o.update;
+    communication += o.communication;
+    idle += o.idle;
+    return *this;
+  }
 };
 
 /// Adds the kernels' profiled seconds up by what they were spent on: a node's comm role or

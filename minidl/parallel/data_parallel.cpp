@@ -154,10 +154,7 @@ bool DataParallel::run(ir::Graph& g) {
     if (!role) {
       for (std::size_t o = 0; o < n->outputs().size(); ++o) {
         const int in = n->def().shares_input(static_cast<int>(o));
-        // assign_slice writes a parameter from its updated pieces, gathered (ZeRO, tensor
-        // parallelism): the pieces' gradients are the ones reduced.
-        MINIDL_CHECK(in < 0 || n->def().is_alias() || n->op() == "assign_slice" ||
-                         n->input(in)->producer()->op() != "parameter",
+        MINIDL_CHECK(in < 0 || n->def().is_alias() || n->input(in)->producer()->op() != "parameter",
                      "data-parallel: ", n->describe(), " writes parameter '",
                      n->input(in)->producer()->name(),
                      "' in place but its op declares no update role (OpDef::update(param, grad)), "

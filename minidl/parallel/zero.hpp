@@ -10,15 +10,19 @@
 // Shards are cut at the boundaries of the chunks in which a gradient's squared norm is summed
 // (ops::fixed_order_chunk): each chunk's partial sum is then computed by one rank, and
 // shard_sum_squares combines them in the replicated run's order, so the clipping norm has the
-// same bits as without sharding. In deterministic mode reduce_scatter joins the ranks' parts in
-// the fixed tree (reduction_tree.hpp), so the parameters have the same bits as replicated
-// training on any number of ranks.
+// same bits as without sharding. In deterministic mode zero_allreduce_into and
+// zero_scatter_into (and the whole-buffer reduce_scatter) join the ranks' parts in the fixed
+// tree (reduction_tree.hpp), so the parameters have the same bits as replicated training on any
+// number of ranks.
 //
 //   reduce_scatter(x [N])       y [shard]: this rank's part of the sum over ranks of x
 //   allgatherv(x [shard])       y [N]: every rank's shard, in rank order
 //   zero_scatter_into(shard, x) shard, in place: x (a parameter's gradient, at `offset` in the
 //                               flat space) summed over the ranks, this rank's part written at
 //                               its place in the shard
+//   zero_allreduce_into(shard, x)
+//                               shard, x: x summed over the ranks in place, this rank's part
+//                               copied to its place in the shard
 //   zero_gather_into(p, shard)  p, in place: every rank's part of parameter p, from its shard
 //   shard_sum_squares(x)        [] f32: the squared norm of all gradients, from the shards
 #pragma once

@@ -459,38 +459,29 @@ std::unordered_map<const ir::Node*, int> assign_stages(
     std::string text = fmt::format("pipeline: {} stages, cut after", stages);
     for (std::size_t c = 0; c < cuts.size(); ++c)
       text += fmt::format("{} '{}'", c ? "," : "", first[cuts[c]]->name());
-    text += total > 0 ? "; parameters per stage:" : "";
-    std::int64_t prev = 0;
-    for (int s = 0; s < stages && total > 0; ++s) {
-      const std::int64_t end = s + 1 < stages ? cum[cuts[static_cast<std::size_t>(s)] + 1] : total;
-      text += fmt::format(" {} ({:.1f}%)", end - prev,
-                          100.0 * static_cast<double>(end - prev) / static_cast<double>(total));
-      prev = end;
-    }
-    if (by_time) {
-      text += "; profiled time per stage (forward and backward):";
-      prev = 0;
+    // Each stage's part of a cumulative measure (cum, nanos, flops: [i] = the first i nodes').
+    auto shares = [&](const char* what, const std::vector<std::int64_t>& sum, auto format) {
+      text += what;
+      std::int64_t prev = 0;
       for (int s = 0; s < stages; ++s) {
         const std::int64_t end =
-            s + 1 < stages ? nanos[cuts[static_cast<std::size_t>(s)] + 1] : nanos[n];
-        text +=
-            fmt::format(" {:.3f} ms ({:.1f}%)", static_cast<double>(end - prev) * 1e-6,
-                        100.0 * static_cast<double>(end - prev) / static_cast<double>(nanos[n]));
+            s + 1 < stages ? sum[cuts[static_cast<std::size_t>(s)] + 1] : sum[n];
+        text += format(end - prev,
+                       100.0 * static_cast<double>(end - prev) / static_cast<double>(sum[n]));
         prev = end;
       }
-    }
-    if (by_flops || (by_time && flops[n] > 0)) {
-      text += "; forward FLOPs per stage:";
-      prev = 0;
-      for (int s = 0; s < stages; ++s) {
-        const std::int64_t end =
-            s + 1 < stages ? flops[cuts[static_cast<std::size_t>(s)] + 1] : flops[n];
-        text +=
-            fmt::format(" {} ({:.1f}%)", end - prev,
-                        100.0 * static_cast<double>(end - prev) / static_cast<double>(flops[n]));
-        prev = end;
-      }
-    }
+    };
+    if (total > 0)
+      shares("; parameters per stage:", cum,
+             [](std::int64_t v, double pct) { return fmt::format(" {} ({:.1f}%)", v, pct); });
+    if (by_time)
+      shares("; profiled time per stage (forward and backward):", nanos,
+             [](std::int64_t v, double pct) {
+               return fmt::format(" {:.3f} ms ({:.1f}%)", static_cast<double>(v) * 1e-6, pct);
+             });
+    if (by_flops || (by_time && flops[n] > 0))
+      shares("; forward FLOPs per stage:", flops,
+             [](std::int64_t v, double pct) { return fmt::format(" {} ({:.1f}%)", v, pct); });
     text += !boundaries.empty() ? std::string("; cut where told")
             : by_time           ? std::string("; balanced by profiled time")
             : by_flops          ? std::string("; balanced by forward FLOPs")
