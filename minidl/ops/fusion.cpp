@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "minidl/ops/ops.hpp"
@@ -163,6 +164,47 @@ bool FuseBatchNormBackward::run(ir::Graph& g) {
     g.move_before(data, m.add);
     g.replace_uses(m.add->output(0), data->output(0));
     g.remove({m.add, m.stats, m.bwd});
+  }
+  return !matches.empty();
+}
+
+bool FuseBiasIntoWeightGradient::run(ir::Graph& g) {
+  if (!enabled_) return false;
+  struct Match {
+    ir::Node* bias;     // bias_add_bwd
+    ir::Node* weights;  // conv2d_bwd_weights
+    ir::Node* first;    // the earlier of the two: the fused node's place
+  };
+  std::unordered_map<const ir::Node*, std::size_t> pos;
+  for (const ir::Node* n : g.nodes()) pos.emplace(n, pos.size());
+  std::vector<Match> matches;
+  for (ir::Node* n : g.nodes()) {
+    if (n->op() != "bias_add_bwd") continue;
+    ir::Value* dy = n->input(0);
+    const auto& users = dy->users();
+    auto w = std::find_if(users.begin(), users.end(), [&](const ir::Node* u) {
+      return u->op() == "conv2d_bwd_weights" && u->input(0) == dy;
+    });
+    if (w == users.end()) continue;
+    ir::Node* first = pos.at(n) < pos.at(*w) ? n : *w;
+    // Both inputs must exist where the fused node goes (x is a forward value in autograd's
+    // graphs; a hand-built graph may define it between the two).
+    if (pos.at((*w)->input(1)->producer()) >= pos.at(first)) continue;
+    // One fused node per weight gradient, should two bias_add_bwd read its dy.
+    if (std::any_of(matches.begin(), matches.end(),
+                    [&](const Match& m) { return m.weights == *w; }))
+      continue;
+    matches.push_back({n, *w, first});
+  }
+  for (const Match& m : matches) {
+    ir::Node* fused = g.add_node(op("conv2d_bwd_weights_bias"), m.weights->inputs(),
+                                 m.weights->attrs(), m.weights->name() + "+bias");
+    fused->take_marks(*m.weights);
+    fused->annotations().set("fused", m.bias->name());
+    g.move_before(fused, m.first);
+    g.replace_uses(m.weights->output(0), fused->output(0));
+    g.replace_uses(m.bias->output(0), fused->output(1));
+    g.remove({m.bias, m.weights});
   }
   return !matches.empty();
 }

@@ -76,6 +76,26 @@ class FuseBatchNormBackward final : public ir::Pass {
   bool enabled_;
 };
 
+/// In training graphs after autograd: a bias_add_bwd(dy) and the conv2d_bwd_weights(dy, x) that
+/// reads the same dy become one conv2d_bwd_weights_bias(dy, x) node with two outputs, the weight
+/// and the bias gradients, computed in one pass over dy (oneDNN's diff_bias of the
+/// backward-weights primitive; the native kernel sums each sample's dy rows after its GEMM). The
+/// fused node takes the place of the earlier of the two, the weight-gradient node's name (plus
+/// "+bias") and annotations (its precision), and records the bias_add_bwd in "fused". The bias
+/// gradient is summed in another order than bias_add_bwd's, so its bits may differ from an
+/// unfused run; each kernel's order still depends on the shapes only, not on the threads.
+class FuseBiasIntoWeightGradient final : public ir::Pass {
+ public:
+  explicit FuseBiasIntoWeightGradient(bool enabled = true) : enabled_(enabled) {}
+  std::string_view name() const override { return "fuse-bias-into-weight-gradient"; }
+  std::vector<std::string> needs() const override { return {"differentiated"}; }
+  std::vector<std::string> provides() const override { return {"bias-gradient-fused"}; }
+  bool run(ir::Graph& g) override;
+
+ private:
+  bool enabled_;
+};
+
 /// In evaluation graphs: conv2d (activation none) whose only reader is a batch_norm with fixed
 /// statistics (mean, var, weight and bias all bound storage: the running statistics) becomes one
 /// conv2d on folded weights and bias, which a fold_batch_norm node computes from the originals

@@ -59,7 +59,10 @@ ir::PassManager pipeline(Job job, const StepOptions& o, parallel::Communicator& 
   pm.add(std::make_unique<ir::DeadCodeElimination>());
   pm.add(std::make_unique<ops::MixedPrecision>(o.compile.precision));
   pm.add(std::make_unique<ops::FuseBiasActivation>(o.fuse));
-  if (job != Job::Evaluate) pm.add(std::make_unique<ops::FuseBatchNormBackward>(o.fuse));
+  if (job != Job::Evaluate) {
+    pm.add(std::make_unique<ops::FuseBatchNormBackward>(o.fuse));
+    pm.add(std::make_unique<ops::FuseBiasIntoWeightGradient>(o.fuse));
+  }
   if (job == Job::Evaluate) pm.add(std::make_unique<ops::FoldBatchNorm>(o.fuse));
   if (job != Job::Evaluate) pm.add(std::make_unique<parallel::ThreadReplicas>());
   if (job != Job::Evaluate && comm.size() > 1)

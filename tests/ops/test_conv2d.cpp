@@ -5,6 +5,7 @@
 #include "minidl/autograd/autograd.hpp"
 #include "minidl/core/rng.hpp"
 #include "minidl/core/threading.hpp"
+#include "minidl/ops/fusion.hpp"
 #include "minidl/ops/native/im2col.hpp"
 #include "minidl/ops/ops.hpp"
 #include "minidl/ops/registry.hpp"
@@ -146,6 +147,34 @@ static const std::vector<BadCase> kConvBwdWeightsBad = {
      "kernel 3x3 exceeds padded input 2x2"},
 };
 MINIDL_OP_TEST(conv2d_bwd_weights, kConvBwdWeights, kConvBwdWeightsBad)
+
+// The weight and bias gradients in one node (fuse-bias-into-weight-gradient): every backend
+// against native on both outputs, and the shapes. Chunked sums (33 samples), one sample, a
+// channel count oneDNN blocks by 16, stride and padding.
+static const std::vector<OpCase> kConvBwdWeightsBias = {
+    OpCase()
+        .shapes({{3, 4, 3, 3}, {3, 2, 6, 5}})
+        .attrs({{"stride", Ints{2, 2}}, {"pad", Ints{1, 1}}, {"kernel", Ints{3, 3}}}),
+    OpCase()
+        .shapes({{1, 5, 7, 7}, {1, 3, 7, 7}})
+        .attrs({{"stride", Ints{1, 1}}, {"pad", Ints{1, 1}}, {"kernel", Ints{3, 3}}}),
+    OpCase()
+        .shapes({{33, 32, 6, 6}, {33, 16, 6, 6}})
+        .attrs({{"stride", Ints{1, 1}}, {"pad", Ints{1, 1}}, {"kernel", Ints{3, 3}}}),
+};
+static const std::vector<BadCase> kConvBwdWeightsBiasBad = {
+    {{{2, 4, 3, 3}, {2, 3, 6, 6}}, {}, {{"kernel", Ints{3, 3}}}, "x gives output 4x4, dy is 3x3"},
+    {{{2, 4, 4, 4}, {3, 3, 6, 6}},
+     {},
+     {{"kernel", Ints{3, 3}}},
+     "batch mismatch: dy has 2 samples, x has 3"},
+    {{{2, 4, 4, 4}, {2, 3, 6, 6}},
+     {DType::F32, DType::I32},
+     {{"kernel", Ints{3, 3}}},
+     "expected f32"},
+    {{{2, 4, 4}, {2, 3, 6, 6}}, {}, {{"kernel", Ints{3, 3}}}, "expected dy [N,K,OH,OW]"},
+};
+MINIDL_OP_TEST(conv2d_bwd_weights_bias, kConvBwdWeightsBias, kConvBwdWeightsBiasBad)
 
 namespace {
 
@@ -329,5 +358,101 @@ TEST(Conv2d, Im2colPathsAgree) {
     native::im2col_force_portable(false);
     EXPECT_EQ(0, std::memcmp(col[0].raw(), col[1].raw(), col[0].nbytes())) << "im2col";
     EXPECT_EQ(0, std::memcmp(img[0].raw(), img[1].raw(), img[0].nbytes())) << "col2im";
+  }
+}
+
+// conv2d + bias_add (+ relu) differentiated, then the bias gradient fused into the weight
+// gradient: the fused node's dw and db against central finite differences of the loss (in
+// double), on every backend, and against the unfused graph (dw the same bits on the native
+// backend, whose weight-gradient loop is unchanged; db by rounding).
+TEST(Conv2d, FusedBiasGradientMatchesFiniteDifferences) {
+  std::vector<ir::Backend> backends = {ir::Backend::Native};
+#if MINIDL_WITH_ONEDNN
+  backends.push_back(ir::Backend::OneDnn);
+#endif
+  const Shape xs{5, 3, 9, 8}, ws{6, 3, 3, 3}, ys{5, 6, 5, 8};
+  const CounterRng rng(21);
+  Tensor xt = Tensor::empty(xs), wt = Tensor::empty(ws), bt = Tensor::empty({6}),
+         rt = Tensor::empty(ys);
+  rng.fill_normal(xt, 1, 0.0f, 1.0f);
+  rng.fill_normal(wt, 2, 0.0f, 0.3f);
+  rng.fill_normal(bt, 3, 0.0f, 1.0f);
+  rng.fill_normal(rt, 4, 0.0f, 1.0f);
+  for (const ir::Backend backend : backends) {
+    SCOPED_TRACE(ir::backend_name(backend));
+    std::vector<std::vector<Tensor>> results;
+    for (const bool fuse : {true, false}) {
+      ir::Graph g;
+      ir::Value* x = ops::parameter(g, "x", xt);
+      ir::Value* w = ops::parameter(g, "w", wt);
+      ir::Value* b = ops::parameter(g, "b", bt);
+      ir::Value* y = ops::bias_add(ops::apply("conv2d", {x, w}, conv_attrs({2, 1}, {1, 1})), b);
+      ir::Value* loss = ops::sum(ops::mul(y, ops::parameter(g, "r", rt)));
+      const auto grads = autograd::differentiate(g, loss, {w, b});
+      g.add_output(loss);
+      for (ir::Value* v : grads) g.add_output(v);
+      EXPECT_EQ(ops::FuseBiasIntoWeightGradient(fuse).run(g), fuse);
+      std::size_t fused_nodes = 0;
+      for (const ir::Node* n : g.nodes()) fused_nodes += n->op() == "conv2d_bwd_weights_bias";
+      EXPECT_EQ(fused_nodes, fuse ? 1u : 0u);
+      runtime::Executable exe(g, {.backend = backend});
+      exe.run();
+      std::vector<Tensor> out;
+      for (ir::Value* v : g.outputs()) out.push_back(exe.value(v).clone());
+      if (fuse) {
+        std::vector<Tensor> params{wt, bt};
+        const std::vector<Tensor> analytic{out[1], out[2]};
+        const autograd::GradCheckResult r = autograd::check_gradients(params, analytic, [&] {
+          exe.run();
+          return double{exe.value(g.outputs()[0]).at(0)};
+        });
+        EXPECT_TRUE(r.ok) << r.report;
+        exe.run();  // the parameters are back: rerun leaves the executable as it was
+      }
+      results.push_back(std::move(out));
+    }
+    const Tensor& dw_fused = results[0][1];
+    const Tensor& dw_plain = results[1][1];
+    if (backend == ir::Backend::Native) {
+      EXPECT_EQ(0, std::memcmp(dw_fused.raw(), dw_plain.raw(), dw_plain.nbytes()));
+    }
+    for (std::int64_t i = 0; i < dw_plain.numel(); ++i)
+      ASSERT_NEAR(dw_fused.at(i), dw_plain.at(i), 1e-5 * (1.0 + std::fabs(dw_plain.at(i)))) << i;
+    const Tensor& db_fused = results[0][2];
+    const Tensor& db_plain = results[1][2];
+    for (std::int64_t i = 0; i < db_plain.numel(); ++i)
+      ASSERT_NEAR(db_fused.at(i), db_plain.at(i), 1e-5 * (1.0 + std::fabs(db_plain.at(i)))) << i;
+  }
+}
+
+// The fused node's bias gradient sums in chunks fixed by the shapes: the same bits for any
+// thread count, on the sample-parallel and the GEMM-parallel paths.
+TEST(Conv2d, FusedBiasGradientSameForAnyThreadCount) {
+  const int saved = max_threads();
+  for (const std::int64_t n : {1, 7, 33}) {
+    SCOPED_TRACE(n);
+    Tensor dy = Tensor::empty({n, 16, 12, 12}), x = Tensor::empty({n, 8, 12, 12});
+    CounterRng(9).fill_normal(dy, 0, 0.0f, 1.0f);
+    CounterRng(9).fill_normal(x, 1, 0.0f, 1.0f);
+    std::vector<std::pair<Tensor, Tensor>> runs;
+    for (int threads : {1, 2, 3}) {
+      set_num_threads(threads);
+      ir::Graph g;
+      ir::Node* node = g.add_node(
+          ops::op("conv2d_bwd_weights_bias"),
+          {ops::parameter(g, "dy", dy), ops::parameter(g, "x", x)},
+          {{"stride", Ints{1, 1}}, {"pad", Ints{1, 1}}, {"kernel", Ints{3, 3}}}, "fused");
+      g.add_output(node->output(0));
+      g.add_output(node->output(1));
+      runtime::Executable exe(g, {.backend = ir::Backend::Native});
+      exe.run();
+      runs.emplace_back(exe.value(node->output(0)).clone(), exe.value(node->output(1)).clone());
+    }
+    set_num_threads(saved);
+    for (std::size_t t = 1; t < runs.size(); ++t) {
+      EXPECT_EQ(0, std::memcmp(runs[0].first.raw(), runs[t].first.raw(), runs[0].first.nbytes()));
+      EXPECT_EQ(0,
+                std::memcmp(runs[0].second.raw(), runs[t].second.raw(), runs[0].second.nbytes()));
+    }
   }
 }

@@ -286,3 +286,68 @@ TEST(Fusion, FusesBatchNormBackwardInEitherOrderOnly) {
     EXPECT_FALSE(ops::FuseBatchNormBackward().run(g)) << ir::to_text(g);
   }
 }
+
+// A CNN's training graph: each convolution's bias gradient joins its weight gradient (one
+// conv2d_bwd_weights_bias per convolution with a bias, none left for the convolution without),
+// the linear layer's bias_add_bwd stays, and the loss and every gradient stay what the unfused
+// graph computes, on every backend. Disabled (--no-fuse), the pass changes nothing.
+TEST(Fusion, FoldsTheConvolutionBiasGradientIntoTheWeightGradient) {
+  auto make = [] {
+    auto m = std::make_unique<nn::Sequential>();
+    m->emplace<nn::Conv2d>("conv1", 1, 4, 3, 1, 1, nn::Init::He);
+    m->emplace<nn::ReLU>("relu1");
+    m->emplace<nn::Conv2d>("conv2", 4, 16, 3, 1, 0, nn::Init::He);
+    m->emplace<nn::ReLU>("relu2");
+    m->emplace<nn::Conv2d>("conv3", 16, 4, 1, 1, 0, nn::Init::He, false);
+    m->emplace<nn::Flatten>("flatten");
+    m->emplace<nn::Linear>("fc", 4 * 6 * 6, 10, nn::Init::Xavier);
+    m->reset(5);
+    return m;
+  };
+  const Dataset batch = minidl::testing::blobs(6, 3);
+  auto model = make();
+  TrainingGraph plain(*model, batch), fused(*model, batch);
+  EXPECT_FALSE(ops::FuseBiasIntoWeightGradient(false).run(plain.g));
+  ASSERT_TRUE(ops::FuseBiasIntoWeightGradient().run(fused.g));
+  EXPECT_EQ(count_op(plain.g, "bias_add_bwd"), 3u);
+  EXPECT_EQ(count_op(fused.g, "bias_add_bwd"), 1u) << ir::to_text(fused.g);  // the linear layer's
+  EXPECT_EQ(count_op(fused.g, "conv2d_bwd_weights_bias"), 2u);
+  EXPECT_EQ(count_op(fused.g, "conv2d_bwd_weights"), 1u);  // conv3 has no bias
+  const ir::Node* conv2 = nullptr;
+  for (const ir::Node* n : fused.g.nodes())
+    if (n->op() == "conv2d_bwd_weights_bias" && n->name().rfind("conv2.", 0) == 0) conv2 = n;
+  ASSERT_NE(conv2, nullptr) << ir::to_text(fused.g);
+  EXPECT_EQ(conv2->phase(), ir::Phase::Backward);
+  ASSERT_NE(conv2->annotations().find("fused"), nullptr);
+  EXPECT_NE(std::get<std::string>(*conv2->annotations().find("fused")).find("bias_add"),
+            std::string::npos);
+
+  std::vector<ir::Backend> backends{ir::Backend::Native};
+#if MINIDL_WITH_ONEDNN
+  backends.push_back(ir::Backend::OneDnn);
+#endif
+  for (ir::Backend b : backends) {
+    const auto want = plain.run(b);
+    const auto got = fused.run(b);
+    ASSERT_EQ(want.size(), got.size());
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      for (std::int64_t j = 0; j < want[i].numel(); ++j)
+        ASSERT_NEAR(got[i].at(j), want[i].at(j), 1e-5f + 1e-4f * std::abs(want[i].at(j)))
+            << "backend " << ir::backend_name(b) << ", output " << i << ", element " << j;
+    }
+  }
+}
+
+// A weight gradient whose x is defined after the bias_add_bwd (a hand-built order) is left
+// alone: the fused node could not take the earlier place.
+TEST(Fusion, LeavesBiasGradientsWhoseWeightInputComesLater) {
+  ir::Graph g;
+  ir::Value* dy = ops::parameter(g, "dy", Tensor::full({2, 3, 4, 4}, 0.5f));
+  g.add_output(g.add_node(ops::op("bias_add_bwd"), {dy})->output());
+  ir::Value* x = ops::parameter(g, "x", Tensor::full({2, 2, 4, 4}, 0.25f));
+  g.add_output(
+      g.add_node(ops::op("conv2d_bwd_weights"), {dy, x},
+                 {{"stride", ir::Ints{1, 1}}, {"pad", ir::Ints{1, 1}}, {"kernel", ir::Ints{3, 3}}})
+          ->output());
+  EXPECT_FALSE(ops::FuseBiasIntoWeightGradient().run(g)) << ir::to_text(g);
+}

@@ -84,6 +84,7 @@ void infer_bwd_weights(ir::InferCtx& c) {
   MINIDL_CHECK_NODE(c, g.OH == dy[2] && g.OW == dy[3], "x gives output ", g.OH, "x", g.OW,
                     ", dy is ", dy[2], "x", dy[3]);
   c.set_output(0, Shape{dy[1], x[1], kernel[0], kernel[1]});
+  if (c.node().def().output_names().size() > 1) c.set_output(1, Shape{dy[1]});  // dbias
 }
 
 // ---- native kernels -------------------------------------------------------------------------
@@ -229,23 +230,48 @@ int64_t weight_chunks(int64_t n, int64_t dw_size) {
   return std::max<int64_t>(1, std::min({n, kMaxChunks, kPartialBudget / dw_size + 1}));
 }
 
-// diff_dst [N,K,OH,OW], src [N,C,H,W] -> diff_weights [K,C,KH,KW]
+/// db[k] (+)= the sum of one sample's dy rows [K, cols]: each row in one order, so the result
+/// does not depend on the threads.
+void sum_rows(const float* dy, float* db, bool first, int64_t oc, int64_t cols, bool inner) {
+  auto rows = [&](int64_t k0, int64_t k1) {
+    for (int64_t kk = k0; kk < k1; ++kk) {
+      const float* row = dy + kk * cols;
+      float part = 0.0f;
+#pragma omp simd reduction(+ : part)
+      for (int64_t j = 0; j < cols; ++j) part += row[j];
+      db[kk] = first ? part : db[kk] + part;
+    }
+  };
+  if (inner) {
+    parallel_for(oc, cols, rows);
+  } else {
+    rows(0, oc);
+  }
+}
+
+// diff_dst [N,K,OH,OW], src [N,C,H,W] -> diff_weights [K,C,KH,KW] (conv2d_bwd_weights), and
+// diff_bias [K] (conv2d_bwd_weights_bias): each sample's dy rows are summed right after its GEMM
+// read them, while they are in cache, in the same chunks as the weights.
 ir::Kernel make_conv2d_bwd_weights(const ir::Node& node) {
   const ir::Ints kernel = node.attrs().get<ir::Ints>("kernel");
   const ConvGeom g = node_geom(node.input(1)->shape(), kernel[0], kernel[1], node.attrs());
   const int64_t n = node.input(1)->shape()[0], oc = node.input(0)->shape()[1];
+  const bool bias = node.outputs().size() > 1;
   const int64_t dw_size = oc * g.rows();
+  const int64_t part_size = dw_size + (bias ? oc : 0);  // a chunk's weights, then its bias
   const int64_t chunks = weight_chunks(n, dw_size);
-  // Chunk 0 sums straight into the output; the others into buffers owned by the kernel.
-  const Tensor partials = Tensor::empty(Shape{chunks - 1, dw_size});
-  return [g, n, oc, dw_size, chunks, partials](const ir::KernelArgs& k) {
+  // Chunk 0 sums straight into the outputs; the others into buffers owned by the kernel.
+  const Tensor partials = Tensor::empty(Shape{chunks - 1, part_size});
+  return [g, n, oc, bias, dw_size, part_size, chunks, partials](const ir::KernelArgs& k) {
     const int64_t rows = g.rows(), cols = g.cols(), in_size = g.C * g.H * g.W;
     const float* diff_dst = k.in[0].data<float>();
     const float* src = k.in[1].data<float>();
     float* dw = k.out[0].data<float>();
+    float* db = bias ? k.out[1].data<float>() : nullptr;
     float* part = partials.data<float>();
     for_each_item(chunks, [&](int64_t ci, bool inner) {
-      float* acc = ci == 0 ? dw : part + (ci - 1) * dw_size;
+      float* acc = ci == 0 ? dw : part + (ci - 1) * part_size;
+      float* acc_bias = ci == 0 ? db : acc + dw_size;
       const int64_t i0 = n * ci / chunks, i1 = n * (ci + 1) / chunks;
       for (int64_t i = i0; i < i1; ++i) {
         const float* col = src + i * in_size;
@@ -255,18 +281,25 @@ ir::Kernel make_conv2d_bwd_weights(const ir::Node& node) {
                         [&](int64_t c0, int64_t c1) { native::im2col(g, col, buf, c0, c1); });
           col = buf;
         }
-        native::sgemm(false, true, oc, rows, cols, 1.0f, diff_dst + i * oc * cols, cols, col, cols,
-                      i == i0 ? 0.0f : 1.0f, acc, rows);
+        const float* dy = diff_dst + i * oc * cols;
+        native::sgemm(false, true, oc, rows, cols, 1.0f, dy, cols, col, cols, i == i0 ? 0.0f : 1.0f,
+                      acc, rows);
+        if (bias) sum_rows(dy, acc_bias, i == i0, oc, cols, inner);
       }
     });
     if (chunks == 1) return;
     parallel_for(dw_size, chunks, [&](int64_t b, int64_t e) {
       for (int64_t ci = 1; ci < chunks; ++ci) {
-        const float* p = part + (ci - 1) * dw_size;
+        const float* p = part + (ci - 1) * part_size;
 #pragma omp simd
         for (int64_t j = b; j < e; ++j) dw[j] += p[j];
       }
     });
+    if (!bias) return;
+    for (int64_t ci = 1; ci < chunks; ++ci) {
+      const float* p = part + (ci - 1) * part_size + dw_size;
+      for (int64_t kk = 0; kk < oc; ++kk) db[kk] += p[kk];
+    }
   };
 }
 
@@ -292,7 +325,8 @@ void grad(ir::GradCtx& g) {
 // 2 * (elements of the product's output) * (inputs each sums over): for every convolution pass
 // the product's output is one of y, dy, dw and each element sums C*R*S or N*OH*OW terms.
 std::int64_t conv_flops(const ir::Node& n) {
-  const Shape& w = n.op() == "conv2d_bwd_weights" ? n.output()->shape() : n.input(1)->shape();
+  const bool dw = n.op() == "conv2d_bwd_weights" || n.op() == "conv2d_bwd_weights_bias";
+  const Shape& w = dw ? n.output(0)->shape() : n.input(1)->shape();
   const Shape& y = n.op() == "conv2d" ? n.output()->shape() : n.input(0)->shape();
   return 2 * y.numel() * (w.numel() / w[0]);
 }
@@ -336,6 +370,29 @@ MINIDL_OP(conv2d_bwd_data)
 MINIDL_OP(conv2d_bwd_weights)
     .inputs({"dy", "x"})
     .outputs({"dw"})
+    .attr<ir::Ints>("stride", ir::Ints{1, 1})
+    .attr<ir::Ints>("pad", ir::Ints{0, 0})
+    .attr<ir::Ints>("kernel")
+    .infer(infer_bwd_weights)
+    .flops(conv_flops)
+#if MINIDL_WITH_ONEDNN
+    .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::conv2d_bwd_weights_kernel,
+                    onednn::conv2d_bwd_weights_supports)
+    .layout_aware()
+    .mixed_precision()
+    .bf16_values()
+#endif
+    .kernel_factory(ir::Backend::Native, "native", make_conv2d_bwd_weights)
+    .no_grad("backward-only op; second derivatives are not supported");
+
+// The weight and bias gradients of a convolution in one pass over dy (the fusion pass
+// fuse-bias-into-weight-gradient builds it from conv2d_bwd_weights and the bias_add_bwd reading
+// the same dy): oneDNN's backward-weights primitive with its diff_bias, the native kernel's row
+// sums after each sample's GEMM. The bias sum's order differs from bias_add_bwd's, so its bits
+// may too.
+MINIDL_OP(conv2d_bwd_weights_bias)
+    .inputs({"dy", "x"})
+    .outputs({"dw", "dbias"})
     .attr<ir::Ints>("stride", ir::Ints{1, 1})
     .attr<ir::Ints>("pad", ir::Ints{0, 0})
     .attr<ir::Ints>("kernel")

@@ -149,8 +149,16 @@ dnnl::convolution_backward_data::primitive_desc bwd_data_pd(const Problem& p) {
   return {bd, own_scratchpad(), engine(), hint_pd(p, Pass::BwdData)};
 }
 
+/// With p.bias, the primitive also computes the bias gradient (diff_bias, f32 in bf16 too)
+/// while it reads dy for the weights' (conv2d_bwd_weights_bias).
 dnnl::convolution_backward_weights::primitive_desc bwd_weights_pd(const Problem& p) {
   const Descs d = descs(p, Pass::BwdWeights, types(p, Pass::BwdWeights));
+  if (p.bias) {
+    const dnnl::convolution_backward_weights::desc bd(algorithm::convolution_direct, d.x, d.w,
+                                                      plain_desc(Shape{p.w[0]}), d.y, p.strides,
+                                                      p.pad_l, p.pad_r);
+    return {bd, own_scratchpad(), engine(), hint_pd(p, Pass::BwdWeights)};
+  }
   const dnnl::convolution_backward_weights::desc bd(algorithm::convolution_direct, d.x, d.w, d.y,
                                                     p.strides, p.pad_l, p.pad_r);
   return {bd, own_scratchpad(), engine(), hint_pd(p, Pass::BwdWeights)};
@@ -167,9 +175,11 @@ Problem forward_problem(const ir::Node& n) {
 Problem bwd_data_problem(const ir::Node& n) {
   return problem(n, n.output(0)->shape(), n.input(1)->shape(), n.input(0)->shape());
 }
-// conv2d_bwd_weights: dy, x -> dw
+// conv2d_bwd_weights: dy, x -> dw; conv2d_bwd_weights_bias: dy, x -> dw, dbias
 Problem bwd_weights_problem(const ir::Node& n) {
-  return problem(n, n.input(1)->shape(), n.output(0)->shape(), n.input(0)->shape());
+  Problem p = problem(n, n.input(1)->shape(), n.output(0)->shape(), n.input(0)->shape());
+  p.bias = n.outputs().size() > 1;
+  return p;
 }
 
 /// A supports function: f32 and non-empty, and oneDNN creates the primitive.
@@ -228,6 +238,9 @@ ir::Kernel conv2d_bwd_weights_kernel(const ir::Node& n) {
     s.add(DNNL_ARG_SRC, value_desc(n.input(1)), pd.src_desc(), Args::Side::In, 1);
     s.add(DNNL_ARG_DIFF_WEIGHTS, value_desc(n.output(0)), pd.diff_weights_desc(), Args::Side::Out,
           0);
+    if (p.bias) {
+      s.add(DNNL_ARG_DIFF_BIAS, plain_desc(Shape{p.w[0]}), pd.diff_bias_desc(), Args::Side::Out, 1);
+    }
     s.buffer(DNNL_ARG_SCRATCHPAD, pd.scratchpad_desc());
     return staged_kernel(std::move(s));
   });

@@ -61,9 +61,10 @@ bool softmax_cross_entropy_supports(const ir::Node& n, std::string* why);
 
 /// conv2d: src x [N,C,H,W], weights w [K,C,KH,KW], optional bias [K] -> dst y [N,K,OH,OW], the
 /// fused ReLU an eltwise post-op. The backward ops: diff_dst dy, weights w -> diff_src dx, and
-/// diff_dst dy, src x -> diff_weights dw. Each runs in oneDNN's blocked layouts, reordering from
-/// and to the layouts of the node's values (plain, or blocked by ops::PropagateLayouts) where
-/// they differ.
+/// diff_dst dy, src x -> diff_weights dw (and diff_bias for conv2d_bwd_weights_bias, the
+/// primitive's own, computed in the same pass over dy). Each runs in oneDNN's blocked layouts,
+/// reordering from and to the layouts of the node's values (plain, or blocked by
+/// ops::PropagateLayouts) where they differ.
 ir::Kernel conv2d_kernel(const ir::Node& n);
 ir::Kernel conv2d_bwd_data_kernel(const ir::Node& n);
 ir::Kernel conv2d_bwd_weights_kernel(const ir::Node& n);
