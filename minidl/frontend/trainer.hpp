@@ -34,9 +34,11 @@ struct TrainerOptions {
   std::uint64_t seed = 1;
   bool shuffle = true;
   runtime::CompileOptions compile;
-  // Fold bias_add and relu into matmul / conv2d (ops::FuseBiasActivation), BatchNorm's input
-  // gradient into one pass (ops::FuseBatchNormBackward) and plain SGD updates into their
-  // weight-gradient products (ops::FuseUpdateIntoProduct).
+  // Fold bias_add and relu into matmul / conv2d and relu into BatchNorm and residual sums
+  // (ops::FuseBiasActivation), BatchNorm's input gradient into one pass
+  // (ops::FuseBatchNormBackward), relu_bwd's mask into the BatchNorm backward
+  // (ops::FuseActivationBackward) and plain SGD updates into their weight-gradient products
+  // (ops::FuseUpdateIntoProduct).
   bool fuse = true;
   // Data-parallel thread replicas per rank for training (parallel::ThreadReplicas): each runs
   // the forward and backward of its slice of the rank's batch on its own OpenMP thread. 1: one

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "minidl/ops/ops.hpp"
@@ -10,17 +11,39 @@
 namespace minidl::ops {
 namespace {
 
-bool fusable(const ir::Node& n) {
+bool declares_attr(const ir::OpDef& d, std::string_view name) {
+  const auto& attrs = d.attr_decls();
+  return std::any_of(attrs.begin(), attrs.end(),
+                     [&](const ir::AttrDecl& a) { return a.name == name; });
+}
+
+// Whether n's declared inputs end with the optional `name` and n has every input but that one.
+bool lacks_only_last_input(const ir::Node& n, std::string_view name) {
   const ir::OpDef& d = n.def();
   const auto& names = d.input_names();
-  if (names.empty() || names.back() != "bias" || d.min_inputs() >= static_cast<int>(names.size()))
-    return false;
-  const auto& attrs = d.attr_decls();
-  const bool has_activation = std::any_of(
-      attrs.begin(), attrs.end(), [](const ir::AttrDecl& a) { return a.name == "activation"; });
-  return has_activation && n.inputs().size() < names.size() &&
-         n.attrs().get<std::string>("activation") == "none";
+  return !names.empty() && names.back() == name &&
+         d.min_inputs() < static_cast<int>(names.size()) && n.inputs().size() + 1 == names.size();
 }
+
+// Whether a following bias_add can become n's input "bias".
+bool takes_bias(const ir::Node& n) { return lacks_only_last_input(n, "bias"); }
+
+// Whether n has an "activation" attribute, still none.
+bool activation_none(const ir::Node& n) {
+  return declares_attr(n.def(), "activation") && n.attrs().get<std::string>("activation") == "none";
+}
+
+// Whether the op's declared inputs end with "y": a backward op whose activation masks its dy by
+// the activation's output y rather than applying to its own output.
+bool masks_by_y(const ir::OpDef& d) {
+  return !d.input_names().empty() && d.input_names().back() == "y";
+}
+
+// Whether a following relu can become n's activation.
+bool takes_activation(const ir::Node& n) { return activation_none(n) && !masks_by_y(n.def()); }
+
+// Whether n, a reader of relu_bwd's result, can mask its dy itself (its last input "y").
+bool takes_mask(const ir::Node& n) { return activation_none(n) && lacks_only_last_input(n, "y"); }
 
 // Whether v is read only by its one user inside the graph: a graph output has an outside reader.
 bool read_once(const ir::Graph& g, const ir::Value* v) {
@@ -46,9 +69,10 @@ bool FuseBiasActivation::run(ir::Graph& g) {
   };
   std::vector<Match> matches;
   for (ir::Node* n : g.nodes()) {
-    if (!fusable(*n)) continue;
-    Match m{n, sole_reader(g, n->output(0), "bias_add"), nullptr};
-    m.relu = sole_reader(g, m.bias_add ? m.bias_add->output(0) : n->output(0), "relu");
+    if (n->outputs().size() != 1) continue;
+    Match m{n, takes_bias(*n) ? sole_reader(g, n->output(0), "bias_add") : nullptr, nullptr};
+    if (takes_activation(*n))
+      m.relu = sole_reader(g, m.bias_add ? m.bias_add->output(0) : n->output(0), "relu");
     if (m.bias_add || m.relu) matches.push_back(m);
   }
   for (const Match& m : matches) {
@@ -209,12 +233,92 @@ bool FuseBiasIntoWeightGradient::run(ir::Graph& g) {
   return !matches.empty();
 }
 
+bool FuseActivationBackward::run(ir::Graph& g) {
+  if (!enabled_) return false;
+  struct Match {
+    ir::Node* relu_bwd;
+    std::vector<ir::Node*> maskers;  // readers that take the mask
+    ir::Node* sum;                   // the add folded in, or null
+  };
+  std::vector<Match> matches;
+  std::unordered_set<const ir::Node*> claimed;  // a sum reading two relu_bwd results folds once
+  for (ir::Node* n : g.nodes()) {
+    if (n->op() != "relu_bwd" || n->inputs().size() != 2) continue;
+    ir::Value* dx = n->output(0);
+    if (dx->users().empty() ||
+        std::find(g.outputs().begin(), g.outputs().end(), dx) != g.outputs().end())
+      continue;
+    Match m{n, {}, nullptr};
+    bool ok = true;
+    for (ir::Node* u : dx->users()) {
+      const auto reads = std::count(u->inputs().begin(), u->inputs().end(), dx);
+      if (u->replica() != n->replica() || reads != 1 || claimed.count(u) > 0) {
+        ok = false;
+        break;
+      }
+      if (takes_mask(*u) && u->input(0) == dx) {
+        m.maskers.push_back(u);
+      } else if (u->op() == "add" && m.sum == nullptr &&
+                 u->attrs().get<std::string>("activation") == "none" &&
+                 u->input(0)->shape() == u->input(1)->shape() &&
+                 u->output(0)->shape() == dx->shape()) {
+        m.sum = u;
+      } else {
+        ok = false;
+        break;
+      }
+    }
+    if (!ok) continue;
+    claimed.insert(m.maskers.begin(), m.maskers.end());
+    if (m.sum != nullptr) claimed.insert(m.sum);
+    matches.push_back(std::move(m));
+  }
+  for (const Match& m : matches) {
+    ir::Value* dy = m.relu_bwd->input(0);
+    ir::Value* y = m.relu_bwd->input(1);
+    auto record = [&](ir::Node* fused, const ir::Node& old, const std::string& absorbed) {
+      fused->take_marks(old);
+      const ir::Attrs& a = old.annotations();
+      fused->annotations().set(
+          "fused", (a.has("fused") ? a.get<std::string>("fused") + ", " : "") + absorbed);
+    };
+    // dy and y are defined before the relu_bwd, so before each of its readers: every rebuilt
+    // node takes its old one's place.
+    for (ir::Node* u : m.maskers) {
+      std::vector<ir::Value*> in = u->inputs();
+      in[0] = dy;
+      in.push_back(y);
+      ir::Attrs attrs = u->attrs();
+      attrs.set("activation", std::string("relu"));
+      ir::Node* fused = g.add_node(u->def(), std::move(in), std::move(attrs), u->name());
+      record(fused, *u, m.relu_bwd->name());
+      g.move_before(fused, u);
+      for (std::size_t o = 0; o < u->outputs().size(); ++o)
+        g.replace_uses(u->output(static_cast<int>(o)), fused->output(static_cast<int>(o)));
+      g.remove({u});
+    }
+    if (m.sum != nullptr) {
+      ir::Value* other =
+          m.sum->input(0) == m.relu_bwd->output(0) ? m.sum->input(1) : m.sum->input(0);
+      ir::Node* fused =
+          g.add_node(m.relu_bwd->def(), {dy, y, other}, {}, m.relu_bwd->name() + "+add");
+      record(fused, *m.sum, m.sum->name());
+      g.move_before(fused, m.sum);
+      g.replace_uses(m.sum->output(0), fused->output(0));
+      g.remove({m.sum});
+    }
+    g.remove({m.relu_bwd});
+  }
+  return !matches.empty();
+}
+
 bool FoldBatchNorm::run(ir::Graph& g) {
   if (!enabled_) return false;
   struct Match {
     ir::Node* conv;
     ir::Node* bn;
     ir::Node* relu;  // or null
+    bool bn_relu;    // the batch_norm's own activation is relu
   };
   auto bound = [](const ir::Value* v) { return v->producer()->def().is_source(); };
   std::vector<Match> matches;
@@ -224,10 +328,13 @@ bool FoldBatchNorm::run(ir::Graph& g) {
     if (bn == nullptr) continue;
     const auto& in = bn->inputs();
     if (!std::all_of(in.begin() + 1, in.end(), bound)) continue;
-    matches.push_back({n, bn, sole_reader(g, bn->output(0), "relu")});
+    const bool fused_relu = bn->attrs().get<std::string>("activation") == "relu";
+    matches.push_back(
+        {n, bn, fused_relu ? nullptr : sole_reader(g, bn->output(0), "relu"), fused_relu});
   }
   for (const Match& m : matches) {
     ir::Node* last = m.relu ? m.relu : m.bn;
+    const bool relu = m.relu != nullptr || m.bn_relu;
     const Shape& w = m.conv->input(1)->shape();
     const bool has_bias = m.conv->inputs().size() > 2;
     ir::Value* bias = has_bias ? m.conv->input(2) : fill(g, Shape{w[0]}, 0.0f);
@@ -237,12 +344,15 @@ bool FoldBatchNorm::run(ir::Graph& g) {
         g.add_node(op("fold_batch_norm"), std::move(fold_in),
                    {{"eps", double{m.bn->attrs().get<float>("eps")}}}, m.bn->name() + ".fold");
     ir::Attrs attrs = m.conv->attrs();
-    if (m.relu) attrs.set("activation", std::string("relu"));
+    if (relu) attrs.set("activation", std::string("relu"));
     ir::Node* fused =
         g.add_node(m.conv->def(), {m.conv->input(0), fold->output(0), fold->output(1)},
-                   std::move(attrs), m.conv->name() + "+batch_norm" + (m.relu ? "+relu" : ""));
+                   std::move(attrs), m.conv->name() + "+batch_norm" + (relu ? "+relu" : ""));
     fused->take_marks(*m.conv);
-    fused->annotations().set("fused", m.bn->name() + (m.relu ? ", " + m.relu->name() : ""));
+    const ir::Attrs& bn_marks = m.bn->annotations();
+    fused->annotations().set(
+        "fused", m.bn->name() + (m.relu ? ", " + m.relu->name() : "") +
+                     (bn_marks.has("fused") ? ", " + bn_marks.get<std::string>("fused") : ""));
     if (!has_bias) g.move_before(bias->producer(), last);
     g.move_before(fold, last);
     g.move_before(fused, last);

@@ -1,10 +1,12 @@
 // Fusion passes. FuseBiasActivation folds a bias_add and a following relu into the op that produces
 // their input, when that op can do the work in its own store (matmul: the GEMM epilogue or oneDNN's
-// bias and post-op; conv2d likewise). A fusable op declares it: its last input is the optional
-// "bias" and it has the string attribute "activation". The pass runs on the training graph after
-// autograd, so nothing differentiates a fused node: the backward already reads what it needs
-// (relu_bwd the relu's output, which the fused node now produces; bias_add_bwd only the output
-// gradient).
+// bias and post-op; conv2d likewise; batch_norm and add apply the relu in their own pass). An op
+// declares what it takes: a relu, by the string attribute "activation"; a bias_add, by an optional
+// last input "bias". The pass runs on the training graph after autograd, so nothing
+// differentiates a fused node: the backward already reads what it needs (relu_bwd the relu's
+// output, which the fused node now produces; bias_add_bwd only the output gradient).
+// FuseActivationBackward then moves the relu_bwd's mask into the backward ops that read its
+// result, where they take it.
 #pragma once
 
 #include "minidl/ir/pass.hpp"
@@ -12,10 +14,12 @@
 namespace minidl::ops {
 
 /// producer -> bias_add -> relu becomes one producer node with a bias input and
-/// activation=relu; producer -> bias_add and producer -> relu fuse alike. Only chains whose
-/// intermediate values have no other reader and are not graph outputs are folded. The fused node
-/// takes the producer's name and annotations and records what it absorbed in the annotation
-/// "fused" (shown by the graph printer).
+/// activation=relu; producer -> bias_add and producer -> relu fuse alike. A bias_add folds into a
+/// producer whose inputs stop just before its optional last input "bias"; a relu into one whose
+/// "activation" is none (matmul, conv2d, batch_norm, add). Only chains whose intermediate values
+/// have no other reader and are not graph outputs are folded. The fused node takes the
+/// producer's name and annotations and records what it absorbed in the annotation "fused" (shown
+/// by the graph printer).
 class FuseBiasActivation final : public ir::Pass {
  public:
   /// enabled false (--no-fuse): the pass leaves the graph alone; the fact it provides (fusion
@@ -96,11 +100,40 @@ class FuseBiasIntoWeightGradient final : public ir::Pass {
   bool enabled_;
 };
 
+/// In training graphs after autograd, fusion and thread-replicas: a relu_bwd(dy, y) disappears
+/// into the nodes reading its result dx, when every reader either takes the mask itself or is
+/// the one gradient sum that folds into it:
+///  - a reader whose op declares an "activation" attribute (none on this node) and an optional
+///    last input "y" it does not have yet, and that reads dx as its input 0 only
+///    (batch_norm_bwd_reduce, batch_norm_bwd_data), is rebuilt reading dy, with y as its last
+///    input and activation=relu: it masks dy itself (dy_eff = y > 0 ? dy : 0);
+///  - at most one add(dx, other) of equal shapes (autograd's sum at a value with two readers, a
+///    residual block's input) becomes relu_bwd(dy, y, other): the mask and the sum in one pass.
+/// With neither kind of reader, or any other reader, the relu_bwd stays. All the nodes involved
+/// must be of one thread replica, so a sum across replicas, which thread-replicas orders as a
+/// tree, never folds. The bits are those of the unfused nodes (a masked entry may be +0 where
+/// oneDNN's relu_bwd gave -0). The rebuilt nodes keep their names and places and record the
+/// relu_bwd (and the add) in the annotation "fused".
+class FuseActivationBackward final : public ir::Pass {
+ public:
+  explicit FuseActivationBackward(bool enabled = true) : enabled_(enabled) {}
+  std::string_view name() const override { return "fuse-activation-backward"; }
+  std::vector<std::string> needs() const override {
+    return {"batch-norm-backward-fused", "replicas-scheduled"};
+  }
+  std::vector<std::string> provides() const override { return {"activation-backward-fused"}; }
+  bool run(ir::Graph& g) override;
+
+ private:
+  bool enabled_;
+};
+
 /// In evaluation graphs: conv2d (activation none) whose only reader is a batch_norm with fixed
 /// statistics (mean, var, weight and bias all bound storage: the running statistics) becomes one
 /// conv2d on folded weights and bias, which a fold_batch_norm node computes from the originals
-/// every run (ops/nn/fold_batch_norm.cpp). A relu that is the batch_norm's only reader folds in
-/// as the convolution's activation. Training graphs never match: their batch_norm reads the
+/// every run (ops/nn/fold_batch_norm.cpp). The batch_norm's activation (relu, when
+/// FuseBiasActivation folded one in), or a relu that is its only reader, becomes the
+/// convolution's activation. Training graphs never match: their batch_norm reads the
 /// batch's statistics, computed from the convolution's output. The result changes only by
 /// rounding.
 class FoldBatchNorm final : public ir::Pass {

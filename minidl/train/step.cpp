@@ -65,6 +65,7 @@ ir::PassManager pipeline(Job job, const StepOptions& o, parallel::Communicator& 
   }
   if (job == Job::Evaluate) pm.add(std::make_unique<ops::FoldBatchNorm>(o.fuse));
   if (job != Job::Evaluate) pm.add(std::make_unique<parallel::ThreadReplicas>());
+  if (job != Job::Evaluate) pm.add(std::make_unique<ops::FuseActivationBackward>(o.fuse));
   if (job != Job::Evaluate && comm.size() > 1)
     pm.add(std::make_unique<parallel::CrossReplicaSums>(comm, tree_leaves));
   if (reduce) {

@@ -16,6 +16,7 @@
 #include "minidl/io/safetensors.hpp"
 #include "minidl/ops/ops.hpp"
 #include "minidl/runtime/executable.hpp"
+#include "support/modules.hpp"
 #include "support/same_bits.hpp"
 #include "support/synthetic.hpp"
 #include "support/temp_dir.hpp"
@@ -355,6 +356,64 @@ TEST(BatchNorm, FusedBackwardTrainsAsTheUnfused) {
     EXPECT_EQ(count_op(g, "batch_norm_bwd"), fuse ? 0 : replicas);
     EXPECT_EQ(count_op(g, "bn_stats_bwd"), fuse ? 0 : replicas);
     t.train_epoch(d, 1);
+    NamedTensors out;
+    for (const auto& [name, tensor] : model->state_dict()) out.emplace_back(name, tensor.clone());
+    return out;
+  };
+  std::vector<ir::Backend> backends{ir::Backend::Native};
+#if MINIDL_WITH_ONEDNN
+  backends.push_back(ir::Backend::OneDnn);
+#endif
+  for (ir::Backend backend : backends) {
+    for (int replicas : {1, 2}) {
+      for (bool sync : {false, true}) {
+        SCOPED_TRACE(
+            fmt::format("{} replicas {} sync {}", ir::backend_name(backend), replicas, sync));
+        const NamedTensors want = run(backend, replicas, sync, false);
+        const NamedTensors got = run(backend, replicas, sync, true);
+        ASSERT_EQ(got.size(), want.size());
+        for (std::size_t p = 0; p < want.size(); ++p) {
+          if (want[p].second.dtype() != DType::F32) {
+            EXPECT_TRUE(testing::same_bits(NamedTensors{want[p]}, NamedTensors{got[p]}));
+            continue;
+          }
+          for (std::int64_t i = 0; i < want[p].second.numel(); ++i) {
+            ASSERT_NEAR(got[p].second.at(i), want[p].second.at(i),
+                        1e-4 * (1 + std::fabs(want[p].second.at(i))))
+                << want[p].first << "[" << i << "]";
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace minidl
+
+namespace minidl {
+
+// The BatchNorm + ReLU and residual-sum + ReLU fusions in the training pipeline (small ResNet):
+// no relu node is left and one relu_bwd per replica (the identity block's, holding its input's
+// gradient sum), with and without thread replicas and --sync-bn; the evaluation graph folds the
+// fused BatchNorm into its convolution. Against --no-fuse the parameters and running statistics
+// after an epoch agree up to rounding (--no-fuse also runs oneDNN's BatchNorm backward); the
+// exact comparison with the fusions toggled alone is tests/ops/test_fusion.cpp's.
+TEST(BatchNorm, ReluFusionsTrainAsTheUnfused) {
+  const Dataset d = testing::blobs(64, 12);
+  auto run = [&](ir::Backend backend, int replicas, bool sync, bool fuse) {
+    auto model = testing::small_resnet();
+    optim::Sgd sgd({.lr = 0.05, .momentum = 0.9});
+    TrainerOptions o{.batch_size = 16, .seed = 3, .replicas = replicas};
+    o.compile.backend = backend;
+    o.sync_batch_stats = sync;
+    o.fuse = fuse;
+    Trainer t(*model, sgd, o);
+    const ir::Graph& g = t.training_graph(Shape{1, 8, 8});
+    EXPECT_EQ(count_op(g, "relu"), fuse ? 0 : 5 * replicas);
+    EXPECT_EQ(count_op(g, "relu_bwd"), fuse ? replicas : 5 * replicas);
+    t.train_epoch(d, 1);
+    const EvalStats e = t.evaluate(d);
+    EXPECT_TRUE(std::isfinite(e.loss));
     NamedTensors out;
     for (const auto& [name, tensor] : model->state_dict()) out.emplace_back(name, tensor.clone());
     return out;

@@ -76,9 +76,10 @@ TEST_F(ResidualBlockTest, NamesTrainsSavesAndLoads) {
   optim::Sgd sgd({.lr = 0.1});
   Trainer t(*model, sgd, {.batch_size = 32, .seed = 3});
   const ir::Graph& g = t.training_graph(Shape{1, 8, 8});
-  // The block's own nodes are named under it, its children's under theirs.
-  ASSERT_NE(g.find("block1.add"), nullptr);
-  EXPECT_EQ(g.find("block1.add")->op(), "add");
+  // The block's own nodes are named under it, its children's under theirs (the sum carries the
+  // ReLU after it, ops::FuseBiasActivation).
+  ASSERT_NE(g.find("block1.add+relu"), nullptr);
+  EXPECT_EQ(g.find("block1.add+relu")->op(), "add");
   ASSERT_NE(g.find("block1.fc2.weight"), nullptr);
   EXPECT_EQ(g.find("block1.fc2.weight")->op(), "parameter");
   const NamedTensors before = clone(params);
@@ -204,8 +205,8 @@ TEST(Residual, NamesChildrenLikeTorchvisionAndTrains) {
   optim::Sgd sgd({.lr = 0.1, .momentum = 0.9});
   Trainer t(*model, sgd, {.batch_size = 32, .seed = 3});
   const ir::Graph& g = t.training_graph(Shape{1, 8, 8});
-  ASSERT_NE(g.find("layer1.1.add"), nullptr);
-  EXPECT_EQ(g.find("layer1.1.add")->output()->shape(), (Shape{32, 16, 4, 4}));
+  ASSERT_NE(g.find("layer1.1.add+relu"), nullptr);  // the sum with its ReLU fused
+  EXPECT_EQ(g.find("layer1.1.add+relu")->output()->shape(), (Shape{32, 16, 4, 4}));
   ASSERT_NE(g.find("pool.avg_pool2d"), nullptr);
   EXPECT_EQ(g.find("pool.avg_pool2d")->output()->shape(), (Shape{32, 16, 1, 1}));
   const NamedTensors before = clone(model->parameters());

@@ -33,6 +33,16 @@ static const std::vector<OpCase> kCases = {
         .shapes({{2, 16, 3, 3}, {16}, {16}, {16}, {16}})
         .attrs({{"eps", 0.1}})
         .prepared(positive_var),
+    // With the ReLU fused (ops::FuseBiasActivation): oneDNN's fuse_norm_relu against native, and
+    // the gradient through relu_bwd of the output.
+    OpCase()
+        .shapes({{3, 4, 5, 5}, {4}, {4}, {4}, {4}})
+        .attrs({{"activation", std::string("relu")}})
+        .prepared(positive_var),
+    OpCase()
+        .shapes({{6, 5}, {5}, {5}})
+        .attrs({{"activation", std::string("relu")}})
+        .prepared(positive_var),
 };
 static const std::vector<BadCase> kBad = {
     {{{2, 3, 4, 4}, {4}, {3}}, {}, {}, "mean must be [3] (one per channel of x), got [4]"},
@@ -42,6 +52,10 @@ static const std::vector<BadCase> kBad = {
     {{{2, 3}, {3}, {3}}, {DType::F32, DType::F32, DType::I32}, {}, "expected f32 var, got i32"},
     {{{2, 3}, {3}, {3}}, {DType::I32}, {}, "expected f32 x"},
     {{{2, 3}, {3}, {3}}, {}, {{"eps", -1.0}}, "eps must be finite and >= 0"},
+    {{{2, 3}, {3}, {3}},
+     {},
+     {{"activation", std::string("tanh")}},
+     "unknown activation 'tanh' (expected none or relu)"},
 };
 MINIDL_OP_TEST(batch_norm, kCases, kBad)
 
@@ -58,6 +72,23 @@ static const std::vector<BadCase> kReduceBad = {
     {{{2, 3, 4, 4}, {2, 3, 4, 5}, {3}, {3}}, {}, {}, "must have one shape"},
     {{{2, 3}, {2, 3}, {3}, {3}, {4}}, {}, {}, "weight must be [3]"},
     {{{2, 3}, {2, 3}, {3}, {3}}, {}, {{"eps", -1.0}}, "eps must be finite and >= 0"},
+    // The ReLU's mask (ops::FuseActivationBackward): y after the weight, exactly with relu.
+    {{{2, 3}, {2, 3}, {3}, {3}, {3}},
+     {},
+     {{"activation", std::string("relu")}},
+     "activation relu needs the ReLU's output y as input 5"},
+    {{{2, 3}, {2, 3}, {3}, {3}, {3}, {2, 3}},
+     {},
+     {},
+     "input y (5) masks dy only with activation relu"},
+    {{{2, 3}, {2, 3}, {3}, {3}, {3}, {3, 2}},
+     {},
+     {{"activation", std::string("relu")}},
+     "y [3,2] and dy [2,3] must have one shape"},
+    {{{2, 3}, {2, 3}, {3}, {3}, {3}, {2, 3}},
+     {},
+     {{"activation", std::string("elu")}},
+     "unknown activation 'elu'"},
 };
 MINIDL_OP_TEST(batch_norm_bwd_reduce, std::vector<OpCase>{}, kReduceBad)
 
@@ -70,6 +101,14 @@ static const std::vector<BadCase> kDataBad = {
      {DType::F32, DType::F32, DType::F32, DType::I32},
      {},
      "expected f32 dstats"},
+    {{{2, 3}, {2, 3}, {3}, {3, 3}, {3}},
+     {},
+     {{"activation", std::string("relu")}},
+     "activation relu needs the ReLU's output y as input 5"},
+    {{{2, 3}, {2, 3}, {3}, {3, 3}, {3}, {2, 3}},
+     {DType::F32, DType::F32, DType::F32, DType::F32, DType::F32, DType::I32},
+     {{"activation", std::string("relu")}},
+     "expected f32 y"},
 };
 MINIDL_OP_TEST(batch_norm_bwd_data, std::vector<OpCase>{}, kDataBad)
 

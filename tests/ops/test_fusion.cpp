@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "../support/modules.hpp"
 #include "../support/synthetic.hpp"
 #include "../support/training_graph.hpp"
 #include "minidl/autograd/autograd.hpp"
@@ -350,4 +351,91 @@ TEST(Fusion, LeavesBiasGradientsWhoseWeightInputComesLater) {
                  {{"stride", ir::Ints{1, 1}}, {"pad", ir::Ints{1, 1}}, {"kernel", ir::Ints{3, 3}}})
           ->output());
   EXPECT_FALSE(ops::FuseBiasIntoWeightGradient().run(g)) << ir::to_text(g);
+}
+
+namespace {
+
+std::size_t count_masked(const ir::Graph& g, std::string_view op) {
+  return static_cast<std::size_t>(
+      std::count_if(g.nodes().begin(), g.nodes().end(), [&](const ir::Node* n) {
+        return n->op() == op && n->attrs().get<std::string>("activation") == "relu";
+      }));
+}
+
+}  // namespace
+
+// The training graph of a small ResNet: FuseBiasActivation folds every relu into its BatchNorm or
+// residual sum, FuseBatchNormBackward splits every BatchNorm backward, and FuseActivationBackward
+// moves every relu_bwd's mask into the BatchNorm backward ops that read its result, folding the
+// identity block's gradient sum (its input feeds conv1 and the shortcut) into the one relu_bwd
+// left. Loss and gradients are the unfused graph's, exactly (==; a zero's sign aside).
+TEST(Fusion, FusesBatchNormAndResidualReluBothWays) {
+  const Dataset batch = minidl::testing::blobs(8, 3);
+  auto model = minidl::testing::small_resnet();
+  TrainingGraph plain(*model, batch);
+  TrainingGraph fused(*model, batch);
+  ASSERT_TRUE(ops::FuseBatchNormBackward().run(plain.g));
+  ASSERT_TRUE(ops::FuseBiasActivation().run(fused.g));
+  ASSERT_TRUE(ops::FuseBatchNormBackward().run(fused.g));
+  ASSERT_TRUE(ops::FuseActivationBackward().run(fused.g));
+
+  // 6 BatchNorms; 5 ReLUs: the stem's, and each block's relu1 and the one after its sum.
+  EXPECT_EQ(count_op(plain.g, "relu"), 5u);
+  EXPECT_EQ(count_op(plain.g, "relu_bwd"), 5u);
+  EXPECT_EQ(count_op(fused.g, "relu"), 0u) << ir::to_text(fused.g);
+  EXPECT_EQ(count_masked(fused.g, "batch_norm"), 3u);  // the stem's and each block's bn1
+  EXPECT_EQ(count_masked(fused.g, "add"), 2u);         // the residual sums
+  EXPECT_EQ(count_masked(fused.g, "batch_norm_bwd_reduce"), 6u);
+  EXPECT_EQ(count_masked(fused.g, "batch_norm_bwd_data"), 6u);
+  // Left: the identity block's relu_bwd, which adds conv1's data gradient (its input's sum).
+  ASSERT_EQ(count_op(fused.g, "relu_bwd"), 1u) << ir::to_text(fused.g);
+  for (const ir::Node* n : fused.g.nodes())
+    if (n->op() == "relu_bwd") EXPECT_EQ(n->inputs().size(), 3u) << n->describe();
+  // The forward sums stay (with their ReLU); one of the two gradient sums is folded.
+  EXPECT_EQ(count_op(fused.g, "add"), count_op(plain.g, "add") - 1);
+  EXPECT_FALSE(ops::FuseActivationBackward(false).run(plain.g));
+
+  std::vector<ir::Backend> backends{ir::Backend::Native};
+#if MINIDL_WITH_ONEDNN
+  backends.push_back(ir::Backend::OneDnn);
+#endif
+  for (ir::Backend b : backends) {
+    SCOPED_TRACE(ir::backend_name(b));
+    const auto want = plain.run(b);
+    const auto got = fused.run(b);
+    ASSERT_EQ(want.size(), got.size());
+    for (std::size_t k = 0; k < want.size(); ++k)
+      for (std::int64_t i = 0; i < want[k].numel(); ++i)
+        ASSERT_EQ(got[k].at(i), want[k].at(i)) << "output " << k << " element " << i;
+  }
+}
+
+// A relu_bwd whose result is a graph output, or is read by an op that cannot take the mask (the
+// data gradient of a convolution without BatchNorm), stays as it is.
+TEST(Fusion, LeavesReluBackwardWithOtherReadersAlone) {
+  const Dataset batch = minidl::testing::blobs(8, 3);
+  auto model = std::make_unique<nn::Sequential>();
+  model->emplace<nn::Conv2d>("conv1", 1, 4, 3, 1, 1, nn::Init::He, false);
+  model->emplace<nn::ReLU>("relu1");
+  model->emplace<nn::Conv2d>("conv2", 4, 4, 3, 1, 1, nn::Init::He, false);
+  model->emplace<nn::BatchNorm2d>("bn", 4);
+  model->emplace<nn::ReLU>("relu2");
+  model->emplace<nn::Flatten>("flatten");
+  model->emplace<nn::Linear>("fc", 4 * 64, 10, nn::Init::Xavier);
+  model->reset(2);
+  TrainingGraph t(*model, batch);
+  ops::FuseBatchNormBackward().run(t.g);
+  // conv1 + relu1 fold into one convolution; bn + relu2 into one batch_norm.
+  ASSERT_TRUE(ops::FuseBiasActivation().run(t.g));
+  ASSERT_EQ(count_op(t.g, "relu_bwd"), 2u);
+  ir::Value* kept = nullptr;  // relu2's backward, made a graph output
+  for (ir::Node* n : t.g.nodes()) {
+    const bool bn_reader =
+        n->op() == "relu_bwd" && n->output(0)->users()[0]->op().starts_with("batch_norm_bwd");
+    if (bn_reader) kept = n->output(0);
+  }
+  ASSERT_NE(kept, nullptr) << ir::to_text(t.g);
+  t.g.add_output(kept);
+  EXPECT_FALSE(ops::FuseActivationBackward().run(t.g)) << ir::to_text(t.g);
+  EXPECT_EQ(count_op(t.g, "relu_bwd"), 2u);
 }

@@ -1,5 +1,5 @@
 // Modules with children and buffers, as docs/adding-a-layer.md writes them: a residual block and
-// a shift by a buffer, and a small model with the shift.
+// a shift by a buffer, and a small model with the shift; a small ResNet with BatchNorm.
 #pragma once
 
 #include <fmt/format.h>
@@ -88,6 +88,38 @@ inline std::unique_ptr<nn::Sequential> shifted_mlp(std::uint64_t seed = 3) {
   Tensor offset = m->buffers()[0].second;
   for (std::int64_t i = 0; i < offset.numel(); ++i)
     offset.data<float>()[i] = 0.05f * static_cast<float>(i % 5) - 0.1f;
+  return m;
+}
+
+/// A small ResNet over [N,1,8,8]: conv -> BatchNorm -> relu, an identity block and a projection block (each
+/// conv-bn-relu-conv-bn, + shortcut, relu), global average pooling, a linear layer without bias.
+inline std::unique_ptr<nn::Sequential> small_resnet(std::uint64_t seed = 4) {
+  auto block = [](std::int64_t in, std::int64_t out, std::int64_t stride) {
+    auto b = std::make_unique<nn::Residual>();
+    b->emplace<nn::Conv2d>("conv1", in, out, 3, stride, 1, nn::Init::He, false);
+    b->emplace<nn::BatchNorm2d>("bn1", out);
+    b->emplace<nn::ReLU>("relu1");
+    b->emplace<nn::Conv2d>("conv2", out, out, 3, 1, 1, nn::Init::He, false);
+    b->emplace<nn::BatchNorm2d>("bn2", out);
+    if (stride != 1 || in != out) {
+      auto s = std::make_unique<nn::Sequential>();
+      s->emplace<nn::Conv2d>("0", in, out, 1, stride, 0, nn::Init::He, false);
+      s->emplace<nn::BatchNorm2d>("1", out);
+      b->set_shortcut(std::move(s));
+    }
+    b->emplace_post<nn::ReLU>("relu");
+    return b;
+  };
+  auto m = std::make_unique<nn::Sequential>();
+  m->emplace<nn::Conv2d>("conv1", 1, 8, 3, 1, 1, nn::Init::He, false);
+  m->emplace<nn::BatchNorm2d>("bn1", 8);
+  m->emplace<nn::ReLU>("relu");
+  m->add(block(8, 8, 1), "block1");
+  m->add(block(8, 16, 2), "block2");
+  m->emplace<nn::AdaptiveAvgPool2d>("pool", 1);
+  m->emplace<nn::Flatten>("flatten");
+  m->emplace<nn::Linear>("fc", 16, 10, nn::Init::Xavier, false);
+  m->reset(seed);
   return m;
 }
 

@@ -1,4 +1,7 @@
-// relu: y = max(x, 0); relu_bwd(dy, y) -> dx.
+// relu: y = max(x, 0); relu_bwd(dy, y, acc?) -> dx = (y > 0 ? dy : 0), plus acc when given.
+// The optional addend is a gradient sum folded into the backward (ops::FuseActivationBackward:
+// add(other, relu_bwd(dy, y)) at a value with two readers, such as a residual block's input):
+// one pass instead of two, with the same bits as relu_bwd followed by add.
 #include "minidl/ops/common.hpp"
 #include "minidl/ops/onednn/kernels.hpp"
 #include "minidl/ops/op_table.hpp"
@@ -13,8 +16,30 @@ void relu_native(const ir::KernelArgs& k) {
 
 // Mask with (y > 0), not (y >= 0): at exactly 0 we pick subgradient 0, as PyTorch does.
 void relu_bwd_native(const ir::KernelArgs& k) {
-  map_binary(k, [](float dy, float y) { return y > 0.0f ? dy : 0.0f; });
+  if (k.in.size() < 3) {
+    map_binary(k, [](float dy, float y) { return y > 0.0f ? dy : 0.0f; });
+    return;
+  }
+  const float* dy = k.in[0].data<float>();
+  const float* y = k.in[1].data<float>();
+  const float* acc = k.in[2].data<float>();
+  float* dx = k.out[0].data<float>();
+  elementwise(k.in[0].numel(), [&](std::int64_t lo, std::int64_t hi) {
+#pragma omp simd
+    for (std::int64_t i = lo; i < hi; ++i) dx[i] = acc[i] + (y[i] > 0.0f ? dy[i] : 0.0f);
+  });
 }
+
+#if MINIDL_WITH_ONEDNN
+// oneDNN's eltwise backward has no addend.
+bool relu_bwd_onednn_supports(const ir::Node& n, std::string* why) {
+  if (n.inputs().size() > 2) {
+    if (why != nullptr) *why = "oneDNN's eltwise backward adds no acc";
+    return false;
+  }
+  return onednn::eltwise_supports(n, why);
+}
+#endif
 
 void grad(ir::GradCtx& g) { g.set_input_grad(0, g.op(op_relu_bwd, {g.out_grad(0), g.output(0)})); }
 
@@ -32,13 +57,13 @@ MINIDL_OP(relu)
     .grad(grad);
 
 MINIDL_OP(relu_bwd)
-    .inputs({"dy", "y"})
+    .inputs({"dy", "y", "acc?"})
     .outputs({"dx"})
     .infer(infer_same_shapes)
     .elementwise()
 #if MINIDL_WITH_ONEDNN
     .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::relu_bwd_kernel,
-                    onednn::eltwise_supports)
+                    relu_bwd_onednn_supports)
     .bf16_values()
 #endif
     .kernel(ir::Backend::Native, relu_bwd_native)

@@ -19,6 +19,16 @@
 //   batch_norm_bwd_data(dy, x, var, dstats, weight?) -> dx = dy w invstd + dstats[1,c]
 //                                                           + 2 x dstats[2,c]
 //
+// A ReLU after the normalisation fuses in both directions (the `activation` attribute, as on
+// conv2d and matmul): batch_norm with activation=relu gives max(y, 0) in the same pass
+// (ops::FuseBiasActivation), and the two fused backward ops with activation=relu read the ReLU's
+// output y as a last input and mask their dy with it, dy_eff = (y > 0 ? dy : 0), in place of a
+// relu_bwd node (ops::FuseActivationBackward). y is any value whose positive entries mark where
+// the ReLU passed its input: this BatchNorm's fused output, or a later residual sum's.
+// The masked kernels give the bits of relu_bwd followed by the unmasked ones, except that a
+// masked entry is +0 where oneDNN's relu_bwd gives dy * 0 (-0 for a negative dy); sums and
+// products treat both alike.
+//
 // The native kernels and oneDNN's (batch_normalization_forward / _backward with
 // use_global_stats) read and write every activation (x, y, dy, dx) in its layout, plain or
 // channel-blocked, so a BatchNorm between convolutions keeps their blocked layout.
@@ -53,11 +63,27 @@ float check_eps(ir::InferCtx& c) {
   return eps;
 }
 
+/// The `activation` attribute of a fused backward op and its optional input y (index y_index):
+/// y is there exactly when the activation is relu, shaped like dy.
+void check_mask(ir::InferCtx& c, int y_index) {
+  const bool relu = activation_attr(c) == Activation::Relu;
+  const bool has_y = c.num_inputs() > y_index;
+  MINIDL_CHECK_NODE(c, !relu || has_y, "activation relu needs the ReLU's output y as input ",
+                    y_index);
+  MINIDL_CHECK_NODE(c, relu || !has_y, "input y (", y_index,
+                    ") masks dy only with activation relu, got activation none");
+  if (!has_y) return;
+  MINIDL_CHECK_NODE(c, c.dtype(y_index) == DType::F32, "expected f32 y, got ", c.dtype(y_index));
+  MINIDL_CHECK_NODE(c, c.input(y_index) == c.input(0), "y ", c.input(y_index), " and dy ",
+                    c.input(0), " must have one shape");
+}
+
 // x [N,C(,H,W)], mean [C], var [C], weight [C]?, bias [C]? -> y
 void infer(ir::InferCtx& c) {
   const std::int64_t ch = check_activation(c, 0, "x");
   check_channel_vectors(c, 1, ch, {"mean", "var", "weight", "bias"});
   check_eps(c);
+  activation_attr(c);
   c.set_output(0, c.input(0));
 }
 
@@ -81,6 +107,7 @@ void infer_bwd_reduce(ir::InferCtx& c) {
                     " must have one shape");
   check_channel_vectors(c, 2, ch, {"mean", "var", "weight"});
   check_eps(c);
+  check_mask(c, 5);
   for (int o = 0; o < 4; ++o) c.set_output(o, Shape{ch});
 }
 
@@ -96,19 +123,45 @@ void infer_bwd_data(ir::InferCtx& c) {
                     c.input(3));
   check_channel_vectors(c, 4, ch, {"weight"});
   check_eps(c);
+  check_mask(c, 5);
   c.set_output(0, c.input(1));
 }
 
 /// 1 / sqrt(var + eps) in float, as oneDNN computes it.
 inline float inv_std(float var, float eps) { return 1.0f / std::sqrt(var + eps); }
 
+/// max(v, 0) with relu's own comparison, so a fused node has the bits of relu after it.
+template <bool Relu>
+inline float activate(float v) {
+  if constexpr (Relu) return v > 0.0f ? v : 0.0f;
+  return v;
+}
+
+/// y = act((x - mean) a + b) (b may be null), each value in its layout.
+template <bool Relu>
+void normalize(const ChannelGeom& gx, const ChannelGeom& gy, const float* x, const float* mean,
+               const float* a, const float* b, float* y) {
+  if (b != nullptr) {
+    for_each_element(
+        [=](std::int64_t c, std::int64_t ex, std::int64_t ey) {
+          y[ey] = activate<Relu>((x[ex] - mean[c]) * a[c] + b[c]);
+        },
+        gx, gy);
+  } else {
+    for_each_element([=](std::int64_t c, std::int64_t ex,
+                         std::int64_t ey) { y[ey] = activate<Relu>((x[ex] - mean[c]) * a[c]); },
+                     gx, gy);
+  }
+}
+
 // src, mean, variance, scale?, shift? -> dst
 ir::Kernel make_batch_norm(const ir::Node& node) {
   const ChannelGeom gx = channel_geom(node.input(0)), gy = channel_geom(node.output(0));
   const std::int64_t ch = gx.channels();
   const bool has_w = node.inputs().size() > 3, has_b = node.inputs().size() > 4;
+  const bool relu = activation_of(node.attrs()) == Activation::Relu;
   auto scale = std::make_shared<std::vector<float>>(ch);
-  return [gx, gy, ch, has_w, has_b, scale](const ir::KernelArgs& k) {
+  return [gx, gy, ch, has_w, has_b, relu, scale](const ir::KernelArgs& k) {
     const float eps = k.attrs().get<float>("eps");
     const float* x = k.in[0].data<float>();
     const float* mean = k.in[1].data<float>();
@@ -118,14 +171,10 @@ ir::Kernel make_batch_norm(const ir::Node& node) {
     float* y = k.out[0].data<float>();
     float* a = scale->data();
     for (std::int64_t c = 0; c < ch; ++c) a[c] = inv_std(var[c], eps) * (w ? w[c] : 1.0f);
-    if (b != nullptr) {
-      for_each_element([=](std::int64_t c, std::int64_t ex,
-                           std::int64_t ey) { y[ey] = (x[ex] - mean[c]) * a[c] + b[c]; },
-                       gx, gy);
+    if (relu) {
+      normalize<true>(gx, gy, x, mean, a, b, y);
     } else {
-      for_each_element([=](std::int64_t c, std::int64_t ex,
-                           std::int64_t ey) { y[ey] = (x[ex] - mean[c]) * a[c]; },
-                       gx, gy);
+      normalize<false>(gx, gy, x, mean, a, b, y);
     }
   };
 }
@@ -147,13 +196,21 @@ void batch_norm_mean_var_grads(const ir::KernelArgs& k) {
                  k.out[2].data<float>(), k.out[3].data<float>(), k.out[4].data<float>());
 }
 
+/// dy masked by the ReLU's output y (Mask), or dy itself.
+template <bool Mask>
+inline float masked(float dy, const float* y, std::int64_t ey) {
+  if constexpr (Mask) return y[ey] > 0.0f ? dy : 0.0f;
+  return dy;
+}
+
 /// One (n, channel block) group of bwd_sums in a blocked layout of block B: count positions of
-/// B channels side by side, added to acc[ci * 2] (sum dy) and acc[ci * 2 + 1] (sum dy (x - mean)).
-/// The accumulators stay in registers, and each channel's additions keep their order, so the
-/// vectorised clones differ from the scalar loop only where they contract into an FMA.
-template <int B>
-inline void block_bwd_sums(const float* dy, const float* x, const float* mean, std::int64_t count,
-                           double* acc) {
+/// B channels side by side, added to acc[ci * 2] (sum dy) and acc[ci * 2 + 1] (sum dy (x - mean)),
+/// dy masked by y (same layout) when Mask. The accumulators stay in registers, and each channel's
+/// additions keep their order, so the vectorised clones differ from the scalar loop only where
+/// they contract into an FMA.
+template <int B, bool Mask>
+inline void block_bwd_sums(const float* dy, const float* x, const float* y, const float* mean,
+                           std::int64_t count, double* acc) {
   double s0[B], s1[B], m[B];
   for (int ci = 0; ci < B; ++ci) {
     s0[ci] = acc[ci * 2];
@@ -165,7 +222,7 @@ inline void block_bwd_sums(const float* dy, const float* x, const float* mean, s
     const float* v = x + e * B;
 #pragma omp simd
     for (int ci = 0; ci < B; ++ci) {
-      const double dd = d[ci];
+      const double dd = masked<Mask>(d[ci], y, e * B + ci);
       s0[ci] += dd;
       s1[ci] += dd * (double{v[ci]} - m[ci]);
     }
@@ -176,36 +233,63 @@ inline void block_bwd_sums(const float* dy, const float* x, const float* mean, s
   }
 }
 
+using BlockSums = void (*)(const float*, const float*, const float*, const float*, std::int64_t,
+                           double*);
+
 __attribute__((target_clones("avx512f", "avx2", "default"))) void block16_bwd_sums(
-    const float* dy, const float* x, const float* mean, std::int64_t count, double* acc) {
-  block_bwd_sums<16>(dy, x, mean, count, acc);
+    const float* dy, const float* x, const float* y, const float* mean, std::int64_t count,
+    double* acc) {
+  block_bwd_sums<16, false>(dy, x, y, mean, count, acc);
 }
 
 __attribute__((target_clones("avx512f", "avx2", "default"))) void block8_bwd_sums(
-    const float* dy, const float* x, const float* mean, std::int64_t count, double* acc) {
-  block_bwd_sums<8>(dy, x, mean, count, acc);
+    const float* dy, const float* x, const float* y, const float* mean, std::int64_t count,
+    double* acc) {
+  block_bwd_sums<8, false>(dy, x, y, mean, count, acc);
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void block16_masked_bwd_sums(
+    const float* dy, const float* x, const float* y, const float* mean, std::int64_t count,
+    double* acc) {
+  block_bwd_sums<16, true>(dy, x, y, mean, count, acc);
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void block8_masked_bwd_sums(
+    const float* dy, const float* x, const float* y, const float* mean, std::int64_t count,
+    double* acc) {
+  block_bwd_sums<8, true>(dy, x, y, mean, count, acc);
 }
 
 /// s[c] = sum dy and s[C + c] = sum dy (x - mean), per channel, in double and in an order that
-/// does not depend on the threads. dy and x usually share a layout; where they do not, both are
-/// copied to plain first.
+/// does not depend on the threads; dy is masked by y (input 5, geometry gy) when the node has
+/// it. dy, x and y usually share a layout; where they do not, they are copied to plain first.
 void bwd_sums(const ir::KernelArgs& k, const ChannelGeom& gdy, const ChannelGeom& gx,
-              std::vector<double>& scratch, double* s) {
+              const ChannelGeom& gy, std::vector<double>& scratch, double* s) {
   const float* dy = k.in[0].data<float>();
   const float* x = k.in[1].data<float>();
   const float* mean = k.in[2].data<float>();
-  if (gdy == gx && (gx.B == 16 || gx.B == 8)) {
+  const float* y = k.in.size() > 5 ? k.in[5].data<float>() : nullptr;
+  if (gdy == gx && (y == nullptr || gy == gx) && (gx.B == 16 || gx.B == 8)) {
     const ChannelGeom g = gx;
-    auto* sums = g.B == 16 ? block16_bwd_sums : block8_bwd_sums;
+    BlockSums sums = y != nullptr ? (g.B == 16 ? block16_masked_bwd_sums : block8_masked_bwd_sums)
+                                  : (g.B == 16 ? block16_bwd_sums : block8_bwd_sums);
     channel_block_sums<2>(g, scratch, s, [=](std::int64_t n, std::int64_t cb, double* acc) {
       const std::int64_t base = g.group(n, cb);
-      sums(dy + base, x + base, mean + cb * g.B, g.S, acc);
+      sums(dy + base, x + base, y == nullptr ? nullptr : y + base, mean + cb * g.B, g.S, acc);
     });
     return;
   }
-  if (gdy == gx) {
+  if (gdy == gx && y == nullptr) {
     channel_sums<2>(gx, scratch, s, [=](std::int64_t e, std::int64_t c, double* acc) {
       const double d = dy[e];
+      acc[0] += d;
+      acc[1] += d * (double{x[e]} - mean[c]);
+    });
+    return;
+  }
+  if (gdy == gx && gy == gx) {
+    channel_sums<2>(gx, scratch, s, [=](std::int64_t e, std::int64_t c, double* acc) {
+      const double d = y[e] > 0.0f ? dy[e] : 0.0f;
       acc[0] += d;
       acc[1] += d * (double{x[e]} - mean[c]);
     });
@@ -214,8 +298,14 @@ void bwd_sums(const ir::KernelArgs& k, const ChannelGeom& gdy, const ChannelGeom
   const Tensor plain = Tensor::empty(k.in[0].shape());
   float* p = plain.data<float>();
   const ChannelGeom gp = channel_geom_plain(k.in[0].shape());
-  for_each_element([=](std::int64_t, std::int64_t ep, std::int64_t ed) { p[ep] = dy[ed]; }, gp,
-                   gdy);
+  if (y != nullptr) {
+    for_each_element([=](std::int64_t, std::int64_t ep, std::int64_t ed,
+                         std::int64_t ey) { p[ep] = y[ey] > 0.0f ? dy[ed] : 0.0f; },
+                     gp, gdy, gy);
+  } else {
+    for_each_element([=](std::int64_t, std::int64_t ep, std::int64_t ed) { p[ep] = dy[ed]; }, gp,
+                     gdy);
+  }
   const Tensor xp = Tensor::empty(k.in[1].shape());
   float* q = xp.data<float>();
   for_each_element([=](std::int64_t, std::int64_t ep, std::int64_t ex) { q[ep] = x[ex]; }, gp, gx);
@@ -224,6 +314,11 @@ void bwd_sums(const ir::KernelArgs& k, const ChannelGeom& gdy, const ChannelGeom
     acc[0] += d;
     acc[1] += d * (double{q[e]} - mean[c]);
   });
+}
+
+/// The geometry of the mask y (input 5) of a fused backward node, or gx's when it has none.
+ChannelGeom mask_geom(const ir::Node& node, const ChannelGeom& gx) {
+  return node.inputs().size() > 5 ? channel_geom(node.input(5)) : gx;
 }
 
 // diff_dst, src, mean, variance, scale? -> diff_src, diff_scale, diff_shift, dmean, dvar
@@ -244,7 +339,7 @@ ir::Kernel make_batch_norm_bwd(const ir::Node& node) {
     float* dweight = k.out[1].data<float>();
     float* dbias = k.out[2].data<float>();
     double* s = sums->data();
-    bwd_sums(k, gdy, gx, *scratch, s);
+    bwd_sums(k, gdy, gx, gx, *scratch, s);
     float* a = scale->data();
     for (std::int64_t c = 0; c < ch; ++c) {
       const float is = inv_std(var[c], eps);
@@ -262,18 +357,19 @@ ir::Kernel make_batch_norm_bwd(const ir::Node& node) {
 // diff_dst, src, mean, variance, scale? -> diff_scale, diff_shift, dmean, dvar
 ir::Kernel make_batch_norm_bwd_reduce(const ir::Node& node) {
   const ChannelGeom gdy = channel_geom(node.input(0)), gx = channel_geom(node.input(1));
+  const ChannelGeom gy = mask_geom(node, gx);
   const std::int64_t ch = gx.channels();
   const bool has_w = node.inputs().size() > 4;
   auto scratch = std::make_shared<std::vector<double>>();
   auto sums = std::make_shared<std::vector<double>>(2 * ch);
-  return [gdy, gx, ch, has_w, scratch, sums](const ir::KernelArgs& k) {
+  return [gdy, gx, gy, ch, has_w, scratch, sums](const ir::KernelArgs& k) {
     const float eps = k.attrs().get<float>("eps");
     const float* var = k.in[3].data<float>();
     const float* w = has_w ? k.in[4].data<float>() : nullptr;
     float* dweight = k.out[0].data<float>();
     float* dbias = k.out[1].data<float>();
     double* s = sums->data();
-    bwd_sums(k, gdy, gx, *scratch, s);
+    bwd_sums(k, gdy, gx, gy, *scratch, s);
     for (std::int64_t c = 0; c < ch; ++c) {
       dbias[c] = static_cast<float>(s[c]);
       dweight[c] = static_cast<float>(s[ch + c] * inv_std(var[c], eps));
@@ -282,14 +378,14 @@ ir::Kernel make_batch_norm_bwd_reduce(const ir::Node& node) {
   };
 }
 
-// diff_dst, src, variance, diff_stats [3,C], scale? -> diff_src
+// diff_dst, src, variance, diff_stats [3,C], scale?, y? -> diff_src
 ir::Kernel make_batch_norm_bwd_data(const ir::Node& node) {
   const ChannelGeom gdy = channel_geom(node.input(0)), gx = channel_geom(node.input(1));
-  const ChannelGeom gdx = channel_geom(node.output(0));
+  const ChannelGeom gdx = channel_geom(node.output(0)), gy = mask_geom(node, gx);
   const std::int64_t ch = gx.channels();
-  const bool has_w = node.inputs().size() > 4;
+  const bool has_w = node.inputs().size() > 4, has_y = node.inputs().size() > 5;
   auto scale = std::make_shared<std::vector<float>>(ch);
-  return [gdy, gx, gdx, ch, has_w, scale](const ir::KernelArgs& k) {
+  return [gdy, gx, gdx, gy, ch, has_w, has_y, scale](const ir::KernelArgs& k) {
     const float eps = k.attrs().get<float>("eps");
     const float* dy = k.in[0].data<float>();
     const float* x = k.in[1].data<float>();
@@ -301,6 +397,18 @@ ir::Kernel make_batch_norm_bwd_data(const ir::Node& node) {
     float* a = scale->data();
     for (std::int64_t c = 0; c < ch; ++c) a[c] = inv_std(var[c], eps) * (w ? w[c] : 1.0f);
     // The unfused graph's roundings: dy a and dsum + 2 x dsq in f32, then their sum.
+    if (has_y) {
+      const float* y = k.in[5].data<float>();
+      for_each_element(
+          [=](std::int64_t c, std::int64_t edx, std::int64_t edy, std::int64_t ex,
+              std::int64_t ey) {
+            const float direct = masked<true>(dy[edy], y, ey) * a[c];
+            const float through_stats = dsum[c] + 2.0f * x[ex] * dsq[c];
+            dx[edx] = direct + through_stats;
+          },
+          gdx, gdy, gx, gy);
+      return;
+    }
     for_each_element(
         [=](std::int64_t c, std::int64_t edx, std::int64_t edy, std::int64_t ex) {
           const float direct = dy[edy] * a[c];
@@ -311,8 +419,12 @@ ir::Kernel make_batch_norm_bwd_data(const ir::Node& node) {
   };
 }
 
+// With activation relu: dy = relu_bwd(dy, y) first (a fused node is made after autograd, but a
+// graph may be built with one).
 void grad(ir::GradCtx& g) {
-  std::vector<ir::Value*> in{g.out_grad(0), g.input(0), g.input(1), g.input(2)};
+  ir::Value* dy = g.out_grad(0);
+  if (activation_of(g.attrs()) == Activation::Relu) dy = g.op(op_relu_bwd, {dy, g.output(0)});
+  std::vector<ir::Value*> in{dy, g.input(0), g.input(1), g.input(2)};
   if (g.num_inputs() > 3) in.push_back(g.input(3));
   ir::Node* bwd =
       g.op(op_batch_norm_bwd, in, {{"eps", double{g.attrs().get<float>("eps")}}})->producer();
@@ -327,6 +439,7 @@ void grad(ir::GradCtx& g) {
 MINIDL_OP(batch_norm)
     .inputs({"x", "mean", "var", "weight?", "bias?"})
     .attr<float>("eps", 1e-5f)
+    .attr<std::string>("activation", "none")
     .infer(infer)
 #if MINIDL_WITH_ONEDNN
     .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::batch_norm_kernel,
@@ -353,18 +466,20 @@ MINIDL_OP(batch_norm_bwd)
     .no_grad("backward-only op; second derivatives are not supported");
 
 MINIDL_OP(batch_norm_bwd_reduce)
-    .inputs({"dy", "x", "mean", "var", "weight?"})
+    .inputs({"dy", "x", "mean", "var", "weight?", "y?"})
     .outputs({"dweight", "dbias", "dmean", "dvar"})
     .attr<float>("eps", 1e-5f)
+    .attr<std::string>("activation", "none")
     .infer(infer_bwd_reduce)
     .kernel_factory(ir::Backend::Native, "native", make_batch_norm_bwd_reduce)
     .layout_aware()
     .no_grad("backward-only op; second derivatives are not supported");
 
 MINIDL_OP(batch_norm_bwd_data)
-    .inputs({"dy", "x", "var", "dstats", "weight?"})
+    .inputs({"dy", "x", "var", "dstats", "weight?", "y?"})
     .outputs({"dx"})
     .attr<float>("eps", 1e-5f)
+    .attr<std::string>("activation", "none")
     .infer(infer_bwd_data)
     .kernel_factory(ir::Backend::Native, "native", make_batch_norm_bwd_data)
     .layout_aware()

@@ -11,6 +11,7 @@
 // gets a scale of ones that the kernel owns (and, as oneDNN 2.6 asks with use_shift, a shift).
 #include <algorithm>
 
+#include "minidl/ops/common.hpp"
 #include "minidl/ops/onednn/kernels.hpp"
 #include "minidl/ops/onednn/onednn.hpp"
 
@@ -23,9 +24,12 @@ using dnnl::prop_kind;
 
 float eps_of(const ir::Node& n) { return n.attrs().get<float>("eps"); }
 
-// batch_norm: x, mean, var, weight?, bias? -> y
+// batch_norm: x, mean, var, weight?, bias? -> y; with activation relu, max(y, 0) in the same
+// pass (fuse_norm_relu, which in inference needs no workspace).
 dnnl::batch_normalization_forward::primitive_desc forward_pd(const ir::Node& n) {
   normalization_flags flags = normalization_flags::use_global_stats;
+  if (activation_of(n.attrs()) == Activation::Relu)
+    flags = flags | normalization_flags::fuse_norm_relu;
   if (n.inputs().size() > 3) flags = flags | normalization_flags::use_scale;
   if (n.inputs().size() > 4) flags = flags | normalization_flags::use_shift;
   const dnnl::batch_normalization_forward::desc d(prop_kind::forward_inference,
