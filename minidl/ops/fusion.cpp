@@ -9,16 +9,20 @@
 namespace minidl::ops {
 namespace {
 
+// Whether n can apply an activation in its own store (an "activation" attribute, still none).
 bool fusable(const ir::Node& n) {
-  const ir::OpDef& d = n.def();
-  const auto& names = d.input_names();
-  if (names.empty() || names.back() != "bias" || d.min_inputs() >= static_cast<int>(names.size()))
-    return false;
-  const auto& attrs = d.attr_decls();
+  const auto& attrs = n.def().attr_decls();
   const bool has_activation = std::any_of(
       attrs.begin(), attrs.end(), [](const ir::AttrDecl& a) { return a.name == "activation"; });
-  return has_activation && n.inputs().size() < names.size() &&
-         n.attrs().get<std::string>("activation") == "none";
+  return has_activation && n.attrs().get<std::string>("activation") == "none";
+}
+
+// Whether n can also add a bias: its last input is the optional "bias", and n has none yet.
+bool takes_bias(const ir::Node& n) {
+  const ir::OpDef& d = n.def();
+  const auto& names = d.input_names();
+  return !names.empty() && names.back() == "bias" &&
+         d.min_inputs() < static_cast<int>(names.size()) && n.inputs().size() < names.size();
 }
 
 // Whether v is read only by its one user inside the graph: a graph output has an outside reader.
@@ -46,7 +50,7 @@ bool FuseBiasActivation::run(ir::Graph& g) {
   std::vector<Match> matches;
   for (ir::Node* n : g.nodes()) {
     if (!fusable(*n)) continue;
-    Match m{n, sole_reader(g, n->output(0), "bias_add"), nullptr};
+    Match m{n, takes_bias(*n) ? sole_reader(g, n->output(0), "bias_add") : nullptr, nullptr};
     m.relu = sole_reader(g, m.bias_add ? m.bias_add->output(0) : n->output(0), "relu");
     if (m.bias_add || m.relu) matches.push_back(m);
   }
@@ -70,9 +74,13 @@ bool FuseBiasActivation::run(ir::Graph& g) {
     fused->take_marks(*m.producer);
     fused->annotations().set("fused", absorbed);
     // Every input is defined before `last` (the bias before the bias_add), and every reader of
-    // the result comes after it: the fused node takes its place.
-    g.move_before(fused, last);
+    // the result comes after it: the fused node takes its place. Without a bias its inputs are
+    // the producer's, and it takes the producer's place, where the readers of the producer's
+    // other outputs (max pooling's argmax) find them too.
+    g.move_before(fused, m.bias_add ? last : m.producer);
     g.replace_uses(last->output(0), fused->output(0));
+    for (std::size_t o = 1; o < m.producer->outputs().size(); ++o)
+      g.replace_uses(m.producer->output(static_cast<int>(o)), fused->output(static_cast<int>(o)));
     std::vector<ir::Node*> dead{m.producer};
     if (m.bias_add) dead.push_back(m.bias_add);
     if (m.relu) dead.push_back(m.relu);

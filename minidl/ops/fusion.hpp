@@ -1,7 +1,8 @@
 // Fusion passes. FuseBiasActivation folds a bias_add and a following relu into the op that produces
 // their input, when that op can do the work in its own store (matmul: the GEMM epilogue or oneDNN's
-// bias and post-op; conv2d likewise). A fusable op declares it: its last input is the optional
-// "bias" and it has the string attribute "activation". The pass runs on the training graph after
+// bias and post-op; conv2d likewise; max_pool2d the relu only). A fusable op declares it: it has
+// the string attribute "activation", and, to take the bias_add too, its last input is the optional
+// "bias". The pass runs on the training graph after
 // autograd, so nothing differentiates a fused node: the backward already reads what it needs
 // (relu_bwd the relu's output, which the fused node now produces; bias_add_bwd only the output
 // gradient).
