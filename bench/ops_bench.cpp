@@ -398,7 +398,15 @@ void apply_storage(ir::Node& n, Storage storage) {
 }
 
 /// Why the case's storage cannot be had here, or "".
-std::string storage_missing(Storage storage) {
+std::string storage_missing(Storage storage, const Case& c) {
+  if (storage != Storage::Plain) {
+    const std::string& layout =
+        storage == Storage::Blocked ? ops::blocked_layout() : ops::bf16_layout();
+    const int64_t channels = c.inputs[0].shape[1];
+    if (!layout.empty() && channels % ir::channel_block(layout) != 0)
+      return fmt::format("{} channels do not fill blocks of {} ({})", channels,
+                         ir::channel_block(layout), layout);
+  }
   if (storage == Storage::Blocked && ops::blocked_layout().empty())
     return "oneDNN's convolutions use no blocked layout on this CPU (or no oneDNN)";
   if (storage == Storage::Bf16) {
@@ -467,7 +475,7 @@ void run_case(benchmark::State& state, const Case& c, const Flavour& f) {
       state.SkipWithError(missing.c_str());
       return;
     }
-    if (const std::string missing = storage_missing(c.storage); !missing.empty()) {
+    if (const std::string missing = storage_missing(c.storage, c); !missing.empty()) {
       state.SkipWithError(missing.c_str());
       return;
     }

@@ -224,10 +224,25 @@ bool same_addr(const Addr& a, const Addr& b) { return a.nhwc == b.nhwc && a.bloc
 }
 [[gnu::always_inline]] inline void store(float* p, float v) { *p = v; }
 // Round to nearest even; exact for a maximum of bf16 values (the usual case), a NaN stays one.
+// Branch-free, so that the loops storing it vectorise.
 [[gnu::always_inline]] inline void store(std::uint16_t* p, float v) {
   const auto u = std::bit_cast<std::uint32_t>(v);
-  const std::uint32_t r = v != v ? (u | 0x400000u) : u + 0x7fffu + ((u >> 16) & 1u);
-  *p = static_cast<std::uint16_t>(r >> 16);
+  const std::uint32_t rounded = u + 0x7fffu + ((u >> 16) & 1u), quiet = u | 0x400000u;
+  *p = static_cast<std::uint16_t>((v != v ? quiet : rounded) >> 16);
+}
+
+// dx = 0.0f + dy, as the zero-fill and add of the general path computes it (a -0 becomes +0).
+// Between bf16 values that is a copy of the bits but for -0, done in integers so that it
+// vectorises.
+[[gnu::always_inline]] inline void store_grad(float* p, float dy) { *p = 0.0f + dy; }
+[[gnu::always_inline]] inline void store_grad(float* p, std::uint16_t dy) { *p = 0.0f + load(dy); }
+[[gnu::always_inline]] inline void store_grad(std::uint16_t* p, float dy) { store(p, 0.0f + dy); }
+[[gnu::always_inline]] inline void store_grad(std::uint16_t* p, std::uint16_t dy) {
+  *p = dy == 0x8000u ? std::uint16_t{0} : dy;
+}
+template <typename TD>
+[[gnu::always_inline]] inline void store_zero(TD* p) {
+  *p = TD{0};
 }
 
 constexpr int64_t kLanes = 16;
@@ -385,16 +400,21 @@ template <typename TD, typename TY>
       const int64_t pos = oh * g.OW + ow;
       if (!covered) {
 #pragma omp simd
-        for (int64_t j = 0; j < nl; ++j) store(d + j, 0.0f);
+        for (int64_t j = 0; j < nl; ++j) store_zero(d + j);
       } else if (a.contiguous) {
         const TY* dy = src + yb[0] + pos * ys;
         const std::int32_t* am = argmax + ab[0] + pos * as;
 #pragma omp simd
-        for (int64_t j = 0; j < nl; ++j) store(d + j, am[j] == at ? 0.0f + load(dy[j]) : 0.0f);
+        for (int64_t j = 0; j < nl; ++j) {
+          TD v;
+          store_grad(&v, dy[j]);
+          d[j] = am[j] == at ? v : TD{0};
+        }
       } else {
         for (int64_t j = 0; j < nl; ++j) {
-          const bool hit = argmax[ab[j] + pos * as] == at;
-          store(d + j, hit ? 0.0f + load(src[yb[j] + pos * ys]) : 0.0f);
+          TD v;
+          store_grad(&v, src[yb[j] + pos * ys]);
+          d[j] = argmax[ab[j] + pos * as] == at ? v : TD{0};
         }
       }
       if (++s == g.SW) s = 0, ++ow;
