@@ -58,6 +58,11 @@ Input labels(int64_t n, int64_t classes) {
 /// cost is the bytes of every input read once and every output written once.
 using FlopFn = std::function<double(const ir::Node&)>;
 
+/// How a case's 4-D values are stored: plain f32, in oneDNN's blocked f32 layout (as
+/// propagate-layouts lays out f32 activations between convolutions), or as bf16 in the bf16
+/// convolutions' layout (as --precision bf16 keeps them); i32 values (argmax) take the layout only.
+enum class Storage { Plain, Blocked, Bf16 };
+
 struct Case {
   std::string bench;  // "conv2d_fwd"
   std::string op;     // "conv2d"
@@ -65,6 +70,7 @@ struct Case {
   ir::Attrs attrs;
   std::vector<Input> inputs;
   FlopFn flops;
+  Storage storage = Storage::Plain;
 };
 
 double numel(const ir::Value* v) { return static_cast<double>(v->shape().numel()); }
@@ -168,6 +174,8 @@ class Table {
 
   // max_pool2d with an r x r window and stride r over x, and its backward from the argmax that
   // the forward op computes on random x.
+  // Also with every value in oneDNN's blocked layout ("_blocked": f32, as between the f32
+  // convolutions) and stored as bf16 in the bf16 convolutions' layout ("_bf16act").
   void pool(const Shape& x, int64_t r) {
     const std::string s = fmt::format("{}_R{}", nchw_label(x), r);
     const ir::Attrs a{{"kernel", Ints{r, r}}};
@@ -177,8 +185,24 @@ class Table {
     Input argmax{.shape = y, .dtype = DType::I32, .from = "max_pool2d", .from_attrs = a};
     argmax.from_shapes = {x};
     argmax.output = 1;
-    add({"max_pool2d_fwd", "max_pool2d", s, a, {f32(x)}, nullptr});
-    add({"max_pool2d_bwd", "max_pool2d_bwd", s, bwd, {f32(y), argmax}, nullptr});
+    const std::pair<Storage, const char*> storages[] = {
+        {Storage::Plain, ""}, {Storage::Blocked, "_blocked"}, {Storage::Bf16, "_bf16act"}};
+    for (const auto& [storage, suffix] : storages) {
+      add({fmt::format("max_pool2d_fwd{}", suffix),
+           "max_pool2d",
+           s,
+           a,
+           {f32(x)},
+           nullptr,
+           storage});
+      add({fmt::format("max_pool2d_bwd{}", suffix),
+           "max_pool2d_bwd",
+           s,
+           bwd,
+           {f32(y), argmax},
+           nullptr,
+           storage});
+    }
   }
 
   void loss(int64_t n, int64_t classes) {
@@ -276,7 +300,10 @@ void fill_normal_bf16(const Tensor& t, std::uint64_t stream) {
   }
 }
 
-void fill_input(const Tensor& t, const Input& in, std::uint64_t stream) {
+void apply_storage(ir::Node& n, Storage storage);
+
+void fill_input(const Tensor& t, const Input& in, std::uint64_t stream,
+                Storage storage = Storage::Plain) {
   if (t.dtype() == DType::BF16) {
     fill_normal_bf16(t, stream);
   } else if (in.classes > 0) {
@@ -286,11 +313,13 @@ void fill_input(const Tensor& t, const Input& in, std::uint64_t stream) {
       p[i] =
           static_cast<std::int32_t>(rng.bits(stream, i) % static_cast<std::uint64_t>(in.classes));
   } else if (!in.from.empty()) {
+    // Made in the case's storage, so that it lies where the case's node reads it.
     OneNode src(in.from, in.from_attrs, in.from_shapes,
                 std::vector<DType>(in.from_shapes.size(), DType::F32), in.from);
+    apply_storage(*src.node, storage);
     runtime::Executable exe(src.g, {.backend = ir::Backend::Native});
     for (std::size_t i = 0; i < in.from_shapes.size(); ++i)
-      fill_normal(exe.input(fmt::format("in{}", i)), stream * 16 + i);
+      fill_input(exe.input(fmt::format("in{}", i)), f32(in.from_shapes[i]), stream * 16 + i);
     exe.run();
     const Tensor& out = exe.value(src.node->output(in.output));
     MINIDL_CHECK(out.shape() == t.shape() && out.dtype() == t.dtype(), in.from, " output ",
@@ -353,6 +382,41 @@ std::string missing_in_schema(const Case& c) {
   return {};
 }
 
+/// Lays out (and, for Bf16, stores as bf16) every 4-D value of n as `storage` says; i32 values
+/// take the layout only.
+void apply_storage(ir::Node& n, Storage storage) {
+  if (storage == Storage::Plain) return;
+  const std::string& layout =
+      storage == Storage::Blocked ? ops::blocked_layout() : ops::bf16_layout();
+  std::vector<ir::Value*> values(n.inputs().begin(), n.inputs().end());
+  values.insert(values.end(), n.outputs().begin(), n.outputs().end());
+  for (ir::Value* v : values) {
+    if (v->shape().rank() != 4) continue;
+    v->set_layout(layout);
+    if (storage == Storage::Bf16 && v->dtype() == DType::F32) v->set_stored(DType::BF16);
+  }
+}
+
+/// Why the case's storage cannot be had here, or "".
+std::string storage_missing(Storage storage, const Case& c) {
+  if (storage != Storage::Plain) {
+    const std::string& layout =
+        storage == Storage::Blocked ? ops::blocked_layout() : ops::bf16_layout();
+    const int64_t channels = c.inputs[0].shape[1];
+    if (!layout.empty() && channels % ir::channel_block(layout) != 0)
+      return fmt::format("{} channels do not fill blocks of {} ({})", channels,
+                         ir::channel_block(layout), layout);
+  }
+  if (storage == Storage::Blocked && ops::blocked_layout().empty())
+    return "oneDNN's convolutions use no blocked layout on this CPU (or no oneDNN)";
+  if (storage == Storage::Bf16) {
+    if (std::string why = ops::bf16_unavailable(); !why.empty()) return "bf16 " + why;
+    if (ops::bf16_layout().empty())
+      return "oneDNN's bf16 convolutions use no layout minidl names on this CPU";
+  }
+  return {};
+}
+
 /// How a case runs: in f32, on bf16 factors (the node marked bf16), or also with its
 /// activations stored as bf16.
 enum class Variant { F32, Bf16, Bf16Activations };
@@ -411,11 +475,19 @@ void run_case(benchmark::State& state, const Case& c, const Flavour& f) {
       state.SkipWithError(missing.c_str());
       return;
     }
+    if (const std::string missing = storage_missing(c.storage, c); !missing.empty()) {
+      state.SkipWithError(missing.c_str());
+      return;
+    }
     std::vector<Shape> shapes;
     std::vector<DType> dtypes;
     for (const Input& in : c.inputs) shapes.push_back(in.shape), dtypes.push_back(in.dtype);
     OneNode one(c.op, c.attrs, shapes, dtypes, c.bench);
     apply_variant(*one.node, f.variant);
+    apply_storage(*one.node, c.storage);
+    // Pinned to the row's backend: a kernel declared preferred (OpDef::preferred) would
+    // otherwise run under every backend's name.
+    one.node->annotations().set("backend", std::string(ir::backend_name(backend)));
     runtime::Executable exe(one.g, {.backend = backend});
     const ir::KernelDef& kernel = chosen_kernel(exe, *one.node);
     if (kernel.backend != backend) {
@@ -430,7 +502,7 @@ void run_case(benchmark::State& state, const Case& c, const Flavour& f) {
       return;
     }
     for (std::size_t i = 0; i < c.inputs.size(); ++i)
-      fill_input(exe.input(fmt::format("in{}", i)), c.inputs[i], i);
+      fill_input(exe.input(fmt::format("in{}", i)), c.inputs[i], i, c.storage);
     exe.run();  // first touch of the buffers and oneDNN's first execution, outside the timing
     for (auto _ : state) exe.run();
     if (c.flops) {

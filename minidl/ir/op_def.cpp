@@ -87,6 +87,11 @@ OpDef& OpDef::bf16_values() {
   kernels_.back().bf16_values = true;
   return *this;
 }
+OpDef& OpDef::preferred() {
+  MINIDL_ASSERT(!kernels_.empty(), name_, ": preferred() must follow a kernel");
+  kernels_.back().preferred = true;
+  return *this;
+}
 OpDef& OpDef::mixed_precision() {
   MINIDL_ASSERT(!kernels_.empty(), name_, ": mixed_precision() must follow a kernel");
   kernels_.back().bf16 = true;
@@ -156,14 +161,15 @@ bool has_bf16_kernel(const OpDef& def) {
 
 std::vector<const KernelDef*> kernel_order(const Node& n, Backend preferred) {
   const Backend want = node_backend(n, preferred);
-  const bool bf16_first =
-      node_precision(n) == Precision::BF16 && n.annotations().find("backend") == nullptr;
+  const bool named = n.annotations().find("backend") != nullptr;
+  const bool bf16_first = node_precision(n) == Precision::BF16 && !named;
   const auto rank = [&](const KernelDef& k) {
     if (bf16_first && k.bf16) return 0;
-    return k.backend == want ? 1 : 2;
+    if (!named && k.preferred) return 1;
+    return k.backend == want ? 2 : 3;
   };
   std::vector<const KernelDef*> order;
-  for (int r = 0; r < 3; ++r)
+  for (int r = 0; r < 4; ++r)
     for (const auto& k : n.def().kernels())
       if (rank(k) == r) order.push_back(&k);
   return order;

@@ -69,8 +69,11 @@ bool FuseBiasActivation::run(ir::Graph& g) {
   };
   std::vector<Match> matches;
   for (ir::Node* n : g.nodes()) {
-    if (n->outputs().size() != 1) continue;
-    Match m{n, takes_bias(*n) ? sole_reader(g, n->output(0), "bias_add") : nullptr, nullptr};
+    Match m{n, nullptr, nullptr};
+    // A bias only where n has one output: the fused node then takes the bias_add's place, which
+    // readers of another output (between n and the bias_add) could not see.
+    if (n->outputs().size() == 1 && takes_bias(*n))
+      m.bias_add = sole_reader(g, n->output(0), "bias_add");
     if (takes_activation(*n))
       m.relu = sole_reader(g, m.bias_add ? m.bias_add->output(0) : n->output(0), "relu");
     if (m.bias_add || m.relu) matches.push_back(m);
@@ -95,9 +98,13 @@ bool FuseBiasActivation::run(ir::Graph& g) {
     fused->take_marks(*m.producer);
     fused->annotations().set("fused", absorbed);
     // Every input is defined before `last` (the bias before the bias_add), and every reader of
-    // the result comes after it: the fused node takes its place.
-    g.move_before(fused, last);
+    // the result comes after it: the fused node takes its place. Without a bias its inputs are
+    // the producer's, and it takes the producer's place, where the readers of the producer's
+    // other outputs (max pooling's argmax) find them too.
+    g.move_before(fused, m.bias_add ? last : m.producer);
     g.replace_uses(last->output(0), fused->output(0));
+    for (std::size_t o = 1; o < m.producer->outputs().size(); ++o)
+      g.replace_uses(m.producer->output(static_cast<int>(o)), fused->output(static_cast<int>(o)));
     std::vector<ir::Node*> dead{m.producer};
     if (m.bias_add) dead.push_back(m.bias_add);
     if (m.relu) dead.push_back(m.relu);

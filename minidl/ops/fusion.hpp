@@ -1,12 +1,12 @@
 // Fusion passes. FuseBiasActivation folds a bias_add and a following relu into the op that produces
 // their input, when that op can do the work in its own store (matmul: the GEMM epilogue or oneDNN's
-// bias and post-op; conv2d likewise; batch_norm and add apply the relu in their own pass). An op
-// declares what it takes: a relu, by the string attribute "activation"; a bias_add, by an optional
-// last input "bias". The pass runs on the training graph after autograd, so nothing
-// differentiates a fused node: the backward already reads what it needs (relu_bwd the relu's
-// output, which the fused node now produces; bias_add_bwd only the output gradient).
-// FuseActivationBackward then moves the relu_bwd's mask into the backward ops that read its
-// result, where they take it.
+// bias and post-op; conv2d likewise; batch_norm and add apply the relu in their own pass,
+// max_pool2d to its output). An op declares what it takes: a relu, by the string attribute
+// "activation"; a bias_add, by an optional last input "bias". The pass runs on the training graph
+// after autograd, so nothing differentiates a fused node: the backward already reads what it
+// needs (relu_bwd the relu's output, which the fused node now produces; bias_add_bwd only the
+// output gradient). FuseActivationBackward then moves the relu_bwd's mask into the backward ops
+// that read its result, where they take it.
 #pragma once
 
 #include "minidl/ir/pass.hpp"

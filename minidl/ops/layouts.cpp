@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
+#include <vector>
 
 #include "minidl/core/log.hpp"
 #include "minidl/ir/graph.hpp"
@@ -192,6 +194,36 @@ int assign_bf16(ir::Graph& g, ir::Backend preferred, const std::string& layout) 
   return count;
 }
 
+/// An i32 index output still plain (max pooling's argmax) takes the layout of the data output
+/// its node computes alongside it (output 0, of the same shape) when every kernel touching it
+/// takes any layout: the kernels then walk both alike. Returns how many it laid out.
+int indices_follow_data(ir::Graph& g, ir::Backend preferred) {
+  auto any_layout = [&](const ir::Node* n) {
+    const ir::KernelChoice* c = n->kernel(preferred);
+    return c != nullptr && c->kernel != nullptr && c->kernel->layouts;
+  };
+  std::vector<std::pair<ir::Value*, std::string>> moves;
+  const std::unordered_set<const ir::Value*> outputs(g.outputs().begin(), g.outputs().end());
+  for (ir::Node* n : g.nodes()) {
+    if (n->outputs().size() < 2 || n->output(0)->layout().empty() || !any_layout(n)) continue;
+    for (std::size_t o = 1; o < n->outputs().size(); ++o) {
+      ir::Value* v = n->output(static_cast<int>(o));
+      if (v->dtype() != DType::I32 || !v->layout().empty() || outputs.count(v) ||
+          v->shape() != n->output(0)->shape() ||
+          !std::all_of(v->users().begin(), v->users().end(), any_layout))
+        continue;
+      moves.emplace_back(v, n->output(0)->layout());
+    }
+  }
+  for (auto& [v, layout] : moves) {
+    v->set_layout(layout);
+    log_verbose("layouts", "{} of {} -> {} (its node's output layout)", v->ref(),
+                v->producer()->describe(), layout);
+  }
+  if (!moves.empty()) ir::choose_kernels(g, preferred);
+  return static_cast<int>(moves.size());
+}
+
 }  // namespace
 
 const std::string& blocked_layout() {
@@ -226,7 +258,7 @@ bool PropagateLayouts::run(ir::Graph& g) {
     }
   }
   const std::string& layout = blocked_layout();
-  if (layout.empty()) return count > 0;
+  if (layout.empty()) return count + indices_follow_data(g, preferred_) > 0;
 
   // Match: what each node's kernel takes, and the values that could be blocked at all: f32
   // activations and i32 indices (max pooling's argmax).
@@ -257,7 +289,7 @@ bool PropagateLayouts::run(ir::Graph& g) {
   // A new layout drops the records of the nodes around the value (Value::set_layout): choose
   // their kernels again, for the layouts they now see. Each still takes it, as decided above.
   if (blocked_count > 0) ir::choose_kernels(g, preferred_);
-  return count + blocked_count > 0;
+  return count + blocked_count + indices_follow_data(g, preferred_) > 0;
 }
 
 }  // namespace minidl::ops

@@ -5,6 +5,7 @@
 #include "minidl/ops/layouts.hpp"
 #include "minidl/ops/ops.hpp"
 #include "minidl/ops/precision.hpp"
+#include "minidl/ops/relu_max_pool.hpp"
 #include "minidl/train/step.hpp"
 
 namespace minidl::train {
@@ -23,6 +24,7 @@ Tensor predict(Model& model, const Tensor& samples, const runtime::CompileOption
   ir::PassManager pm({"gradients-reduced", "gradients-clipped", "updates-fused"});
   pm.add(std::make_unique<ir::DeadCodeElimination>());
   pm.add(std::make_unique<ops::MixedPrecision>(options.precision));
+  pm.add(std::make_unique<ops::ReluAfterMaxPool>());  // no autograd follows: a forward rewrite
   pm.add(std::make_unique<ops::FuseBiasActivation>());
   pm.add(std::make_unique<ops::FoldBatchNorm>());
   pm.add(std::make_unique<ops::PropagateLayouts>(options.backend));

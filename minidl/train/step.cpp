@@ -13,6 +13,7 @@
 #include "minidl/ops/layouts.hpp"
 #include "minidl/ops/ops.hpp"
 #include "minidl/ops/precision.hpp"
+#include "minidl/ops/relu_max_pool.hpp"
 #include "minidl/parallel/cross_replica_sums.hpp"
 #include "minidl/parallel/op_table.hpp"
 #include "minidl/parallel/tensor_parallel.hpp"
@@ -293,6 +294,12 @@ CompiledStep compile_step(Model& model, const Loss& loss, optim::Optimizer* opti
       ir::PassManager before;
       before.add(std::make_unique<parallel::TensorParallel>(tensor));
       before.run(g);
+    }
+    // Forward rewrites run before autograd, which then derives the backward from them.
+    {
+      ir::PassManager forward;
+      forward.add(std::make_unique<ops::ReluAfterMaxPool>(o.fuse));
+      forward.run(g);
     }
     if (spec.train) {
       if (o.sync_batch_stats) parallel::use_global_statistics(g);

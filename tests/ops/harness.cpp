@@ -149,13 +149,21 @@ void run_op_cases(const std::string& op, const std::vector<OpCase>& cases,
       if (k.backend == ir::Backend::Native) continue;
       std::string why;
       if (k.supports && !k.supports(*cg.node, &why)) continue;
-      runtime::Executable other(cg.g, {.backend = k.backend});
+      // The same graph with every node pinned to the backend (its "backend" annotation), so
+      // that a kernel declared preferred (OpDef::preferred) does not stand in for it.
+      CaseGraph ocg;
+      build(op, c, ocg);
+      for (ir::Node* n : ocg.g.nodes())
+        n->annotations().set("backend", std::string(ir::backend_name(k.backend)));
+      runtime::Executable other(ocg.g, {.backend = k.backend});
       other.run();
-      std::vector<ir::Value*> check = cg.outs;
+      std::vector<ir::Value*> check = cg.outs, ocheck = ocg.outs;
       check.insert(check.end(), cg.grads.begin(), cg.grads.end());
-      for (ir::Value* v : check) {
+      ocheck.insert(ocheck.end(), ocg.grads.begin(), ocg.grads.end());
+      for (std::size_t vi = 0; vi < check.size(); ++vi) {
+        ir::Value* v = check[vi];
         const Tensor& a = native.value(v);
-        const Tensor& b = other.value(v);
+        const Tensor& b = other.value(ocheck[vi]);
         for (std::int64_t i = 0; i < a.numel(); ++i) {
           ASSERT_NEAR(a.at(i), b.at(i), 1e-4 * (1.0 + std::fabs(a.at(i))))
               << k.name << " vs native, " << v->ref() << " element " << i;

@@ -214,9 +214,25 @@ TEST(Dispatch, ConvolutionAndPoolingNodesTakeTheChosenBackend) {
   runtime::Executable native(net.g, {.backend = ir::Backend::Native});
   for (const char* op : kConvNetOps) EXPECT_EQ(kernel_of(native, op), "native") << op;
 #if MINIDL_WITH_ONEDNN
+  // Max pooling's native kernels are declared preferred (OpDef::preferred): they run under
+  // either backend.
   runtime::Executable onednn(net.g, {.backend = ir::Backend::OneDnn});
-  for (const char* op : kConvNetOps) EXPECT_EQ(kernel_of(onednn, op), "onednn") << op;
+  for (const char* op : kConvNetOps) {
+    const bool preferred = std::string_view(op).starts_with("max_pool2d");
+    EXPECT_EQ(kernel_of(onednn, op), preferred ? "native" : "onednn") << op;
+  }
 #endif
+}
+
+TEST(Dispatch, BackendAnnotationWinsOverAPreferredKernel) {
+  SKIP_WITHOUT_ONEDNN();
+  ConvNet net;
+  for (ir::Node* n : net.g.nodes())
+    if (n->op().starts_with("max_pool2d")) n->annotations().set("backend", std::string("onednn"));
+  runtime::Executable onednn(net.g, {.backend = ir::Backend::Native});
+  EXPECT_EQ(kernel_of(onednn, "max_pool2d"), "onednn");
+  EXPECT_EQ(kernel_of(onednn, "max_pool2d_bwd"), "onednn");
+  EXPECT_EQ(kernel_of(onednn, "conv2d"), "native");
 }
 
 TEST(Dispatch, BothBackendsComputeTheSameConvNet) {

@@ -1,7 +1,9 @@
 #include <gmock/gmock.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <sstream>
 
 #include "harness.hpp"
 #include "minidl/autograd/autograd.hpp"
@@ -21,6 +23,11 @@ ir::Attrs pool_attrs(Ints kernel, Ints stride = {}, Ints pad = {0, 0}) {
   return {{"kernel", kernel}, {"stride", stride}, {"pad", pad}};
 }
 
+ir::Attrs with_relu(ir::Attrs a) {
+  a.set("activation", std::string("relu"));
+  return a;
+}
+
 }  // namespace
 
 // Finite differences are meaningless where the maximum is not unique: inputs are distinct.
@@ -36,6 +43,13 @@ static const std::vector<OpCase> kMaxPool = {
     OpCase().shapes({{4, 8, 12, 12}}).attrs(pool_attrs({2, 2})).avoid_ties(),
     OpCase().shapes({{2, 16, 9, 9}}).attrs(pool_attrs({3, 3}, {2, 2}, {1, 1})).avoid_ties(),
     OpCase().shapes({{1, 1, 7, 7}}).attrs(pool_attrs({7, 7}, {1, 1}, {3, 3})).avoid_ties(),
+    // A fused relu: the evenly spaced inputs keep every maximum at least half a spacing (> 5e-3)
+    // from relu's kink at 0.
+    OpCase().shapes({{2, 4, 6, 6}}).attrs(with_relu(pool_attrs({2, 2}))).avoid_ties(),
+    OpCase()
+        .shapes({{1, 3, 7, 7}})
+        .attrs(with_relu(pool_attrs({3, 3}, {2, 2}, {1, 1})))
+        .avoid_ties(),
 };
 static const std::vector<BadCase> kMaxPoolBad = {
     {{{1, 3, 3, 3}}, {}, pool_attrs({6, 6}, {1, 1}, {1, 1}), "kernel 6x6 exceeds padded input 5x5"},
@@ -50,6 +64,14 @@ static const std::vector<BadCase> kMaxPoolBad = {
     {{{1, 3, 8, 8}}, {}, pool_attrs({2}), "kernel must hold 2 values"},
     {{{3, 8, 8}}, {}, pool_attrs({2, 2}), "expected 4-D input [N,C,H,W]"},
     {{{1, 3, 8, 8}}, {DType::I32}, pool_attrs({2, 2}), "expected f32 x"},
+    {{{1, 3, 8, 8}},
+     {},
+     [] {
+       ir::Attrs a = pool_attrs({2, 2});
+       a.set("activation", std::string("tanh"));
+       return a;
+     }(),
+     "unknown activation 'tanh' (expected none or relu)"},
 };
 MINIDL_OP_TEST(max_pool2d, kMaxPool, kMaxPoolBad)
 
@@ -175,8 +197,19 @@ TEST(MaxPool2d, BackendsAgreeOnArgmaxAndTies) {
       g.add_output(n->output(1));
       g.add_output(dx);
       runtime::Executable native(g, {.backend = ir::Backend::Native});
+      // The native pooling is declared preferred: pin the pooling nodes to oneDNN's kernels.
+      for (ir::Node* node : g.nodes())
+        if (node->op().starts_with("max_pool2d"))
+          node->annotations().set("backend", std::string("onednn"));
       runtime::Executable onednn(g, {.backend = ir::Backend::OneDnn});
-      ASSERT_THAT(onednn.kernel_table(), ::testing::HasSubstr("max_pool2d_bwd"));
+      std::istringstream table(onednn.kernel_table());
+      int pinned = 0;
+      for (std::string line; std::getline(table, line);) {
+        if (line.find("max_pool2d") == std::string::npos) continue;
+        EXPECT_THAT(line, ::testing::EndsWith("-> onednn"));
+        ++pinned;
+      }
+      ASSERT_EQ(pinned, 2) << onednn.kernel_table();
       native.run();
       onednn.run();
       const Tensor& am_n = native.value(n->output(1));
@@ -201,8 +234,10 @@ TEST(MaxPool2d, OneDnnBackwardRefusesArgmaxOutsideItsWindow) {
   ir::Value* dy = ops::parameter(g, "dy", Tensor::full({1, 1, 2, 2}, 1.0f));
   // Plane 4x4, 2x2 windows: output (0, 1) reads columns 2..3 of rows 0..1; index 4 is (1, 0).
   Tensor am = Tensor::from<std::int32_t>({1, 1, 2, 2}, {0, 4, 8, 10});
-  ir::Value* dx = ops::apply("max_pool2d_bwd", {dy, ops::parameter(g, "am", am)},
-                             {{"kernel", Ints{2, 2}}, {"in_shape", Ints{1, 1, 4, 4}}}, 0);
+  ir::Node* bwd = ops::apply_node("max_pool2d_bwd", {dy, ops::parameter(g, "am", am)},
+                                  {{"kernel", Ints{2, 2}}, {"in_shape", Ints{1, 1, 4, 4}}});
+  bwd->annotations().set("backend", std::string("onednn"));  // the native kernel is preferred
+  ir::Value* dx = bwd->output(0);
   g.add_output(dx);
   runtime::Executable exe(g, {.backend = ir::Backend::OneDnn});
   try {
@@ -211,5 +246,218 @@ TEST(MaxPool2d, OneDnnBackwardRefusesArgmaxOutsideItsWindow) {
   } catch (const Error& e) {
     EXPECT_THAT(e.what(), ::testing::HasSubstr("max_pool2d_bwd"));
     EXPECT_THAT(e.what(), ::testing::HasSubstr("an argmax lies outside its 2x2 window"));
+  }
+}
+
+// ---- every layout and stored type -----------------------------------------------------------
+
+namespace {
+
+// Where element (n, c, pos) of a [N,C,P] view lies in a value of `layout`.
+std::int64_t offset_in(const std::string& layout, const Shape& s, std::int64_t n, std::int64_t c,
+                       std::int64_t pos) {
+  const std::int64_t ch = s[1], plane = s[2] * s[3];
+  if (layout.empty()) return (n * ch + c) * plane + pos;
+  if (layout == "nhwc") return (n * plane + pos) * ch + c;
+  const std::int64_t b = ir::channel_block(layout);
+  return (n * ch + c - c % b) * plane + pos * b + c % b;
+}
+
+std::uint16_t bf16_of(float f) {  // exact for the test's values
+  std::uint32_t u = 0;
+  std::memcpy(&u, &f, sizeof u);
+  return static_cast<std::uint16_t>(u >> 16);
+}
+float f32_of(std::uint16_t h) {
+  const std::uint32_t u = static_cast<std::uint32_t>(h) << 16;
+  float f = 0.0f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// Writes plain tensor `plain` (f32 or i32) into `t`, laid out as `layout` (f32 possibly as bf16).
+void pack(const Tensor& plain, const Tensor& t, const std::string& layout) {
+  const Shape& s = plain.shape();
+  for (std::int64_t n = 0; n < s[0]; ++n)
+    for (std::int64_t c = 0; c < s[1]; ++c)
+      for (std::int64_t p = 0; p < s[2] * s[3]; ++p) {
+        const std::int64_t from = offset_in("", s, n, c, p), to = offset_in(layout, s, n, c, p);
+        if (plain.dtype() == DType::I32) {
+          static_cast<std::int32_t*>(t.raw())[to] = plain.data<std::int32_t>()[from];
+        } else if (t.dtype() == DType::BF16) {
+          static_cast<std::uint16_t*>(t.raw())[to] = bf16_of(plain.data<float>()[from]);
+        } else {
+          static_cast<float*>(t.raw())[to] = plain.data<float>()[from];
+        }
+      }
+}
+
+// The plain f32 (or i32) tensor of `t`, laid out as `layout`.
+Tensor unpack(const Tensor& t, const std::string& layout) {
+  const Shape& s = t.shape();
+  Tensor plain = Tensor::empty(s, t.dtype() == DType::I32 ? DType::I32 : DType::F32);
+  for (std::int64_t n = 0; n < s[0]; ++n)
+    for (std::int64_t c = 0; c < s[1]; ++c)
+      for (std::int64_t p = 0; p < s[2] * s[3]; ++p) {
+        const std::int64_t to = offset_in("", s, n, c, p), from = offset_in(layout, s, n, c, p);
+        if (t.dtype() == DType::I32) {
+          plain.data<std::int32_t>()[to] = static_cast<const std::int32_t*>(t.raw())[from];
+        } else if (t.dtype() == DType::BF16) {
+          plain.data<float>()[to] = f32_of(static_cast<const std::uint16_t*>(t.raw())[from]);
+        } else {
+          plain.data<float>()[to] = static_cast<const float*>(t.raw())[from];
+        }
+      }
+  return plain;
+}
+
+// How each value of a pooling node is kept: its layout and whether it is stored as bf16.
+struct Keep {
+  std::string layout;
+  bool bf16 = false;
+};
+
+void keep(ir::Value* v, const Keep& k) {
+  v->set_layout(k.layout);
+  if (k.bf16 && v->dtype() == DType::F32) v->set_stored(DType::BF16);
+}
+
+bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+// One forward node on x (plain values given) with its values kept as said, on `backend` (pinned);
+// returns y and argmax plain.
+std::pair<Tensor, Tensor> run_fwd(const Tensor& x, const ir::Attrs& attrs, const Keep& kx,
+                                  const Keep& ky, const Keep& ka, ir::Backend backend) {
+  ir::Graph g;
+  ir::Value* xv = ops::input(g, "x", x.shape());
+  ir::Node* n = ops::apply_node("max_pool2d", {xv}, attrs, "pool");
+  n->annotations().set("backend", std::string(ir::backend_name(backend)));
+  keep(xv, kx);
+  keep(n->output(0), ky);
+  keep(n->output(1), ka);
+  g.add_output(n->output(0));
+  g.add_output(n->output(1));
+  runtime::Executable exe(g, {.backend = backend});
+  pack(x, exe.input("x"), kx.layout);
+  exe.run();
+  return {unpack(exe.value(n->output(0)), ky.layout), unpack(exe.value(n->output(1)), ka.layout)};
+}
+
+Tensor run_bwd(const Tensor& dy, const Tensor& am, const Shape& x, const ir::Attrs& attrs,
+               const Keep& kdy, const Keep& ka, const Keep& kdx, ir::Backend backend) {
+  ir::Graph g;
+  ir::Value* dyv = ops::input(g, "dy", dy.shape());
+  ir::Value* amv = ops::input(g, "am", am.shape(), DType::I32);
+  ir::Attrs a = attrs;
+  a.set("in_shape", x.dims());
+  ir::Node* n = ops::apply_node("max_pool2d_bwd", {dyv, amv}, a, "pool_bwd");
+  n->annotations().set("backend", std::string(ir::backend_name(backend)));
+  keep(dyv, kdy);
+  keep(amv, ka);
+  keep(n->output(0), kdx);
+  g.add_output(n->output(0));
+  runtime::Executable exe(g, {.backend = backend});
+  pack(dy, exe.input("dy"), kdy.layout);
+  pack(am, exe.input("am"), ka.layout);
+  exe.run();
+  EXPECT_THAT(exe.kernel_table(), ::testing::HasSubstr(std::string(ir::backend_name(backend))));
+  return unpack(exe.value(n->output(0)), kdx.layout);
+}
+
+}  // namespace
+
+// The native kernels in each layout the graph uses (plain, nChw16c, nChw8c, nhwc), f32 and bf16
+// stored values, and mixed (a blocked input pooled into a plain output before a flatten): y and
+// argmax bit-exact against the plain kernel (today's results), dx bit-exact too; and against
+// oneDNN's kernels in the same layouts (y and argmax exact, dx to rounding where windows overlap).
+// Values are small integers (exact in bf16) with many ties, or next to none.
+TEST(MaxPool2d, EveryLayoutAndStoredTypeMatchesPlain) {
+  struct Geometry {
+    Shape x;
+    ir::Attrs attrs;
+  };
+  const std::vector<Geometry> geometries = {
+      {{2, 32, 8, 8}, pool_attrs({2, 2})},                  // the CNNs': disjoint windows
+      {{1, 16, 7, 9}, pool_attrs({2, 2})},                  // a row and column no window covers
+      {{2, 16, 9, 9}, pool_attrs({3, 3}, {2, 2}, {1, 1})},  // overlapping, padded
+      {{1, 32, 8, 8}, pool_attrs({2, 2}, {3, 3})},          // gaps between windows
+  };
+  struct Layouts {
+    Keep in, out, am;  // x (or dx), y (or dy), argmax
+  };
+  std::vector<Layouts> layouts;
+  for (const std::string l : {"", "nChw16c", "nChw8c", "nhwc"})
+    for (const bool bf16 : {false, true}) layouts.push_back({{l, bf16}, {l, bf16}, {l, false}});
+  layouts.push_back({{"nChw16c", false}, {"", false}, {"", false}});  // f32 pool2 -> flatten
+  layouts.push_back({{"nhwc", true}, {"", false}, {"nhwc", false}});  // bf16 pool2 -> flatten
+  layouts.push_back({{"nhwc", true}, {"", false}, {"", false}});
+  layouts.push_back({{"nChw8c", false}, {"nhwc", true}, {"nChw16c", false}});
+  for (const Geometry& geo : geometries) {
+    for (const std::int64_t levels : {3, 200}) {
+      Tensor x = Tensor::empty(geo.x);
+      const CounterRng rng(5);
+      for (std::int64_t i = 0; i < x.numel(); ++i)
+        x.data<float>()[i] = static_cast<float>(rng.bits(1, i) % levels) - levels / 2.0f;
+      const Keep plain;
+      const auto [y0, am0] = run_fwd(x, geo.attrs, plain, plain, plain, ir::Backend::Native);
+      Tensor dy = Tensor::empty(y0.shape());
+      for (std::int64_t i = 0; i < dy.numel(); ++i)
+        dy.data<float>()[i] = static_cast<float>(static_cast<int>(rng.bits(2, i) % 64) - 32) / 4;
+      const Tensor dx0 =
+          run_bwd(dy, am0, geo.x, geo.attrs, plain, plain, plain, ir::Backend::Native);
+      for (const Layouts& l : layouts) {
+        SCOPED_TRACE(fmt::format(
+            "x={} kernel {} stride {} levels={} in='{}'{} out='{}'{} "
+            "argmax='{}'",
+            geo.x, fmt::join(geo.attrs.get<Ints>("kernel"), "x"),
+            fmt::join(geo.attrs.get<Ints>("stride"), "x"), levels, l.in.layout,
+            l.in.bf16 ? " bf16" : "", l.out.layout, l.out.bf16 ? " bf16" : "", l.am.layout));
+        std::vector<ir::Backend> backends = {ir::Backend::Native};
+        // oneDNN keeps argmax plain or in its primitive's layout (the input side's).
+        if (MINIDL_WITH_ONEDNN && (l.am.layout.empty() || l.am.layout == l.in.layout))
+          backends.push_back(ir::Backend::OneDnn);
+        for (const ir::Backend b : backends) {
+          SCOPED_TRACE(ir::backend_name(b));
+          const auto [y, am] = run_fwd(x, geo.attrs, l.in, l.out, l.am, b);
+          for (std::int64_t i = 0; i < y.numel(); ++i) {
+            ASSERT_TRUE(same_bits(y.at(i), y0.at(i))) << "y " << i;
+            ASSERT_EQ(am.data<std::int32_t>()[i], am0.data<std::int32_t>()[i]) << "argmax " << i;
+          }
+          const Tensor dx = run_bwd(dy, am0, geo.x, geo.attrs, l.out, l.am, l.in, b);
+          for (std::int64_t i = 0; i < dx.numel(); ++i) {
+            if (b == ir::Backend::Native) {
+              ASSERT_TRUE(same_bits(dx.at(i), dx0.at(i))) << "dx " << i;
+            } else {
+              ASSERT_NEAR(dx.at(i), dx0.at(i), 1e-2 * (1.0 + std::fabs(dx0.at(i)))) << "dx " << i;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// A fused relu (activation=relu) is relu of the pooled value in every layout, with the argmax of
+// the maximum; its gradient is checked by the harness (kMaxPool's relu cases).
+TEST(MaxPool2d, FusedReluInEveryLayout) {
+  const Shape xs{2, 16, 6, 6};
+  Tensor x = Tensor::empty(xs);
+  const CounterRng rng(9);
+  rng.fill_normal(x, 1, 0.0f, 1.0f);
+  for (std::int64_t i = 0; i < x.numel(); ++i)
+    x.data<float>()[i] = std::round(x.data<float>()[i] * 8.0f) / 8.0f;  // exact in bf16
+  ir::Attrs attrs = pool_attrs({2, 2});
+  const Keep plain;
+  const auto [y0, am0] = run_fwd(x, attrs, plain, plain, plain, ir::Backend::Native);
+  attrs.set("activation", std::string("relu"));
+  for (const std::string l : {"", "nChw16c", "nChw8c", "nhwc"}) {
+    for (const bool bf16 : {false, true}) {
+      SCOPED_TRACE(fmt::format("layout '{}' bf16 {}", l, bf16));
+      const auto [y, am] = run_fwd(x, attrs, {l, bf16}, {l, bf16}, {l, false}, ir::Backend::Native);
+      for (std::int64_t i = 0; i < y.numel(); ++i) {
+        ASSERT_TRUE(same_bits(y.at(i), y0.at(i) > 0.0f ? y0.at(i) : 0.0f)) << "y " << i;
+        ASSERT_EQ(am.data<std::int32_t>()[i], am0.data<std::int32_t>()[i]) << "argmax " << i;
+      }
+    }
   }
 }

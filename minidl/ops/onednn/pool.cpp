@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "minidl/core/threading.hpp"
+#include "minidl/ops/common.hpp"
 #include "minidl/ops/nn/window.hpp"
 #include "minidl/ops/onednn/kernels.hpp"
 #include "minidl/ops/onednn/onednn.hpp"
@@ -208,10 +209,29 @@ Problem backward_problem(const ir::Node& n, bool max) {
 
 }  // namespace
 
+namespace {
+// The workspace conversion walks argmax plain or in the primitive's layout (data's).
+bool argmax_layout_ok(const ir::Value* data, const ir::Value* argmax, std::string* why) {
+  if (argmax->layout().empty() || argmax->layout() == data->layout()) return true;
+  if (why != nullptr) {
+    *why = fmt::format("{} is in layout {}, neither plain nor the layout of {} ({})", argmax->ref(),
+                       argmax->layout(), data->ref(),
+                       data->layout().empty() ? "plain" : data->layout());
+  }
+  return false;
+}
+}  // namespace
+
 bool max_pool2d_supports(const ir::Node& n, std::string* why) {
+  if (activation_of(n.attrs()) != Activation::None) {
+    if (why != nullptr) *why = "a fused activation: the oneDNN pooling applies none";
+    return false;
+  }
+  if (!argmax_layout_ok(n.input(0), n.output(1), why)) return false;
   return supports(n, why, n.input(0), [&] { return forward_pd(forward_problem(n, true)); });
 }
 bool max_pool2d_bwd_supports(const ir::Node& n, std::string* why) {
+  if (!argmax_layout_ok(n.output(0), n.input(1), why)) return false;
   return supports(n, why, n.input(0), [&] { return backward_pd(backward_problem(n, true)); });
 }
 bool avg_pool2d_supports(const ir::Node& n, std::string* why) {
