@@ -216,6 +216,12 @@ void Graph::remove(const std::vector<Node*>& nodes) {
   std::erase_if(order_, [&](Node* n) { return dead.count(n) > 0; });
 }
 
+void Graph::take_name(Node* node, const Node* old) {
+  MINIDL_ASSERT(std::find(order_.begin(), order_.end(), old) == order_.end(),
+                "take_name: ", old->describe(), " is still in the graph");
+  node->name_ = old->name_;
+}
+
 void Graph::move_before(Node* node, Node* before) {
   auto it = std::find(order_.begin(), order_.end(), node);
   MINIDL_ASSERT(it != order_.end());

@@ -170,6 +170,9 @@ class Graph {
   void replace_uses(Value* from, Value* to, const Node* except = nullptr);
   /// Removes nodes whose outputs have no users; they must not be used.
   void remove(const std::vector<Node*>& nodes);
+  /// Gives node the name of `old`, a node already removed: a pass that rebuilds a node in place
+  /// of another keeps the name users and logs know it by (names stay unique: `old` is gone).
+  void take_name(Node* node, const Node* old);
   /// Moves node to just before `before` in the order (scheduling passes).
   void move_before(Node* node, Node* before);
   /// Replaces the execution order by `order`, a permutation of nodes() (scheduling passes;

@@ -65,6 +65,8 @@ bool ReluAfterMaxPool::run(ir::Graph& g) {
     g.replace_uses(m.pool->output(0), relu->output(0));
     g.replace_uses(m.pool->output(1), pool->output(1));
     g.remove({m.pool, m.relu});
+    g.take_name(pool, m.pool);
+    g.take_name(relu, m.relu);
   }
   return !matches.empty();
 }

@@ -12,9 +12,8 @@ namespace minidl::ops {
 
 /// max_pool2d(relu(x)) -> relu(max_pool2d(x)), where the relu's output is read by the pooling
 /// alone (and is not a graph output) and the pooling has no activation yet. Both new nodes take
-/// the old ones' marks and, since a graph never reuses a name, the old names with a suffix
-/// ("pool1.max_pool2d.1"); they sit at the pooling's place. Why the values and the gradients are
-/// the same is in relu_max_pool.cpp.
+/// the old ones' marks and names (Graph::take_name); they sit at the pooling's place. Why the
+/// values and the gradients are the same is in relu_max_pool.cpp.
 class ReluAfterMaxPool final : public ir::Pass {
  public:
   /// enabled false (--no-fuse): the graph is left alone.

@@ -34,6 +34,21 @@ TEST(Graph, NamesAreUnique) {
   EXPECT_EQ(g.find("relu.1"), b->producer());
 }
 
+// A node rebuilt in place of a removed one takes its name; a live node's name is not for taking.
+TEST(Graph, ARebuiltNodeTakesTheRemovedNodesName) {
+  ir::Graph g;
+  ir::Value* x = ops::input(g, "x", {2, 2});
+  ir::Value* a = ops::relu(x);
+  ir::Node* old = a->producer();
+  ir::Node* rebuilt = ops::relu(x)->producer();
+  EXPECT_EQ(rebuilt->name(), "relu.1");
+  EXPECT_DEATH(g.take_name(rebuilt, old), "is still in the graph");
+  g.remove({old});
+  g.take_name(rebuilt, old);
+  EXPECT_EQ(rebuilt->name(), "relu");
+  EXPECT_EQ(g.find("relu"), rebuilt);
+}
+
 TEST(Graph, WrongInputCountAndForeignValue) {
   ir::Graph g, h;
   ir::Value* x = ops::input(g, "x", {2, 2});

@@ -99,8 +99,9 @@ TEST(ReluAfterMaxPool, RewritesThenFusesAndKeepsResults) {
     ASSERT_NE(relu, nullptr) << ir::to_text(rewritten.g);
     EXPECT_EQ(relu->input(0)->producer()->op(), "max_pool2d");
     EXPECT_EQ(first_op(rewritten.g, "max_pool2d")->input(0)->producer()->op(), "bias_add");
-    // Names are never reused in a graph: the new nodes carry the old names with a suffix.
-    EXPECT_EQ(relu->name(), "relu.1");
+    // The new nodes keep the old names.
+    EXPECT_EQ(relu->name(), "relu");
+    EXPECT_EQ(first_op(rewritten.g, "max_pool2d")->name(), "pool");
     // relu_bwd runs on the pooled shape now.
     for (const ir::Node* n : rewritten.g.nodes()) {
       if (n->op() == "relu_bwd") {
