@@ -7,7 +7,6 @@
 // ("onednn bf16") and say which marked nodes ran in f32.
 #pragma once
 
-#include <cstdint>
 #include <string>
 
 #include "minidl/ir/op_def.hpp"
@@ -15,23 +14,9 @@
 
 namespace minidl::ops {
 
-/// A convolution whose product sums over fewer input channels than this stays f32 under
-/// --precision bf16: oneDNN's bf16 kernels (AMX tiles, AVX512-BF16 dot products) work on blocks
-/// of 16 input channels (32 bf16 values per dot product pair), so 1 or 3 channels fill a
-/// fraction of each block, and the conversions around the product cost more than the product
-/// gains (minidl_bench: the first layers of the CIFAR and MNIST CNNs, forward and weight
-/// gradient, ran no faster or slower in bf16 than in f32).
-inline constexpr std::int64_t kBf16MinInputChannels = 16;
-
-/// Why node n computes in f32 even under --precision bf16 ("3 input channels, fewer than one
-/// bf16 block of 16"), or "" when bf16 may pay.
-std::string f32_reason(const ir::Node& n);
-
 /// precision BF16: every node whose op has a kernel with a bf16 path gets the annotation
-/// precision=bf16 (a node that already carries one keeps it), except a convolution with fewer
-/// input channels than kBf16MinInputChannels: it gets precision=f32 and the reason in the
-/// annotation "precision_reason", which MINIDL_VERBOSE=dispatch prints. F32 changes nothing. Such a
-/// node tries its bf16 kernels before those of the preferred backend (ir::kernel_order), so a graph
+/// precision=bf16 (a node that already carries one keeps it); F32 changes nothing. Such a node
+/// tries its bf16 kernels before those of the preferred backend (ir::kernel_order), so a graph
 /// of native kernels runs its products in oneDNN's bf16 ones. It runs first
 /// in a pipeline: fused and replicated nodes take the annotations of the nodes they replace.
 class MixedPrecision final : public ir::Pass {

@@ -2,10 +2,10 @@
 # --precision: a bad value and a CPU without AVX512-BF16 or AMX-BF16 (as oneDNN sees it under
 # DNNL_MAX_CPU_ISA=AVX512_CORE) are refused with one line naming the problem. Where the CPU has
 # bf16 units, the MLP (native kernels preferred) and the MNIST CNN (oneDNN's) train with their
-# products in oneDNN's bf16 kernels (the dispatch log names them), end near the f32 run but not
-# on its bits, and in deterministic mode give the same bits on 1x1, 1x2 and 2x1 ranks x threads.
-# The CNN's convolution, over one input channel, stays f32 (the dispatch log says why) and so do
-# its activations. Checkpoints resume across precisions.
+# products and convolutions in oneDNN's bf16 kernels (the dispatch log names them), end near the
+# f32 run but not on its bits, and in deterministic mode give the same bits on 1x1, 1x2 and 2x1
+# ranks x threads. The CNN keeps its activations between bf16 kernels in bf16. Checkpoints resume
+# across precisions.
 # Exits 77 (skipped) after the refusals on a CPU without bf16 units.
 # Usage: precision.sh path/to/mnist_mlp path/to/mnist_cnn path/to/mpirun
 set -u
@@ -60,13 +60,14 @@ final_loss() { grep -o "^epoch.*loss *[0-9.]*" "$tmp/$1.out" | tail -1 | awk '{p
 
 for model in mlp cnn; do
   bin=$mlp flags=(--hidden 32 --lr 0.05) epochs=3
-  # The CNN on oneDNN's kernels (the native pooling preferred over oneDNN's): its one-channel
-  # convolution stays f32, so no activation is bf16.
+  # The CNN on oneDNN's kernels: its ReLU backward, and the native pooling (preferred over
+  # oneDNN's), then run on bf16 activations.
   [ $model = cnn ] && bin=$cnn flags=(--lr 0.05 --backend onednn) epochs=2
   run $model-f32 "$bin" --data "$tmp/data" --seed 5 "${flags[@]}" --epochs $epochs
   MINIDL_VERBOSE=dispatch,layouts,reorders run $model-bf16 "$bin" --data "$tmp/data" --seed 5 "${flags[@]}" \
     --epochs $epochs --precision bf16
   op=matmul
+  [ $model = cnn ] && op=conv2d_bwd_weights_bias
   if grep -q "$op .*-> onednn bf16" "$tmp/$model-bf16.out"; then
     echo "ok   $model: the dispatch log names bf16 kernels ($op)"
   else
@@ -74,18 +75,16 @@ for model in mlp cnn; do
     grep -m5 -- "->" "$tmp/$model-bf16.out"
   fi
   if [ $model = cnn ]; then
-    # The convolution sums over one input channel: its forward and its weight gradient (fused
-    # with the bias gradient) stay f32 and say why, and no activation is stored as bf16.
-    why="(in f32: 1 input channel, fewer than one bf16 block of 16)"
-    if grep -qF "conv2d 'conv1.conv2d+bias' (%" "$tmp/$model-bf16.out" &&
-      grep "conv2d 'conv1" "$tmp/$model-bf16.out" | grep -qF -- "-> onednn $why" &&
-      grep "conv2d_bwd_weights_bias 'conv1" "$tmp/$model-bf16.out" | grep -qF -- "-> onednn $why" &&
-      ! grep -q "\[dispatch\] conv2d.*-> onednn bf16" "$tmp/$model-bf16.out" &&
-      ! grep -q "\[layouts\] .* bf16$" "$tmp/$model-bf16.out"; then
-      echo "ok   $model: the convolution stays f32 $why"
+    # The CNN's activations between bf16 kernels are stored as bf16 (the layouts log), the
+    # native pooling after its convolution runs on them, and the reorders log names the conversions
+    # from f32 (the input image, the weights).
+    if grep -q "of conv2d .* bf16$" "$tmp/$model-bf16.out" &&
+      grep -q "max_pool2d .*-> native bf16" "$tmp/$model-bf16.out" &&
+      grep -q "\[reorders\] conv2d .* f32 .* -> bf16 " "$tmp/$model-bf16.out"; then
+      echo "ok   $model: bf16 activations between bf16 kernels ($(grep -c " bf16$" "$tmp/$model-bf16.out") values)"
     else
-      fail "$model: the convolution computes in bf16, says no reason, or an activation is bf16:"
-      grep -m10 "conv2d\|bf16$" "$tmp/$model-bf16.out"
+      fail "$model: no bf16 activation, no native bf16 pooling or no conversion logged:"
+      grep -m10 "bf16" "$tmp/$model-bf16.out"
     fi
   fi
   if cmp -s "$tmp/$model-f32.safetensors" "$tmp/$model-bf16.safetensors"; then

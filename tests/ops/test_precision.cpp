@@ -59,8 +59,6 @@ Tensor run_node(std::string_view op, const std::vector<Tensor>& ins, ir::Attrs a
     vs.push_back(ops::input(g, "x" + std::to_string(i), ins[i].shape()));
   ir::Node* n = ops::apply_node(op, vs, std::move(attrs));
   g.add_output(n->output(0));
-  // Marked by hand: the kernels' bf16 paths, whatever the pass's rule would leave in f32.
-  if (precision == ir::Precision::BF16) ir::set_node_precision(*n, precision);
   ops::MixedPrecision(precision).run(g);
   runtime::Executable exe(g, {.backend = backend});
   for (std::size_t i = 0; i < ins.size(); ++i) {
@@ -235,45 +233,5 @@ TEST(Precision, Bf16ProductsStayOutOfTheFusedUpdate) {
     ops::MixedPrecision(p).run(g);
     EXPECT_TRUE(ops::FuseUpdateIntoProduct().run(g) ==
                 (p == ir::Precision::F32 || !MINIDL_WITH_ONEDNN));
-  }
-}
-
-// A convolution that sums over fewer input channels than one bf16 block stays f32, with the
-// reason on the node and in the dispatch log; from 16 channels on it is marked bf16. The rule
-// reads w's channels, so it holds for the forward and both backward passes alike.
-TEST(Precision, ConvolutionsWithFewInputChannelsStayF32) {
-  const ir::Attrs attrs{{"stride", ir::Ints{1, 1}}, {"pad", ir::Ints{1, 1}}};
-  for (const std::int64_t c : {1, 3, 15, 16, 32}) {
-    SCOPED_TRACE(c);
-    ir::Graph g;
-    ir::Value* x = ops::input(g, "x", {2, c, 8, 8});
-    ir::Value* w = ops::input(g, "w", {4, c, 3, 3});
-    ir::Value* dy = ops::input(g, "dy", {2, 4, 8, 8});
-    ir::Value* y = ops::apply("conv2d", {x, w}, attrs);
-    ir::Attrs data = attrs, weights = attrs;
-    data.set("in_shape", ir::Ints{2, c, 8, 8});
-    weights.set("kernel", ir::Ints{3, 3});
-    ir::Value* dx = ops::apply("conv2d_bwd_data", {dy, w}, data);
-    ir::Node* dwb = g.add_node(ops::op("conv2d_bwd_weights_bias"), {dy, x}, weights, "dwb");
-    ir::Value* dw = ops::apply("conv2d_bwd_weights", {dy, x}, weights);
-    for (ir::Value* v : {y, dx, dwb->output(0), dwb->output(1), dw}) g.add_output(v);
-    ops::MixedPrecision(ir::Precision::BF16).run(g);
-    const bool f32 = c < ops::kBf16MinInputChannels;
-    for (const ir::Node* n :
-         std::vector<const ir::Node*>{y->producer(), dx->producer(), dwb, dw->producer()}) {
-      EXPECT_EQ(ir::node_precision(*n), f32 ? ir::Precision::F32 : ir::Precision::BF16)
-          << n->describe();
-      const std::string why = ir::precision_reason(*n);
-      EXPECT_EQ(why.empty(), !f32) << n->describe() << ": " << why;
-      if (f32) {
-        EXPECT_NE(why.find(std::to_string(c) + " input channel"), std::string::npos) << why;
-        EXPECT_NE(why.find("fewer than one bf16 block of 16"), std::string::npos) << why;
-      }
-    }
-    if (!ops::bf16_unavailable().empty() || !f32) continue;
-    // The dispatch log (MINIDL_VERBOSE=dispatch) and the kernel table say so.
-    runtime::Executable exe(g, {.backend = ir::Backend::OneDnn});
-    const std::string table = exe.kernel_table();
-    EXPECT_EQ(table.find("onednn bf16"), std::string::npos) << table;
   }
 }
