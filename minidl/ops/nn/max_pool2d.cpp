@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 #include "minidl/core/threading.hpp"
 #include "minidl/ops/common.hpp"
@@ -469,11 +470,43 @@ void bwd_group_scatter(const BwdArgs& a, TD* dst, const TY* src, const std::int3
   }
 }
 
+// Copies the N x C planes of a tensor addressed by `from` into `to`'s addressing (its layout).
+template <typename T>
+void repack(const T* src, const Addr& from, T* dst, const Addr& to, int64_t samples) {
+  const int64_t channels = from.channels, plane = from.plane;
+  parallel_for(samples * channels, plane, [&](int64_t u0, int64_t u1) {
+    for (int64_t u = u0; u < u1; ++u) {
+      const T* s = src + from.base(u / channels, u % channels);
+      T* d = dst + to.base(u / channels, u % channels);
+      const int64_t ss = from.step(), ds = to.step();
+      for (int64_t p = 0; p < plane; ++p) d[p * ds] = s[p * ss];
+    }
+  });
+}
+
 template <typename TD, typename TY>
-void bwd_layouts(const ir::KernelArgs& k, const BwdArgs& a) {
+void bwd_layouts(const ir::KernelArgs& k, BwdArgs a) {
   TD* dst = static_cast<TD*>(k.out[0].raw());
   const TY* src = static_cast<const TY*>(k.in[0].raw());
   const std::int32_t* argmax = k.in[1].data<std::int32_t>();
+  if (!a.contiguous) {
+    // dy and argmax in another layout than dx (plain after a flatten, dx blocked): gathering
+    // them lane by lane is slow, so they are first copied into dx's layout (a quarter of dx's
+    // size for 2x2 windows), and the contiguous path runs.
+    Addr to = a.dx;
+    to.plane = a.dy.plane;
+    const int64_t samples = k.out[0].shape()[0], numel = k.in[0].numel();
+    thread_local std::vector<TY> dy_buf;
+    thread_local std::vector<std::int32_t> am_buf;
+    dy_buf.resize(static_cast<std::size_t>(numel));
+    am_buf.resize(static_cast<std::size_t>(numel));
+    repack(src, a.dy, dy_buf.data(), to, samples);
+    repack(argmax, a.am, am_buf.data(), to, samples);
+    src = dy_buf.data();
+    argmax = am_buf.data();
+    a.dy = a.am = to;
+    a.contiguous = true;
+  }
   const ConvGeom& g = a.g;
   const int64_t groups = k.out[0].shape()[0] * a.groups_per_n;
   const bool disjoint = g.SH >= g.KH && g.SW >= g.KW && g.PH == 0 && g.PW == 0;
