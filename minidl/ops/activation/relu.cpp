@@ -2,6 +2,9 @@
 // The optional addend is a gradient sum folded into the backward (ops::FuseActivationBackward:
 // add(other, relu_bwd(dy, y)) at a value with two readers, such as a residual block's input):
 // one pass instead of two, with the same bits as relu_bwd followed by add.
+#include <bit>
+#include <cstdint>
+
 #include "minidl/ops/common.hpp"
 #include "minidl/ops/onednn/kernels.hpp"
 #include "minidl/ops/op_table.hpp"
@@ -25,8 +28,12 @@ void relu_bwd_native(const ir::KernelArgs& k) {
   const float* acc = k.in[2].data<float>();
   float* dx = k.out[0].data<float>();
   elementwise(k.in[0].numel(), [&](std::int64_t lo, std::int64_t hi) {
+  // dy's bits or +0, branch-free, so that the loop vectorises.
 #pragma omp simd
-    for (std::int64_t i = lo; i < hi; ++i) dx[i] = acc[i] + (y[i] > 0.0f ? dy[i] : 0.0f);
+    for (std::int64_t i = lo; i < hi; ++i) {
+      const std::uint32_t keep = y[i] > 0.0f ? 0xffffffffu : 0u;
+      dx[i] = acc[i] + std::bit_cast<float>(std::bit_cast<std::uint32_t>(dy[i]) & keep);
+    }
   });
 }
 

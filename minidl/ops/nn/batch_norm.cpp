@@ -32,7 +32,9 @@
 // The native kernels and oneDNN's (batch_normalization_forward / _backward with
 // use_global_stats) read and write every activation (x, y, dy, dx) in its layout, plain or
 // channel-blocked, so a BatchNorm between convolutions keeps their blocked layout.
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <memory>
 
 #include "minidl/ops/common.hpp"
@@ -199,7 +201,11 @@ void batch_norm_mean_var_grads(const ir::KernelArgs& k) {
 /// dy masked by the ReLU's output y (Mask), or dy itself.
 template <bool Mask>
 inline float masked(float dy, const float* y, std::int64_t ey) {
-  if constexpr (Mask) return y[ey] > 0.0f ? dy : 0.0f;
+  if constexpr (Mask) {
+    // Branch-free (dy's bits, or +0), so that the loops summing it vectorise.
+    const std::uint32_t keep = y[ey] > 0.0f ? 0xffffffffu : 0u;
+    return std::bit_cast<float>(std::bit_cast<std::uint32_t>(dy) & keep);
+  }
   return dy;
 }
 
