@@ -130,16 +130,6 @@ Precision node_precision(const Node& n) {
   MINIDL_FAIL(n.describe(), ": unknown precision '", s, "' (expected f32 or bf16)");
 }
 
-void set_node_precision(Node& n, Precision p, const std::string& reason) {
-  n.annotations().set("precision", std::string(precision_name(p)));
-  if (!reason.empty()) n.annotations().set("precision_reason", reason);
-}
-
-std::string precision_reason(const Node& n) {
-  const AttrValue* a = n.annotations().find("precision_reason");
-  return a == nullptr ? std::string() : std::get<std::string>(*a);
-}
-
 namespace {
 bool stored_bf16(const Value* v) { return v->stored() == DType::BF16; }
 bool any_stored_bf16(const Node& n) {

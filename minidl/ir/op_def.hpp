@@ -218,11 +218,6 @@ class OpDef {
 Backend node_backend(const Node& n, Backend preferred);
 /// The precision n asks for: its "precision" annotation (f32|bf16), else F32.
 Precision node_precision(const Node& n);
-/// Marks n to compute in `p` (its "precision" annotation); a non-empty `reason` says why (a
-/// node left in f32 under --precision bf16), which precision_reason gives back.
-void set_node_precision(Node& n, Precision p, const std::string& reason = "");
-/// Why n was marked as it is ("precision_reason" annotation), or "".
-std::string precision_reason(const Node& n);
 /// Kernel k's name as the dispatch log and the profile show it: with " bf16" when k computes n
 /// in bf16 or reads or writes a value of n stored as bf16.
 std::string kernel_label(const Node& n, const KernelDef& k);

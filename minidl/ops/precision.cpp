@@ -10,7 +10,7 @@ bool MixedPrecision::run(ir::Graph& g) {
   bool changed = false;
   for (ir::Node* n : g.nodes()) {
     if (!ir::has_bf16_kernel(n->def()) || n->annotations().find("precision") != nullptr) continue;
-    ir::set_node_precision(*n, precision_);
+    n->annotations().set("precision", std::string(ir::precision_name(precision_)));
     changed = true;
   }
   return changed;

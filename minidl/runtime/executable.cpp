@@ -329,8 +329,7 @@ void Executable::make_steps(const ir::Graph& g) {
         "dispatch", "{} -> {}{}{}{}", n->describe(), label,
         ir::node_precision(*n) == ir::Precision::BF16 && !chosen->bf16
             ? " (in f32: this kernel has no bf16 path)"
-        : ir::precision_reason(*n).empty() ? ""
-                                           : fmt::format(" (in f32: {})", ir::precision_reason(*n)),
+            : "",
         n->replica() >= 0 ? fmt::format(" (replica {}: one thread)", n->replica()) : std::string(),
         choice.declined);
     // A node of a parallel section runs on one thread: its kernel is made for one thread too
