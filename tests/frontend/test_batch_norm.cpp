@@ -286,6 +286,27 @@ TEST(BatchNorm, ModelGradientMatchesFiniteDifferences) {
 
 namespace minidl {
 
+namespace {
+
+// Two state dicts alike: the entries that are not f32 (counters) bit for bit, the f32 ones element
+// by element within rel * (1 + |want|).
+void expect_state_near(const NamedTensors& want, const NamedTensors& got, double rel) {
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t p = 0; p < want.size(); ++p) {
+    if (want[p].second.dtype() != DType::F32) {
+      EXPECT_TRUE(testing::same_bits(NamedTensors{want[p]}, NamedTensors{got[p]}));
+      continue;
+    }
+    for (std::int64_t i = 0; i < want[p].second.numel(); ++i) {
+      ASSERT_NEAR(got[p].second.at(i), want[p].second.at(i),
+                  rel * (1 + std::fabs(want[p].second.at(i))))
+          << want[p].first << "[" << i << "]";
+    }
+  }
+}
+
+}  // namespace
+
 // The whole pipeline (fusion, thread replicas, layouts; fold-batch-norm in evaluation) on both
 // backends: one epoch of the BatchNorm CNN gives the same parameters, running statistics and
 // evaluation loss, up to rounding.
@@ -317,18 +338,7 @@ TEST(BatchNorm, TrainsAndEvaluatesAlikeOnBothBackends) {
     const double tol = replicas == 1 ? 1e-3 : 0.3;
     EXPECT_NEAR(loss, want_loss, tol * (1 + std::fabs(want_loss)));
     if (replicas != 1) continue;
-    ASSERT_EQ(got.size(), want.size());
-    for (std::size_t p = 0; p < want.size(); ++p) {
-      if (want[p].second.dtype() != DType::F32) {
-        EXPECT_TRUE(testing::same_bits(NamedTensors{want[p]}, NamedTensors{got[p]}));
-        continue;
-      }
-      for (std::int64_t i = 0; i < want[p].second.numel(); ++i) {
-        ASSERT_NEAR(got[p].second.at(i), want[p].second.at(i),
-                    1e-3 * (1 + std::fabs(want[p].second.at(i))))
-            << want[p].first << "[" << i << "]";
-      }
-    }
+    expect_state_near(want, got, 1e-3);
   }
 }
 
@@ -371,18 +381,7 @@ TEST(BatchNorm, FusedBackwardTrainsAsTheUnfused) {
             fmt::format("{} replicas {} sync {}", ir::backend_name(backend), replicas, sync));
         const NamedTensors want = run(backend, replicas, sync, false);
         const NamedTensors got = run(backend, replicas, sync, true);
-        ASSERT_EQ(got.size(), want.size());
-        for (std::size_t p = 0; p < want.size(); ++p) {
-          if (want[p].second.dtype() != DType::F32) {
-            EXPECT_TRUE(testing::same_bits(NamedTensors{want[p]}, NamedTensors{got[p]}));
-            continue;
-          }
-          for (std::int64_t i = 0; i < want[p].second.numel(); ++i) {
-            ASSERT_NEAR(got[p].second.at(i), want[p].second.at(i),
-                        1e-4 * (1 + std::fabs(want[p].second.at(i))))
-                << want[p].first << "[" << i << "]";
-          }
-        }
+        expect_state_near(want, got, 1e-4);
       }
     }
   }
@@ -429,18 +428,7 @@ TEST(BatchNorm, ReluFusionsTrainAsTheUnfused) {
             fmt::format("{} replicas {} sync {}", ir::backend_name(backend), replicas, sync));
         const NamedTensors want = run(backend, replicas, sync, false);
         const NamedTensors got = run(backend, replicas, sync, true);
-        ASSERT_EQ(got.size(), want.size());
-        for (std::size_t p = 0; p < want.size(); ++p) {
-          if (want[p].second.dtype() != DType::F32) {
-            EXPECT_TRUE(testing::same_bits(NamedTensors{want[p]}, NamedTensors{got[p]}));
-            continue;
-          }
-          for (std::int64_t i = 0; i < want[p].second.numel(); ++i) {
-            ASSERT_NEAR(got[p].second.at(i), want[p].second.at(i),
-                        1e-4 * (1 + std::fabs(want[p].second.at(i))))
-                << want[p].first << "[" << i << "]";
-          }
-        }
+        expect_state_near(want, got, 1e-4);
       }
     }
   }

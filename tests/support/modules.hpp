@@ -91,8 +91,9 @@ inline std::unique_ptr<nn::Sequential> shifted_mlp(std::uint64_t seed = 3) {
   return m;
 }
 
-/// A small ResNet over [N,1,8,8]: conv -> BatchNorm -> relu, an identity block and a projection block (each
-/// conv-bn-relu-conv-bn, + shortcut, relu), global average pooling, a linear layer without bias.
+/// A small ResNet over [N,1,8,8]: conv -> BatchNorm -> relu, an identity block and a projection
+/// block (each conv-bn-relu-conv-bn, + shortcut, relu), global average pooling, a linear layer
+/// without bias.
 inline std::unique_ptr<nn::Sequential> small_resnet(std::uint64_t seed = 4) {
   auto block = [](std::int64_t in, std::int64_t out, std::int64_t stride) {
     auto b = std::make_unique<nn::Residual>();
