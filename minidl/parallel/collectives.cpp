@@ -14,6 +14,7 @@
 #include "minidl/ops/registry.hpp"
 #include "minidl/parallel/op_table.hpp"
 #include "minidl/parallel/reduction_tree.hpp"
+#include "minidl/parallel/traffic.hpp"
 
 namespace minidl::parallel {
 namespace {
@@ -668,6 +669,7 @@ void TreeAllreduce::by_node(float* x) {
   const std::int64_t lo = range.first, hi = range.second;
 
   std::memcpy(slots + me * n, x, bytes);
+  count_collective_bytes(static_cast<std::int64_t>(bytes));
   node.shared_sync();
   for (const auto& [a, b] : local_joins_) add_range(slot(a), slot(b), lo, hi);
   node.shared_sync();
@@ -713,6 +715,7 @@ void NodeAllreduce::operator()(float* x) {
 #pragma omp simd
     for (std::int64_t i = b; i < e; ++i) mine[i] = scale * x[i];
   });
+  count_collective_bytes(n * static_cast<std::int64_t>(sizeof(float)));
   node.shared_sync();
   const auto range = slice_of(n, me, k);
   const std::int64_t lo = range.first, hi = range.second;

@@ -811,6 +811,10 @@ bool launched_by_mpi() {
 
 std::int64_t collective_bytes() { return traffic().load(std::memory_order_relaxed); }
 
+void count_collective_bytes(std::int64_t bytes) {
+  traffic().fetch_add(bytes, std::memory_order_relaxed);
+}
+
 std::unique_ptr<Communicator> make_local_communicator() {
   return std::make_unique<LocalCommunicator>();
 }

@@ -13,6 +13,7 @@
 #include "minidl/parallel/collectives.hpp"
 #include "minidl/parallel/data_parallel.hpp"
 #include "minidl/parallel/op_table.hpp"
+#include "minidl/parallel/traffic.hpp"
 
 namespace minidl::parallel {
 namespace {
@@ -104,20 +105,16 @@ void copy_native(const ir::KernelArgs& k) {
 }
 
 // Every shard's x gathered, then added in shard order on every rank: the same bits everywhere,
-// whatever the MPI library would do.
+// whatever the MPI library would do. Shards that share a node (and are not told otherwise by
+// --ranks-per-node) gather through the node's shared memory instead of MPI's transport: each
+// writes its x to its slot, one sync, and each adds the slots. No sync after the reads: the
+// next call writes to the region's other half (Communicator::shared_region), and the call after
+// that writes here only past its sync, which every shard enters after reading.
 ir::Kernel make_reduce(const ir::Node& node) {
   Communicator* comm = comm_of(node);
   const std::int64_t n = node.input(0)->shape().numel();
-  auto parts = std::make_shared<std::vector<float>>(static_cast<std::size_t>(n * comm->size()));
-  return [comm, n, parts](const ir::KernelArgs& k) {
-    const int ranks = comm->size();
-    float* y = k.out[0].data<float>();
-    if (ranks == 1) {
-      std::memcpy(y, k.in[0].raw(), k.in[0].nbytes());
-      return;
-    }
-    float* all = parts->data();
-    comm->allgather(k.in[0].raw(), all, n * static_cast<std::int64_t>(sizeof(float)));
+  const int ranks = comm->size();
+  auto add_parts = [n, ranks](const float* all, float* y) {
     ops::elementwise(n, [&](std::int64_t lo, std::int64_t hi) {
       for (std::int64_t i = lo; i < hi; ++i) {
         float s = all[i];
@@ -125,6 +122,29 @@ ir::Kernel make_reduce(const ir::Node& node) {
         y[i] = s;
       }
     });
+  };
+  const auto bytes = static_cast<std::int64_t>(sizeof(float)) * n;
+  if (ranks == 1)
+    return [](const ir::KernelArgs& k) {
+      std::memcpy(k.out[0].raw(), k.in[0].raw(), k.in[0].nbytes());
+    };
+  // Collective, as kernels are built in the same order on every shard.
+  const Communicator::SharedSplit& split = comm->split_shared();
+  if (split.nodes == 1 && split.node->size() == ranks) {
+    Communicator* shared = split.node;
+    return [shared, n, bytes, add_parts](const ir::KernelArgs& k) {
+      auto* all = static_cast<float*>(shared->shared_region(bytes * shared->size()));
+      std::memcpy(all + shared->rank() * n, k.in[0].raw(), static_cast<std::size_t>(bytes));
+      count_collective_bytes(bytes);
+      shared->shared_sync();
+      add_parts(all, k.out[0].data<float>());
+    };
+  }
+  auto parts = std::make_shared<std::vector<float>>(static_cast<std::size_t>(n * ranks));
+  return [comm, bytes, parts, add_parts](const ir::KernelArgs& k) {
+    float* all = parts->data();
+    comm->allgather(k.in[0].raw(), all, bytes);
+    add_parts(all, k.out[0].data<float>());
   };
 }
 
@@ -415,10 +435,17 @@ TensorParallelPlan split_matmul_pairs(ir::Graph& g, const TensorParallelOptions&
       plan.pieces.push_back({parameter_node(w)->name(), w, v, axis});
       return it->second = v;
     };
+    // The rebuilt nodes (new -> old) take the names of the nodes they replace, so profiles and
+    // logs name them by their layers.
+    std::vector<std::pair<ir::Node*, const ir::Node*>> renamed;
     ir::Value* y = tp_copy(p.first->input(0), o.group, base + ".tp_copy");
     y = ops::matmul(y, piece(p.first->input(1), 0), false, true);
     set_shard(*y->producer(), o.rank);
-    if (p.first_bias) y = ops::bias_add(y, piece(p.first_bias->input(1), 0));
+    renamed.emplace_back(y->producer(), p.first);
+    if (p.first_bias) {
+      y = ops::bias_add(y, piece(p.first_bias->input(1), 0));
+      renamed.emplace_back(y->producer(), p.first_bias);
+    }
     if (p.activation) {
       y = g.add_node(p.activation->def(), {y}, p.activation->attrs(),
                      p.activation->name() + ".shard")
@@ -426,8 +453,12 @@ TensorParallelPlan split_matmul_pairs(ir::Graph& g, const TensorParallelOptions&
     }
     y = ops::matmul(y, piece(p.second->input(1), 1), false, true);
     set_shard(*y->producer(), o.rank);
+    renamed.emplace_back(y->producer(), p.second);
     y = tp_reduce(y, o.group, p.second->name() + ".tp_reduce");
-    if (p.second_bias) y = ops::bias_add(y, p.second_bias->input(1));
+    if (p.second_bias) {
+      y = ops::bias_add(y, p.second_bias->input(1));
+      renamed.emplace_back(y->producer(), p.second_bias);
+    }
     const std::vector<ir::Node*> added(g.nodes().begin() + static_cast<std::ptrdiff_t>(before),
                                        g.nodes().end());
     for (ir::Node* n : added) {
@@ -440,6 +471,7 @@ TensorParallelPlan split_matmul_pairs(ir::Graph& g, const TensorParallelOptions&
     for (ir::Node* m : {p.second_bias, p.second, p.activation, p.first_bias, p.first})
       if (m) old.push_back(m);
     g.remove(old);
+    for (const auto& [node, was] : renamed) g.take_name(node, was);
     plan.pairs.push_back(base + " + " + p.second->name());
   }
   // The whole reads of the split parameters are read by nothing now; each is a collective,

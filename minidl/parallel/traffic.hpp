@@ -12,4 +12,8 @@ namespace minidl::parallel {
 /// on MPI's algorithms; the same measure for every layout.
 std::int64_t collective_bytes();
 
+/// Counts a hand-over that bypasses the communicator's collectives: the bytes a rank writes into
+/// its node's shared memory for the others to read count as that rank's buffer.
+void count_collective_bytes(std::int64_t bytes);
+
 }  // namespace minidl::parallel

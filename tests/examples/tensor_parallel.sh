@@ -2,7 +2,8 @@
 # Tensor parallelism (--tensor-parallel): the MLP's Linear pair split over 2 shards (2 ranks,
 # and 4 ranks as 2 replicas x 2 shards) ends a short run with parameters within 1e-5 (relative,
 # per tensor, in the 2-norm) of the one-process run's; in deterministic mode it saves the same
-# bytes on 2 and on 4 ranks (and 2 threads per rank); a checkpoint of a tensor-parallel run
+# bytes on 2 and on 4 ranks (and 2 threads per rank, and 2 ranks on separate nodes, whose
+# partial sums go through MPI instead of shared memory); a checkpoint of a tensor-parallel run
 # (whole tensors, the usual file) resumes with and without --tensor-parallel and at another
 # shard count, and a plain one with it; the metrics' per-rank memory figures give each shard its half of the split
 # parameters' gradients and optimizer state, and the bytes per step handed to collectives are
@@ -80,11 +81,17 @@ run det4 4 "$mlp" "${det[@]}" --save "$tmp/det4.safetensors"
 # 2 threads per rank: the micro-shards' sections hold collectives and run one after another.
 on_layout 2 2 "$mlp" --threads 2 "${det[@]}" --save "$tmp/det2t2.safetensors" >"$tmp/det2t2.out" 2>&1 ||
   fail "det2t2: the run failed: $(cat "$tmp/det2t2.out")"
+# Shards on one node hand their partial sums over through shared memory; told they are on
+# separate nodes (one rank per node), through MPI's allgather: the same bytes.
+MINIDL_RANKS_PER_NODE=1 run det2n 2 "$mlp" "${det[@]}" --save "$tmp/det2n.safetensors"
 if cmp -s "$tmp/det2.safetensors" "$tmp/det4.safetensors" &&
-  cmp -s "$tmp/det2.safetensors" "$tmp/det2t2.safetensors"; then
-  echo "ok   --deterministic --tensor-parallel 2: the same bytes on 2 ranks, 4 ranks and 2x2 threads"
+  cmp -s "$tmp/det2.safetensors" "$tmp/det2t2.safetensors" &&
+  cmp -s "$tmp/det2.safetensors" "$tmp/det2n.safetensors"; then
+  echo "ok   --deterministic --tensor-parallel 2: the same bytes on 2 ranks, 4 ranks, 2x2 threads" \
+    "and 2 ranks on separate nodes"
 else
-  fail "--deterministic --tensor-parallel 2: 2 ranks, 4 ranks and 2 threads saved different bytes"
+  fail "--deterministic --tensor-parallel 2: 2 ranks, 4 ranks, 2 threads and 2 nodes saved" \
+    "different bytes"
 fi
 
 # A checkpoint at step 3 of the deterministic AdamW run (killed right after it), resumed on 4
