@@ -323,6 +323,16 @@ void fwd_layouts(const ir::KernelArgs& k, const FwdArgs& a) {
   TY* dst = static_cast<TY*>(k.out[0].raw());
   std::int32_t* argmax = k.out[1].data<std::int32_t>();
   const int64_t units = k.in[0].shape()[0] * a.groups_per_n * a.g.OH;
+  const auto plain = [](const Addr& v) { return v.block == 1 && !v.nhwc; };
+  if (pool::avx512_kernels() && !a.contiguous && !plain(a.x) && plain(a.y) && plain(a.am)) {
+    // pool2 before the flatten: the outputs of a group are made in x's order, then transposed.
+    const int64_t groups = k.in[0].shape()[0] * a.groups_per_n;
+    parallel_for(groups, a.g.OH * a.g.OW * a.g.KH * a.g.KW * a.x.block,
+                 [&](int64_t g0, int64_t g1) {
+                   pool::fwd_planes_to_plain_avx512(a, src, dst, argmax, g0, g1);
+                 });
+    return;
+  }
   parallel_for(units, a.g.OW * a.g.KH * a.g.KW * a.x.block, [&](int64_t u0, int64_t u1) {
     if (pool::avx512_kernels()) return pool::fwd_rows_avx512(a, src, dst, argmax, u0, u1);
     fwd_rows<TX, TY>(a, src, dst, argmax, u0, u1);
@@ -467,6 +477,20 @@ void bwd_layouts(const ir::KernelArgs& k, BwdArgs a) {
   TD* dst = static_cast<TD*>(k.out[0].raw());
   const TY* src = static_cast<const TY*>(k.in[0].raw());
   const std::int32_t* argmax = k.in[1].data<std::int32_t>();
+  const ConvGeom& g = a.g;
+  const int64_t groups = k.out[0].shape()[0] * a.groups_per_n;
+  const bool disjoint = g.SH >= g.KH && g.SW >= g.KW && g.PH == 0 && g.PW == 0;
+  const auto plain = [](const Addr& v) { return v.block == 1 && !v.nhwc; };
+  if constexpr (std::is_same_v<TY, float>) {
+    if (pool::avx512_kernels() && disjoint && !a.contiguous && !plain(a.dx) && plain(a.dy) &&
+        plain(a.am)) {
+      // The gradient after a flatten: dy and argmax transposed into dx's order group by group.
+      parallel_for(groups, (g.H * g.W + g.OH * g.OW) * a.dx.block, [&](int64_t g0, int64_t g1) {
+        pool::bwd_planes_from_plain_avx512(a, dst, src, argmax, g0, g1);
+      });
+      return;
+    }
+  }
   if (!a.contiguous) {
     // dy and argmax in another layout than dx (plain after a flatten, dx blocked): gathering
     // them lane by lane is slow, so they are first copied into dx's layout (a quarter of dx's
@@ -485,9 +509,6 @@ void bwd_layouts(const ir::KernelArgs& k, BwdArgs a) {
     a.dy = a.am = to;
     a.contiguous = true;
   }
-  const ConvGeom& g = a.g;
-  const int64_t groups = k.out[0].shape()[0] * a.groups_per_n;
-  const bool disjoint = g.SH >= g.KH && g.SW >= g.KW && g.PH == 0 && g.PW == 0;
   if (disjoint) {
     parallel_for(groups * g.H, g.W * a.dx.block, [&](int64_t u0, int64_t u1) {
       if (pool::avx512_kernels())

@@ -7,9 +7,11 @@
 // lanes) was known only at run time; they stay for every other CPU and are the tests' reference.
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cstdint>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 #include "minidl/ops/nn/max_pool2d_lanes.hpp"
 
@@ -78,9 +80,10 @@ MINIDL_AVX512_INLINE void store16(std::uint16_t* p, __mmask16 m, __m512 v) {
 }
 
 MINIDL_AVX512_INLINE void store1(float* p, float v) { *p = v; }
-MINIDL_AVX512_INLINE void store1(std::uint16_t* p, float v) {
-  *p = static_cast<std::uint16_t>(
-      _mm_cvtsi128_si32(_mm512_castsi512_si128(bf16_bits(_mm512_set1_ps(v)))));
+MINIDL_AVX512_INLINE void store1(std::uint16_t* p, float v) {  // bf16_bits of one value
+  const auto u = std::bit_cast<std::uint32_t>(v);
+  const std::uint32_t rounded = u + 0x7fffu + ((u >> 16) & 1u), quiet = u | 0x400000u;
+  *p = static_cast<std::uint16_t>((v != v ? quiet : rounded) >> 16);
 }
 
 // Bits of an element of dx (f32, or bf16 in the low half): stored as they are.
@@ -117,22 +120,44 @@ MINIDL_AVX512_INLINE void tap(__m512 v, __m512i at, __m512& acc, __m512i& idx) {
   idx = _mm512_mask_mov_epi32(idx, take, at);
 }
 
-// One output row of a group, channels [j0, j0 + 16) masked by m. K2: 2x2 windows, no padding.
-template <bool K2, typename TX, typename TY>
-MINIDL_AVX512_INLINE void fwd_row(const FwdArgs& a, const TX* src, TY* dst, std::int32_t* argmax,
-                                  int64_t n, int64_t c, __mmask16 m, int64_t oh) {
+// r[i] = column i of the 16x16 matrix of 32-bit values whose row i was r[i].
+MINIDL_AVX512_INLINE void transpose16(__m512 r[16]) {
+  const __m512 z = _mm512_setzero_ps();
+  __m512 t[16];
+  for (int k = 0; k < 8; ++k) {
+    t[2 * k] = _mm512_mask_unpacklo_ps(z, 0xffff, r[2 * k], r[2 * k + 1]);
+    t[2 * k + 1] = _mm512_mask_unpackhi_ps(z, 0xffff, r[2 * k], r[2 * k + 1]);
+  }
+  // r[4q + k]: in each 128-bit lane L, column 4L + k of rows 4q .. 4q + 3.
+  for (int q = 0; q < 4; ++q) {
+    r[4 * q] = _mm512_mask_shuffle_ps(z, 0xffff, t[4 * q], t[4 * q + 2], 0x44);
+    r[4 * q + 1] = _mm512_mask_shuffle_ps(z, 0xffff, t[4 * q], t[4 * q + 2], 0xee);
+    r[4 * q + 2] = _mm512_mask_shuffle_ps(z, 0xffff, t[4 * q + 1], t[4 * q + 3], 0x44);
+    r[4 * q + 3] = _mm512_mask_shuffle_ps(z, 0xffff, t[4 * q + 1], t[4 * q + 3], 0xee);
+  }
+  for (int k = 0; k < 4; ++k) {
+    t[k] = _mm512_mask_shuffle_f32x4(z, 0xffff, r[k], r[4 + k], 0x88);
+    t[4 + k] = _mm512_mask_shuffle_f32x4(z, 0xffff, r[k], r[4 + k], 0xdd);
+    t[8 + k] = _mm512_mask_shuffle_f32x4(z, 0xffff, r[8 + k], r[12 + k], 0x88);
+    t[12 + k] = _mm512_mask_shuffle_f32x4(z, 0xffff, r[8 + k], r[12 + k], 0xdd);
+  }
+  for (int k = 0; k < 4; ++k) {
+    r[k] = _mm512_mask_shuffle_f32x4(z, 0xffff, t[k], t[8 + k], 0x88);
+    r[8 + k] = _mm512_mask_shuffle_f32x4(z, 0xffff, t[k], t[8 + k], 0xdd);
+    r[4 + k] = _mm512_mask_shuffle_f32x4(z, 0xffff, t[4 + k], t[12 + k], 0x88);
+    r[12 + k] = _mm512_mask_shuffle_f32x4(z, 0xffff, t[4 + k], t[12 + k], 0xdd);
+  }
+}
+
+// One output row oh of a group's 16 channels (masked by m) whose x starts at xg (step xs);
+// emit(pos, acc, idx) stores each output. K2: 2x2 windows, no padding.
+template <bool K2, typename TX, typename Emit>
+MINIDL_AVX512_INLINE void fwd_row(const FwdArgs& a, const TX* xg, int64_t xs, __mmask16 m,
+                                  int64_t oh, Emit&& emit) {
   const native::ConvGeom& g = a.g;
-  const int64_t xs = a.x.step(), ys = a.y.step(), as = a.am.step();
-  const TX* xg = src + a.x.base(n, c);
   const int64_t h0 = oh * g.SH - g.PH;
   const int64_t ih0 = std::max<int64_t>(h0, 0), ih1 = std::min(h0 + g.KH, g.H);
   const __m512 zero = _mm512_setzero_ps();
-  // Outputs in another layout than x: each lane's own address, from its base computed once.
-  int64_t yb[16], ab[16];
-  const int nl = __builtin_popcount(m);
-  if (!a.contiguous) {
-    for (int j = 0; j < nl; ++j) yb[j] = a.y.base(n, c + j), ab[j] = a.am.base(n, c + j);
-  }
   for (int64_t ow = 0; ow < g.OW; ++ow) {
     const int64_t w0 = ow * g.SW - g.PW;
     const int64_t iw0 = std::max<int64_t>(w0, 0), iw1 = std::min(w0 + g.KW, g.W);
@@ -160,20 +185,17 @@ MINIDL_AVX512_INLINE void fwd_row(const FwdArgs& a, const TX* src, TY* dst, std:
     }
     // acc where acc > 0, else +0 (a NaN or -0 included): relu's rule.
     if (a.relu) acc = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(acc, zero, _CMP_GT_OQ), acc);
-    const int64_t pos = oh * g.OW + ow;
-    if (a.contiguous) {
-      store16(dst + a.y.base(n, c) + pos * ys, m, acc);
-      _mm512_mask_storeu_epi32(argmax + a.am.base(n, c) + pos * as, m, idx);
-    } else {
-      alignas(64) float vals[16];
-      alignas(64) std::int32_t idxs[16];
-      _mm512_store_ps(vals, acc);
-      _mm512_store_si512(idxs, idx);
-      for (int j = 0; j < nl; ++j) {
-        store1(dst + yb[j] + pos * ys, vals[j]);
-        argmax[ab[j] + pos * as] = idxs[j];
-      }
-    }
+    emit(oh * g.OW + ow, acc, idx);
+  }
+}
+
+template <typename TX, typename Emit>
+MINIDL_AVX512_INLINE void fwd_row_any(const FwdArgs& a, const TX* xg, int64_t xs, __mmask16 m,
+                                      int64_t oh, Emit&& emit) {
+  if (a.g.KH == 2 && a.g.KW == 2 && a.g.PH == 0 && a.g.PW == 0) {
+    fwd_row<true>(a, xg, xs, m, oh, emit);
+  } else {
+    fwd_row<false>(a, xg, xs, m, oh, emit);
   }
 }
 
@@ -181,20 +203,112 @@ template <typename TX, typename TY>
 void fwd_rows_impl(const FwdArgs& a, const TX* src, TY* dst, std::int32_t* argmax, int64_t u0,
                    int64_t u1) {
   const native::ConvGeom& g = a.g;
-  const bool k2 = g.KH == 2 && g.KW == 2 && g.PH == 0 && g.PW == 0;
-  const int64_t lanes = a.x.block;
+  const int64_t lanes = a.x.block, xs = a.x.step(), ys = a.y.step(), as = a.am.step();
   for (int64_t u = u0; u < u1; ++u) {
     const int64_t grp = u / g.OH, oh = u % g.OH;
     const int64_t n = grp / a.groups_per_n, c0 = grp % a.groups_per_n * lanes;
     for (int64_t j0 = 0; j0 < lanes; j0 += 16) {
+      const int64_t c = c0 + j0;
       const __mmask16 m = first_lanes(lanes - j0);
-      if (k2) {
-        fwd_row<true>(a, src, dst, argmax, n, c0 + j0, m, oh);
-      } else {
-        fwd_row<false>(a, src, dst, argmax, n, c0 + j0, m, oh);
+      if (a.contiguous) {
+        TY* yg = dst + a.y.base(n, c);
+        std::int32_t* ag = argmax + a.am.base(n, c);
+        fwd_row_any(a, src + a.x.base(n, c), xs, m, oh, [&](int64_t pos, __m512 v, __m512i i) {
+          store16(yg + pos * ys, m, v);
+          _mm512_mask_storeu_epi32(ag + pos * as, m, i);
+        });
+        continue;
+      }
+      // Outputs in another layout than x: each lane's own address, from its base computed once.
+      const int nl = __builtin_popcount(m);
+      int64_t yb[16], ab[16];
+      for (int j = 0; j < nl; ++j) yb[j] = a.y.base(n, c + j), ab[j] = a.am.base(n, c + j);
+      fwd_row_any(a, src + a.x.base(n, c), xs, m, oh, [&](int64_t pos, __m512 v, __m512i i) {
+        alignas(64) float vals[16];
+        alignas(64) std::int32_t idxs[16];
+        _mm512_store_ps(vals, v);
+        _mm512_store_si512(idxs, i);
+        for (int j = 0; j < nl; ++j) {
+          store1(dst + yb[j] + pos * ys, vals[j]);
+          argmax[ab[j] + pos * as] = idxs[j];
+        }
+      });
+    }
+  }
+}
+
+// Groups [g0, g1) whose y and argmax are plain: each group's plane of 16 channels is pooled into
+// a tile of [position][16 channels], then transposed 16 positions at a time into the channels'
+// plain rows (pool2 before the flatten).
+template <typename TX, typename TY>
+void fwd_planes_to_plain_impl(const FwdArgs& a, const TX* src, TY* dst, std::int32_t* argmax,
+                              int64_t g0, int64_t g1) {
+  const native::ConvGeom& g = a.g;
+  const int64_t lanes = a.x.block, xs = a.x.step(), plane = g.OH * g.OW;
+  const int64_t padded = (plane + 15) / 16 * 16;
+  thread_local std::vector<float> tile_y;
+  thread_local std::vector<std::int32_t> tile_am;
+  tile_y.resize(static_cast<std::size_t>(padded * 16));
+  tile_am.resize(static_cast<std::size_t>(padded * 16));
+  float* ty = tile_y.data();
+  std::int32_t* ta = tile_am.data();
+  for (int64_t grp = g0; grp < g1; ++grp) {
+    const int64_t n = grp / a.groups_per_n, c0 = grp % a.groups_per_n * lanes;
+    for (int64_t j0 = 0; j0 < lanes; j0 += 16) {
+      const int64_t c = c0 + j0;
+      const __mmask16 m = first_lanes(lanes - j0);
+      const int nl = __builtin_popcount(m);
+      for (int64_t oh = 0; oh < g.OH; ++oh) {
+        fwd_row_any(a, src + a.x.base(n, c), xs, m, oh, [&](int64_t pos, __m512 v, __m512i i) {
+          _mm512_storeu_ps(ty + pos * 16, v);
+          _mm512_storeu_si512(ta + pos * 16, i);
+        });
+      }
+      for (int64_t p0 = 0; p0 < plane; p0 += 16) {
+        const __mmask16 pm = first_lanes(plane - p0);
+        __m512 r[16], q[16];
+        for (int k = 0; k < 16; ++k) {
+          r[k] = _mm512_loadu_ps(ty + (p0 + k) * 16);
+          q[k] = _mm512_loadu_ps(reinterpret_cast<const float*>(ta + (p0 + k) * 16));
+        }
+        transpose16(r);
+        transpose16(q);
+        for (int j = 0; j < nl; ++j) {
+          store16(dst + a.y.base(n, c + j) + p0, pm, r[j]);
+          _mm512_mask_storeu_epi32(argmax + a.am.base(n, c + j) + p0, pm,
+                                   _mm512_castps_si512(q[j]));
+        }
       }
     }
   }
+}
+
+// Input row ih of a group's 16 channels (masked by m): dx at d (step xs), dy at dy (step ys),
+// argmax at am (step as), each at the group's base.
+template <typename TD, typename TY>
+MINIDL_AVX512_INLINE void bwd_row(const BwdArgs& a, TD* d, int64_t xs, const TY* dy, int64_t ys,
+                                  const std::int32_t* am, int64_t as, __mmask16 m, int64_t ih) {
+  const native::ConvGeom& g = a.g;
+  const __m512i zero = _mm512_setzero_si512();
+  const int64_t oh = ih / g.SH;
+  d += ih * g.W * xs;
+  int64_t iw = 0;
+  if (oh < g.OH && ih - oh * g.SH < g.KH) {
+    for (int64_t ow = 0; ow < g.OW; ++ow) {
+      const int64_t pos = oh * g.OW + ow;
+      const __m512i v = grad_bits<TD>(dy + pos * ys, m);
+      const __m512i i = _mm512_maskz_loadu_epi32(m, am + pos * as);
+      for (int64_t s = 0; s < g.SW && iw < g.W; ++s, ++iw) {
+        if (s < g.KW) {
+          const __m512i at = _mm512_set1_epi32(static_cast<std::int32_t>(ih * g.W + iw));
+          store_bits(d + iw * xs, m, _mm512_maskz_mov_epi32(_mm512_cmpeq_epi32_mask(i, at), v));
+        } else {
+          store_bits(d + iw * xs, m, zero);
+        }
+      }
+    }
+  }
+  for (; iw < g.W; ++iw) store_bits(d + iw * xs, m, zero);  // no window covers them
 }
 
 template <typename TD, typename TY>
@@ -202,34 +316,59 @@ void bwd_rows_disjoint_impl(const BwdArgs& a, TD* dst, const TY* src, const std:
                             int64_t u0, int64_t u1) {
   const native::ConvGeom& g = a.g;
   const int64_t lanes = a.dx.block, xs = a.dx.step(), ys = a.dy.step(), as = a.am.step();
-  const __m512i zero = _mm512_setzero_si512();
   for (int64_t u = u0; u < u1; ++u) {
     const int64_t grp = u / g.H, ih = u % g.H;
     const int64_t n = grp / a.groups_per_n, c0 = grp % a.groups_per_n * lanes;
-    const int64_t oh = ih / g.SH;
-    const bool row = oh < g.OH && ih - oh * g.SH < g.KH;
     for (int64_t j0 = 0; j0 < lanes; j0 += 16) {
+      const int64_t c = c0 + j0;
+      bwd_row(a, dst + a.dx.base(n, c), xs, src + a.dy.base(n, c), ys, argmax + a.am.base(n, c), as,
+              first_lanes(lanes - j0), ih);
+    }
+  }
+}
+
+// Groups [g0, g1) whose dy (f32) and argmax are plain (after the flatten): each group's planes of
+// dy and argmax are transposed 16 positions at a time into tiles of [position][16 channels],
+// which the rows then read as if they lay in dx's layout.
+template <typename TD>
+void bwd_planes_from_plain_impl(const BwdArgs& a, TD* dst, const float* src,
+                                const std::int32_t* argmax, int64_t g0, int64_t g1) {
+  const native::ConvGeom& g = a.g;
+  const int64_t lanes = a.dx.block, xs = a.dx.step(), plane = g.OH * g.OW;
+  const int64_t padded = (plane + 15) / 16 * 16;
+  thread_local std::vector<float> tile_dy;
+  thread_local std::vector<std::int32_t> tile_am;
+  tile_dy.resize(static_cast<std::size_t>(padded * 16));
+  tile_am.resize(static_cast<std::size_t>(padded * 16));
+  float* td = tile_dy.data();
+  std::int32_t* ta = tile_am.data();
+  for (int64_t grp = g0; grp < g1; ++grp) {
+    const int64_t n = grp / a.groups_per_n, c0 = grp % a.groups_per_n * lanes;
+    for (int64_t j0 = 0; j0 < lanes; j0 += 16) {
+      const int64_t c = c0 + j0;
       const __mmask16 m = first_lanes(lanes - j0);
-      TD* d = dst + a.dx.base(n, c0 + j0) + ih * g.W * xs;
-      int64_t iw = 0;
-      if (row) {
-        const TY* dy = src + a.dy.base(n, c0 + j0);
-        const std::int32_t* am = argmax + a.am.base(n, c0 + j0);
-        for (int64_t ow = 0; ow < g.OW; ++ow) {
-          const int64_t pos = oh * g.OW + ow;
-          const __m512i v = grad_bits<TD>(dy + pos * ys, m);
-          const __m512i i = _mm512_maskz_loadu_epi32(m, am + pos * as);
-          for (int64_t s = 0; s < g.SW && iw < g.W; ++s, ++iw) {
-            if (s < g.KW) {
-              const __m512i at = _mm512_set1_epi32(static_cast<std::int32_t>(ih * g.W + iw));
-              store_bits(d + iw * xs, m, _mm512_maskz_mov_epi32(_mm512_cmpeq_epi32_mask(i, at), v));
-            } else {
-              store_bits(d + iw * xs, m, zero);
-            }
+      const int nl = __builtin_popcount(m);
+      for (int64_t p0 = 0; p0 < plane; p0 += 16) {
+        const __mmask16 pm = first_lanes(plane - p0);
+        __m512 r[16], q[16];
+        for (int j = 0; j < 16; ++j) {
+          if (j < nl) {
+            r[j] = _mm512_maskz_loadu_ps(pm, src + a.dy.base(n, c + j) + p0);
+            q[j] = _mm512_castsi512_ps(
+                _mm512_maskz_loadu_epi32(pm, argmax + a.am.base(n, c + j) + p0));
+          } else {
+            r[j] = q[j] = _mm512_setzero_ps();
           }
         }
+        transpose16(r);
+        transpose16(q);
+        for (int k = 0; k < 16; ++k) {
+          _mm512_storeu_ps(td + (p0 + k) * 16, r[k]);
+          _mm512_storeu_ps(reinterpret_cast<float*>(ta + (p0 + k) * 16), q[k]);
+        }
       }
-      for (; iw < g.W; ++iw) store_bits(d + iw * xs, m, zero);  // no window covers them
+      for (int64_t ih = 0; ih < g.H; ++ih)
+        bwd_row(a, dst + a.dx.base(n, c), xs, td, int64_t{16}, ta, int64_t{16}, m, ih);
     }
   }
 }
@@ -326,6 +465,10 @@ void bwd_plain_2x2_avx512(const native::ConvGeom& g, const float* dy, const std:
                        int64_t u1) {                                                               \
     fwd_rows_impl(a, src, dst, argmax, u0, u1);                                                    \
   }                                                                                                \
+  void fwd_planes_to_plain_avx512(const FwdArgs& a, const T1* src, T2* dst, std::int32_t* argmax,  \
+                                  int64_t g0, int64_t g1) {                                        \
+    fwd_planes_to_plain_impl(a, src, dst, argmax, g0, g1);                                         \
+  }                                                                                                \
   void bwd_rows_disjoint_avx512(const BwdArgs& a, T1* dst, const T2* src,                          \
                                 const std::int32_t* argmax, int64_t u0, int64_t u1) {              \
     bwd_rows_disjoint_impl(a, dst, src, argmax, u0, u1);                                           \
@@ -336,6 +479,15 @@ MINIDL_POOL_DEFINE(float, std::uint16_t)
 MINIDL_POOL_DEFINE(std::uint16_t, float)
 MINIDL_POOL_DEFINE(std::uint16_t, std::uint16_t)
 
+void bwd_planes_from_plain_avx512(const BwdArgs& a, float* dst, const float* src,
+                                  const std::int32_t* argmax, int64_t g0, int64_t g1) {
+  bwd_planes_from_plain_impl(a, dst, src, argmax, g0, g1);
+}
+void bwd_planes_from_plain_avx512(const BwdArgs& a, std::uint16_t* dst, const float* src,
+                                  const std::int32_t* argmax, int64_t g0, int64_t g1) {
+  bwd_planes_from_plain_impl(a, dst, src, argmax, g0, g1);
+}
+
 #pragma GCC pop_options
 
 #else  // not x86-64: the portable kernels run everywhere
@@ -344,6 +496,8 @@ bool avx512_kernels() { return false; }
 
 #define MINIDL_POOL_DEFINE(T1, T2)                                                            \
   void fwd_rows_avx512(const FwdArgs&, const T1*, T2*, std::int32_t*, int64_t, int64_t) {}    \
+  void fwd_planes_to_plain_avx512(const FwdArgs&, const T1*, T2*, std::int32_t*, int64_t,     \
+                                  int64_t) {}                                                 \
   void bwd_rows_disjoint_avx512(const BwdArgs&, T1*, const T2*, const std::int32_t*, int64_t, \
                                 int64_t) {}
 
@@ -352,6 +506,10 @@ MINIDL_POOL_DEFINE(float, std::uint16_t)
 MINIDL_POOL_DEFINE(std::uint16_t, float)
 MINIDL_POOL_DEFINE(std::uint16_t, std::uint16_t)
 
+void bwd_planes_from_plain_avx512(const BwdArgs&, float*, const float*, const std::int32_t*,
+                                  int64_t, int64_t) {}
+void bwd_planes_from_plain_avx512(const BwdArgs&, std::uint16_t*, const float*, const std::int32_t*,
+                                  int64_t, int64_t) {}
 void fwd_plain_2x2_avx512(const native::ConvGeom&, const float*, float*, std::int32_t*, int64_t,
                           int64_t, bool) {}
 void bwd_plain_2x2_avx512(const native::ConvGeom&, const float*, const std::int32_t*, float*,

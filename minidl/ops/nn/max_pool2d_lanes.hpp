@@ -95,6 +95,25 @@ void bwd_rows_disjoint_avx512(const BwdArgs& a, std::uint16_t* dst, const float*
 void bwd_rows_disjoint_avx512(const BwdArgs& a, std::uint16_t* dst, const std::uint16_t* src,
                               const std::int32_t* argmax, std::int64_t u0, std::int64_t u1);
 
+/// Groups [g0, g1) (grp = n * groups_per_n + group) whose y and argmax are both plain while x is
+/// not: each group's outputs are made in x's order and transposed into the plain rows.
+void fwd_planes_to_plain_avx512(const FwdArgs& a, const float* src, float* dst,
+                                std::int32_t* argmax, std::int64_t g0, std::int64_t g1);
+void fwd_planes_to_plain_avx512(const FwdArgs& a, const float* src, std::uint16_t* dst,
+                                std::int32_t* argmax, std::int64_t g0, std::int64_t g1);
+void fwd_planes_to_plain_avx512(const FwdArgs& a, const std::uint16_t* src, float* dst,
+                                std::int32_t* argmax, std::int64_t g0, std::int64_t g1);
+void fwd_planes_to_plain_avx512(const FwdArgs& a, const std::uint16_t* src, std::uint16_t* dst,
+                                std::int32_t* argmax, std::int64_t g0, std::int64_t g1);
+
+/// Groups [g0, g1) of windows that do not overlap and have no padding, whose dy (f32) and argmax
+/// are both plain while dx is not (the gradient after a flatten): dy and argmax are transposed
+/// into dx's order group by group.
+void bwd_planes_from_plain_avx512(const BwdArgs& a, float* dst, const float* src,
+                                  const std::int32_t* argmax, std::int64_t g0, std::int64_t g1);
+void bwd_planes_from_plain_avx512(const BwdArgs& a, std::uint16_t* dst, const float* src,
+                                  const std::int32_t* argmax, std::int64_t g0, std::int64_t g1);
+
 /// Plain f32, 2x2 windows with stride 2 and no padding, planes [p0, p1): the forward, vectorised
 /// over each output row with masked tails (the MNIST CNN's 13 outputs per row fill one vector).
 void fwd_plain_2x2_avx512(const native::ConvGeom& g, const float* src, float* dst,
