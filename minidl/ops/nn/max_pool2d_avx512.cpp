@@ -199,17 +199,59 @@ MINIDL_AVX512_INLINE void fwd_row_any(const FwdArgs& a, const TX* xg, int64_t xs
   }
 }
 
+// Groups of 8 channels side by side (nChw8c, or nhwc with 8), 2x2 windows with column stride 2,
+// no padding, y and argmax in x's layout: two neighbouring outputs share a vector (lanes 0-7 the
+// first, 8-15 the second), whose four input positions are 32 consecutive values.
+template <typename TX, typename TY>
+MINIDL_AVX512_INLINE void fwd_row_pairs(const FwdArgs& a, const TX* xg, TY* yg, std::int32_t* ag,
+                                        int64_t oh) {
+  const native::ConvGeom& g = a.g;
+  const int64_t ih0 = oh * g.SH, w = g.W;
+  const __m512 zero = _mm512_setzero_ps();
+  // Index offsets of the pair's first taps: the second output's window starts 2 columns on.
+  const __m512i pair = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
+  const __m512i one = _mm512_set1_epi32(1), down = _mm512_set1_epi32(static_cast<int>(w));
+  for (int64_t ow = 0; ow < g.OW; ow += 2) {
+    const __mmask16 m = g.OW - ow >= 2 ? __mmask16{0xffff} : __mmask16{0xff};
+    const __mmask16 m_hi = g.OW - ow >= 2 ? __mmask16{0xffff} : __mmask16{0};
+    const auto at = static_cast<std::int32_t>(ih0 * w + 2 * ow);
+    const TX* p = xg + at * 8;
+    // Row r's positions 2ow .. 2ow + 3: [p0 p1] and [p2 p3]; the left taps [p0 p2], the right
+    // [p1 p3].
+    const __m512i top = _mm512_add_epi32(_mm512_set1_epi32(at), pair);
+    const __m512i bottom = _mm512_add_epi32(top, down);
+    const __m512 t0 = load16(p, 0xffff), t1 = load16(p + 16, m_hi);
+    const __m512 b0 = load16(p + w * 8, 0xffff), b1 = load16(p + w * 8 + 16, m_hi);
+    __m512 acc = _mm512_mask_shuffle_f32x4(zero, 0xffff, t0, t1, 0x44);
+    __m512i idx = top;
+    tap(_mm512_mask_shuffle_f32x4(zero, 0xffff, t0, t1, 0xee), _mm512_add_epi32(top, one), acc,
+        idx);
+    tap(_mm512_mask_shuffle_f32x4(zero, 0xffff, b0, b1, 0x44), bottom, acc, idx);
+    tap(_mm512_mask_shuffle_f32x4(zero, 0xffff, b0, b1, 0xee), _mm512_add_epi32(bottom, one), acc,
+        idx);
+    if (a.relu) acc = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(acc, zero, _CMP_GT_OQ), acc);
+    const int64_t pos = oh * g.OW + ow;
+    store16(yg + pos * 8, m, acc);
+    _mm512_mask_storeu_epi32(ag + pos * 8, m, idx);
+  }
+}
+
 template <typename TX, typename TY>
 void fwd_rows_impl(const FwdArgs& a, const TX* src, TY* dst, std::int32_t* argmax, int64_t u0,
                    int64_t u1) {
   const native::ConvGeom& g = a.g;
   const int64_t lanes = a.x.block, xs = a.x.step(), ys = a.y.step(), as = a.am.step();
+  const bool pairs = g.KH == 2 && g.KW == 2 && g.SW == 2 && g.PH == 0 && g.PW == 0;
   for (int64_t u = u0; u < u1; ++u) {
     const int64_t grp = u / g.OH, oh = u % g.OH;
     const int64_t n = grp / a.groups_per_n, c0 = grp % a.groups_per_n * lanes;
     for (int64_t j0 = 0; j0 < lanes; j0 += 16) {
       const int64_t c = c0 + j0;
       const __mmask16 m = first_lanes(lanes - j0);
+      if (a.contiguous && lanes == 8 && pairs) {
+        fwd_row_pairs(a, src + a.x.base(n, c), dst + a.y.base(n, c), argmax + a.am.base(n, c), oh);
+        continue;
+      }
       if (a.contiguous) {
         TY* yg = dst + a.y.base(n, c);
         std::int32_t* ag = argmax + a.am.base(n, c);
@@ -311,14 +353,55 @@ MINIDL_AVX512_INLINE void bwd_row(const BwdArgs& a, TD* d, int64_t xs, const TY*
   for (; iw < g.W; ++iw) store_bits(d + iw * xs, m, zero);  // no window covers them
 }
 
+// The backward of fwd_row_pairs' windows (8 channels side by side, 2x2, column stride 2, dy and
+// argmax in dx's layout): input row ih, two neighbouring outputs per vector, whose four columns
+// are 32 consecutive values of dx.
+template <typename TD, typename TY>
+MINIDL_AVX512_INLINE void bwd_row_pairs(const BwdArgs& a, TD* d, const TY* dy,
+                                        const std::int32_t* am, int64_t ih) {
+  const native::ConvGeom& g = a.g;
+  const __m512i zero = _mm512_setzero_si512();
+  const __m512i pair = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
+  const __m512i one = _mm512_set1_epi32(1);
+  const int64_t oh = ih / g.SH;
+  d += ih * g.W * 8;
+  int64_t iw = 0;
+  if (oh < g.OH && ih - oh * g.SH < 2) {
+    for (int64_t ow = 0; ow < g.OW; ow += 2, iw += 4) {
+      const bool two = g.OW - ow >= 2;
+      const __mmask16 m = two ? __mmask16{0xffff} : __mmask16{0xff};
+      const int64_t pos = oh * g.OW + ow;
+      const __m512i v = grad_bits<TD>(dy + pos * 8, m);
+      const __m512i i = _mm512_maskz_loadu_epi32(m, am + pos * 8);
+      const __m512i left =
+          _mm512_add_epi32(_mm512_set1_epi32(static_cast<std::int32_t>(ih * g.W + iw)), pair);
+      // Lanes 0-7 the first output's column, 8-15 the second's.
+      const __m512i l = _mm512_maskz_mov_epi32(_mm512_cmpeq_epi32_mask(i, left), v);
+      const __m512i r =
+          _mm512_maskz_mov_epi32(_mm512_cmpeq_epi32_mask(i, _mm512_add_epi32(left, one)), v);
+      store_bits(d + iw * 8, 0xffff, _mm512_mask_shuffle_i32x4(zero, 0xffff, l, r, 0x44));
+      if (two)
+        store_bits(d + iw * 8 + 16, 0xffff, _mm512_mask_shuffle_i32x4(zero, 0xffff, l, r, 0xee));
+    }
+    iw = std::min(iw, 2 * g.OW);
+  }
+  for (; iw < g.W; ++iw) store_bits(d + iw * 8, 0xff, zero);  // no window covers them
+}
+
 template <typename TD, typename TY>
 void bwd_rows_disjoint_impl(const BwdArgs& a, TD* dst, const TY* src, const std::int32_t* argmax,
                             int64_t u0, int64_t u1) {
   const native::ConvGeom& g = a.g;
   const int64_t lanes = a.dx.block, xs = a.dx.step(), ys = a.dy.step(), as = a.am.step();
+  const bool pairs = lanes == 8 && g.KH == 2 && g.KW == 2 && g.SW == 2;  // disjoint: no padding
   for (int64_t u = u0; u < u1; ++u) {
     const int64_t grp = u / g.H, ih = u % g.H;
     const int64_t n = grp / a.groups_per_n, c0 = grp % a.groups_per_n * lanes;
+    if (pairs) {
+      bwd_row_pairs(a, dst + a.dx.base(n, c0), src + a.dy.base(n, c0), argmax + a.am.base(n, c0),
+                    ih);
+      continue;
+    }
     for (int64_t j0 = 0; j0 < lanes; j0 += 16) {
       const int64_t c = c0 + j0;
       bwd_row(a, dst + a.dx.base(n, c), xs, src + a.dy.base(n, c), ys, argmax + a.am.base(n, c), as,
