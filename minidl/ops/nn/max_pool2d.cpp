@@ -8,7 +8,8 @@
 // bf16, compared in f32: bf16 -> f32 is exact) and are declared preferred: they run under
 // --backend onednn too, in place of oneDNN's, whose workspace needs converting to our argmax and
 // back every step. argmax is stored in whatever layout its value carries (the output's, by
-// ops::PropagateLayouts).
+// ops::PropagateLayouts). On a CPU with AVX-512 the kernels of max_pool2d_avx512.cpp run in place
+// of the loops below (the same bits; the loops stay for every other CPU).
 #include <algorithm>
 #include <bit>
 #include <cstdint>
@@ -175,7 +176,9 @@ void bwd_plain(const ir::KernelArgs& k) {
   const float* dy = k.in[0].data<float>();
   const std::int32_t* argmax = k.in[1].data<std::int32_t>();
   float* dx = k.out[0].data<float>();
-  // The CNNs' 2x2 windows with stride 2: every element of dx written once, vectorised.
+  // The CNNs' 2x2 windows with stride 2: every element of dx written once, vectorised (as the
+  // layout kernels' disjoint path, it routes dy only to an argmax inside its window, which is
+  // where the forward puts it).
   const ConvGeom geo = pool_geom(xs, k.attrs());
   if (pool::avx512_kernels() && geo.KH == 2 && geo.KW == 2 && geo.SH == 2 && geo.SW == 2 &&
       geo.PH == 0 && geo.PW == 0) {
