@@ -16,6 +16,10 @@ void register_op_benchmarks();
 /// MLP's products.
 void register_gemm_benchmarks();
 
+/// The memory bandwidth bound: STREAM copy and triad at the activations' sizes and beyond the
+/// last-level cache, on 1 thread and on every thread (stream_bench.cpp).
+void register_stream_benchmarks();
+
 /// Records a failed benchmark (graph, compile or run error); main() then exits non-zero.
 void count_failure();
 int failures();

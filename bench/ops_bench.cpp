@@ -61,7 +61,9 @@ using FlopFn = std::function<double(const ir::Node&)>;
 /// How a case's 4-D values are stored: plain f32, in oneDNN's blocked f32 layout (as
 /// propagate-layouts lays out f32 activations between convolutions), or as bf16 in the bf16
 /// convolutions' layout (as --precision bf16 keeps them); i32 values (argmax) take the layout only.
-enum class Storage { Plain, Blocked, Bf16 };
+/// BlockedToPlain: the input side (x, or dx of a backward) blocked and the rest plain, as pool2
+/// before the flatten leaves them.
+enum class Storage { Plain, Blocked, Bf16, BlockedToPlain };
 
 struct Case {
   std::string bench;  // "conv2d_fwd"
@@ -175,7 +177,8 @@ class Table {
   // max_pool2d with an r x r window and stride r over x, and its backward from the argmax that
   // the forward op computes on random x.
   // Also with every value in oneDNN's blocked layout ("_blocked": f32, as between the f32
-  // convolutions) and stored as bf16 in the bf16 convolutions' layout ("_bf16act").
+  // convolutions; nChw8c for 8 channels) and stored as bf16 in the bf16 convolutions' layout
+  // ("_bf16act"), and with only x (dx) blocked ("_blocked_to_plain": pool2 before the flatten).
   void pool(const Shape& x, int64_t r) {
     const std::string s = fmt::format("{}_R{}", nchw_label(x), r);
     const ir::Attrs a{{"kernel", Ints{r, r}}};
@@ -186,7 +189,10 @@ class Table {
     argmax.from_shapes = {x};
     argmax.output = 1;
     const std::pair<Storage, const char*> storages[] = {
-        {Storage::Plain, ""}, {Storage::Blocked, "_blocked"}, {Storage::Bf16, "_bf16act"}};
+        {Storage::Plain, ""},
+        {Storage::Blocked, "_blocked"},
+        {Storage::Bf16, "_bf16act"},
+        {Storage::BlockedToPlain, "_blocked_to_plain"}};
     for (const auto& [storage, suffix] : storages) {
       add({fmt::format("max_pool2d_fwd{}", suffix),
            "max_pool2d",
@@ -382,14 +388,28 @@ std::string missing_in_schema(const Case& c) {
   return {};
 }
 
+/// The layout of `storage` for values of `channels` channels: oneDNN's f32 blocking, in blocks of
+/// 8 (nChw8c) when the channels do not fill blocks of 16, as the MNIST CNN's 8 do; the bf16
+/// convolutions' layout for Bf16.
+std::string storage_layout(Storage storage, int64_t channels) {
+  if (storage == Storage::Bf16) return ops::bf16_layout();
+  const std::string& blocked = ops::blocked_layout();
+  if (blocked == "nChw16c" && channels % 16 != 0 && channels % 8 == 0) return "nChw8c";
+  return blocked;
+}
+
 /// Lays out (and, for Bf16, stores as bf16) every 4-D value of n as `storage` says; i32 values
 /// take the layout only.
 void apply_storage(ir::Node& n, Storage storage) {
   if (storage == Storage::Plain) return;
-  const std::string& layout =
-      storage == Storage::Blocked ? ops::blocked_layout() : ops::bf16_layout();
+  const std::string layout = storage_layout(storage, n.input(0)->shape()[1]);
   std::vector<ir::Value*> values(n.inputs().begin(), n.inputs().end());
   values.insert(values.end(), n.outputs().begin(), n.outputs().end());
+  if (storage == Storage::BlockedToPlain) {
+    values = n.op().ends_with("_bwd")
+                 ? std::vector<ir::Value*>(n.outputs().begin(), n.outputs().end())
+                 : std::vector<ir::Value*>(n.inputs().begin(), n.inputs().end());
+  }
   for (ir::Value* v : values) {
     if (v->shape().rank() != 4) continue;
     v->set_layout(layout);
@@ -400,14 +420,14 @@ void apply_storage(ir::Node& n, Storage storage) {
 /// Why the case's storage cannot be had here, or "".
 std::string storage_missing(Storage storage, const Case& c) {
   if (storage != Storage::Plain) {
-    const std::string& layout =
-        storage == Storage::Blocked ? ops::blocked_layout() : ops::bf16_layout();
+    const std::string layout = storage_layout(storage, c.inputs[0].shape[1]);
     const int64_t channels = c.inputs[0].shape[1];
     if (!layout.empty() && channels % ir::channel_block(layout) != 0)
       return fmt::format("{} channels do not fill blocks of {} ({})", channels,
                          ir::channel_block(layout), layout);
   }
-  if (storage == Storage::Blocked && ops::blocked_layout().empty())
+  if ((storage == Storage::Blocked || storage == Storage::BlockedToPlain) &&
+      ops::blocked_layout().empty())
     return "oneDNN's convolutions use no blocked layout on this CPU (or no oneDNN)";
   if (storage == Storage::Bf16) {
     if (std::string why = ops::bf16_unavailable(); !why.empty()) return "bf16 " + why;

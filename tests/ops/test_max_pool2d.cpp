@@ -8,6 +8,7 @@
 #include "harness.hpp"
 #include "minidl/autograd/autograd.hpp"
 #include "minidl/core/rng.hpp"
+#include "minidl/ops/nn/max_pool2d_lanes.hpp"
 #include "minidl/ops/ops.hpp"
 #include "minidl/ops/registry.hpp"
 #include "minidl/runtime/executable.hpp"
@@ -460,4 +461,89 @@ TEST(MaxPool2d, FusedReluInEveryLayout) {
       }
     }
   }
+}
+
+// The AVX-512 kernels (chosen at run time) against the portable ones every other CPU runs, bit for
+// bit: y, argmax and dx, forward with and without the fused relu, in every layout and stored type
+// and mixed ones, on the models' shapes and on the edges: odd widths (the MNIST CNN's 13 outputs
+// per row), more than 16 outputs per row, rows and columns no window covers, gaps between
+// windows, overlapping padded windows, and channel counts that leave a partial vector (nhwc with
+// 24 or 40 channels, nChw8c). Inputs hold ties, -inf, -0 and NaNs; dy holds -0.
+TEST(MaxPool2d, SimdKernelsMatchPortableBitForBit) {
+  if (!ops::pool::avx512_kernels()) GTEST_SKIP() << "this CPU has no AVX-512 (F, BW, VL)";
+  struct Geometry {
+    Shape x;
+    ir::Attrs attrs;
+  };
+  const std::vector<Geometry> geometries = {
+      {{2, 32, 8, 8}, pool_attrs({2, 2})},
+      {{2, 8, 26, 26}, pool_attrs({2, 2})},
+      {{1, 16, 7, 9}, pool_attrs({2, 2})},
+      {{1, 40, 5, 37}, pool_attrs({2, 2})},
+      {{2, 16, 9, 9}, pool_attrs({3, 3}, {2, 2}, {1, 1})},
+      {{1, 24, 6, 10}, pool_attrs({2, 2}, {3, 3})},
+      {{1, 16, 6, 7}, pool_attrs({3, 2}, {1, 2}, {1, 0})},
+  };
+  struct Layouts {
+    Keep in, out, am;
+  };
+  std::vector<Layouts> layouts;
+  for (const std::string l : {"", "nChw16c", "nChw8c", "nhwc"})
+    for (const bool bf16 : {false, true}) layouts.push_back({{l, bf16}, {l, bf16}, {l, false}});
+  layouts.push_back({{"nChw16c", false}, {"", false}, {"", false}});
+  layouts.push_back({{"nChw8c", false}, {"", false}, {"", false}});
+  layouts.push_back({{"nhwc", true}, {"", false}, {"nhwc", false}});
+  layouts.push_back({{"nhwc", true}, {"", true}, {"", false}});
+  layouts.push_back({{"nChw8c", false}, {"nhwc", true}, {"nChw16c", false}});
+  constexpr float inf = std::numeric_limits<float>::infinity();
+  constexpr float nan = std::numeric_limits<float>::quiet_NaN();
+  int compared = 0;
+  for (const Geometry& geo : geometries) {
+    Tensor x = Tensor::empty(geo.x);
+    const CounterRng rng(11);
+    for (std::int64_t i = 0; i < x.numel(); ++i) {
+      const std::uint64_t r = rng.bits(1, i) % 64;
+      x.data<float>()[i] = r == 0   ? -inf
+                           : r == 1 ? nan
+                           : r == 2 ? -0.0f
+                                    : static_cast<float>(r % 7) - 3;
+    }
+    const auto fits = [&](const Keep& k) {
+      return k.layout.empty() || k.layout == "nhwc" || geo.x[1] % ir::channel_block(k.layout) == 0;
+    };
+    for (const bool relu : {false, true}) {
+      const ir::Attrs attrs = relu ? with_relu(geo.attrs) : geo.attrs;
+      for (const Layouts& l : layouts) {
+        if (!fits(l.in) || !fits(l.out) || !fits(l.am)) continue;
+        SCOPED_TRACE(fmt::format("x={} kernel {} relu {} in='{}'{} out='{}'{} argmax='{}'", geo.x,
+                                 fmt::join(geo.attrs.get<Ints>("kernel"), "x"), relu, l.in.layout,
+                                 l.in.bf16 ? " bf16" : "", l.out.layout, l.out.bf16 ? " bf16" : "",
+                                 l.am.layout));
+        ops::pool::force_portable(true);
+        const auto [y0, am0] = run_fwd(x, attrs, l.in, l.out, l.am, ir::Backend::Native);
+        Tensor dy = Tensor::empty(y0.shape());
+        for (std::int64_t i = 0; i < dy.numel(); ++i) {
+          const std::uint64_t r = rng.bits(2, i) % 16;
+          dy.data<float>()[i] = r == 0 ? -0.0f : static_cast<float>(static_cast<int>(r) - 8) / 4;
+        }
+        const Tensor dx0 =
+            run_bwd(dy, am0, geo.x, geo.attrs, l.out, l.am, l.in, ir::Backend::Native);
+        ops::pool::force_portable(false);
+        const auto [y, am] = run_fwd(x, attrs, l.in, l.out, l.am, ir::Backend::Native);
+        const Tensor dx =
+            run_bwd(dy, am0, geo.x, geo.attrs, l.out, l.am, l.in, ir::Backend::Native);
+        for (std::int64_t i = 0; i < y.numel(); ++i) {
+          ASSERT_TRUE(same_bits(y.at(i), y0.at(i)))
+              << "y " << i << ": " << y.at(i) << " vs " << y0.at(i);
+          ASSERT_EQ(am.data<std::int32_t>()[i], am0.data<std::int32_t>()[i]) << "argmax " << i;
+        }
+        for (std::int64_t i = 0; i < dx.numel(); ++i)
+          ASSERT_TRUE(same_bits(dx.at(i), dx0.at(i)))
+              << "dx " << i << ": " << dx.at(i) << " vs " << dx0.at(i);
+        ++compared;
+      }
+    }
+  }
+  ops::pool::force_portable(false);
+  EXPECT_GE(compared, 100);
 }

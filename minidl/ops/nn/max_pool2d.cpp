@@ -8,7 +8,8 @@
 // bf16, compared in f32: bf16 -> f32 is exact) and are declared preferred: they run under
 // --backend onednn too, in place of oneDNN's, whose workspace needs converting to our argmax and
 // back every step. argmax is stored in whatever layout its value carries (the output's, by
-// ops::PropagateLayouts).
+// ops::PropagateLayouts). On a CPU with AVX-512 the kernels of max_pool2d_avx512.cpp run in place
+// of the loops below (the same bits; the loops stay for every other CPU).
 #include <algorithm>
 #include <bit>
 #include <cstdint>
@@ -19,6 +20,7 @@
 #include "minidl/core/threading.hpp"
 #include "minidl/ops/common.hpp"
 #include "minidl/ops/native/im2col.hpp"
+#include "minidl/ops/nn/max_pool2d_lanes.hpp"
 #include "minidl/ops/nn/window.hpp"
 #include "minidl/ops/onednn/kernels.hpp"
 #include "minidl/ops/op_table.hpp"
@@ -108,8 +110,11 @@ void fwd_plain(const ir::KernelArgs& k) {
   const int64_t ow_n = g.OW, sw = g.SW;
   const bool relu = activation_of(k.attrs()) == Activation::Relu;
   if (g.KH == 2 && g.KW == 2 && g.SH == 2 && g.SW == 2 && g.PH == 0 && g.PW == 0) {
-    parallel_for(xs[0] * g.C, out_plane * 4,
-                 [&](int64_t p0, int64_t p1) { fwd_plain_2x2(g, src, dst, argmax, p0, p1, relu); });
+    parallel_for(xs[0] * g.C, out_plane * 4, [&](int64_t p0, int64_t p1) {
+      if (pool::avx512_kernels())
+        return pool::fwd_plain_2x2_avx512(g, src, dst, argmax, p0, p1, relu);
+      fwd_plain_2x2(g, src, dst, argmax, p0, p1, relu);
+    });
     return;
   }
   constexpr float kLowest = -std::numeric_limits<float>::infinity();
@@ -171,6 +176,17 @@ void bwd_plain(const ir::KernelArgs& k) {
   const float* dy = k.in[0].data<float>();
   const std::int32_t* argmax = k.in[1].data<std::int32_t>();
   float* dx = k.out[0].data<float>();
+  // The CNNs' 2x2 windows with stride 2: every element of dx written once, vectorised (as the
+  // layout kernels' disjoint path, it routes dy only to an argmax inside its window, which is
+  // where the forward puts it).
+  const ConvGeom geo = pool_geom(xs, k.attrs());
+  if (pool::avx512_kernels() && geo.KH == 2 && geo.KW == 2 && geo.SH == 2 && geo.SW == 2 &&
+      geo.PH == 0 && geo.PW == 0) {
+    parallel_for(xs[0] * xs[1], in_plane + out_plane, [&](int64_t p0, int64_t p1) {
+      pool::bwd_plain_2x2_avx512(geo, dy, argmax, dx, p0, p1);
+    });
+    return;
+  }
   parallel_for(xs[0] * xs[1], in_plane + out_plane, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
       float* d = dx + p * in_plane;
@@ -187,36 +203,14 @@ void bwd_plain(const ir::KernelArgs& k) {
 
 // ---- every layout and stored type ---------------------------------------------------------------
 //
-// Each layout a pooling value carries (ir::Value::layout) addresses element (n, c, pos) of its
-// [N, C, P] view (P = H*W or OH*OW) as base(n, c) + pos * step: plain (step 1), nChw16c / nChw8c
-// (channels in blocks of b innermost: step b) and nhwc (all C channels innermost: step C). The
-// kernels below walk the channels that lie side by side in the input-side value (x, or dx for the
-// backward): a "group" of `lanes` channels, b of a block or all C of nhwc, vectorised 16 at a time,
-// so every load of that value is contiguous. The output-side values are written (or read) where
-// their own layout puts them: contiguous lanes when it is the same layout, else one address per
-// lane (pool2 before the flatten writes a plain output from a blocked input).
+// The addressing of the four layouts and the row kernels' arguments are in max_pool2d_lanes.hpp;
+// on a CPU with AVX-512 the kernels of max_pool2d_avx512.cpp run in place of the loops below.
 
-/// A value's addressing.
-struct Addr {
-  int64_t channels = 0, plane = 0, block = 1;  // block: 1 plain, 8 or 16 blocked, C nhwc
-  bool nhwc = false;
-  int64_t step() const { return nhwc ? channels : block; }
-  int64_t base(int64_t n, int64_t c) const {
-    if (nhwc) return n * channels * plane + c;
-    return (n * channels + c - c % block) * plane + c % block;  // plain: block 1
-  }
-};
-
-Addr addr_of(const ir::Value& v, int64_t plane) {
-  Addr a;
-  a.channels = v.shape()[1];
-  a.plane = plane;
-  a.nhwc = v.layout() == "nhwc";
-  a.block = a.nhwc ? a.channels : ir::channel_block(v.layout());
-  return a;
-}
-
-bool same_addr(const Addr& a, const Addr& b) { return a.nhwc == b.nhwc && a.block == b.block; }
+using pool::Addr;
+using pool::addr_of;
+using pool::BwdArgs;
+using pool::FwdArgs;
+using pool::same_addr;
 
 // f32 values and bf16 ones (the upper half of an f32, ir::Value::stored).
 [[gnu::always_inline]] inline float load(float v) { return v; }
@@ -247,14 +241,6 @@ template <typename TD>
 }
 
 constexpr int64_t kLanes = 16;
-
-struct FwdArgs {
-  ConvGeom g;
-  int64_t groups_per_n = 0;
-  Addr x, y, am;
-  bool contiguous = false;  // y and argmax in x's layout
-  bool relu = false;
-};
 
 // Output row oh of channel group grp: for each window, the maximum over its taps of `lanes`
 // channels at once. Taps in row-major order with a strict >: the first maximum wins ties, and a
@@ -340,8 +326,20 @@ void fwd_layouts(const ir::KernelArgs& k, const FwdArgs& a) {
   TY* dst = static_cast<TY*>(k.out[0].raw());
   std::int32_t* argmax = k.out[1].data<std::int32_t>();
   const int64_t units = k.in[0].shape()[0] * a.groups_per_n * a.g.OH;
-  parallel_for(units, a.g.OW * a.g.KH * a.g.KW * a.x.block,
-               [&](int64_t u0, int64_t u1) { fwd_rows<TX, TY>(a, src, dst, argmax, u0, u1); });
+  const auto plain = [](const Addr& v) { return v.block == 1 && !v.nhwc; };
+  if (pool::avx512_kernels() && !a.contiguous && !plain(a.x) && plain(a.y) && plain(a.am)) {
+    // pool2 before the flatten: the outputs of a group are made in x's order, then transposed.
+    const int64_t groups = k.in[0].shape()[0] * a.groups_per_n;
+    parallel_for(groups, a.g.OH * a.g.OW * a.g.KH * a.g.KW * a.x.block,
+                 [&](int64_t g0, int64_t g1) {
+                   pool::fwd_planes_to_plain_avx512(a, src, dst, argmax, g0, g1);
+                 });
+    return;
+  }
+  parallel_for(units, a.g.OW * a.g.KH * a.g.KW * a.x.block, [&](int64_t u0, int64_t u1) {
+    if (pool::avx512_kernels()) return pool::fwd_rows_avx512(a, src, dst, argmax, u0, u1);
+    fwd_rows<TX, TY>(a, src, dst, argmax, u0, u1);
+  });
 }
 
 // src [N,C,H,W] -> dst [N,C,OH,OW], argmax [N,C,OH,OW], each in its own layout and stored type.
@@ -364,13 +362,6 @@ void max_pool2d_fwd(const ir::KernelArgs& k) {
   if (xb) return fwd_layouts<std::uint16_t, float>(k, a);
   return fwd_layouts<float, std::uint16_t>(k, a);
 }
-
-struct BwdArgs {
-  ConvGeom g;
-  int64_t groups_per_n = 0;
-  Addr dx, dy, am;
-  bool contiguous = false;  // dy and argmax in dx's layout
-};
 
 // Windows that do not overlap and have no padding (stride >= kernel: the CNNs' 2x2 stride 2):
 // input row ih of group grp, every element written once, dy where the argmax of its window names
@@ -489,6 +480,20 @@ void bwd_layouts(const ir::KernelArgs& k, BwdArgs a) {
   TD* dst = static_cast<TD*>(k.out[0].raw());
   const TY* src = static_cast<const TY*>(k.in[0].raw());
   const std::int32_t* argmax = k.in[1].data<std::int32_t>();
+  const ConvGeom& g = a.g;
+  const int64_t groups = k.out[0].shape()[0] * a.groups_per_n;
+  const bool disjoint = g.SH >= g.KH && g.SW >= g.KW && g.PH == 0 && g.PW == 0;
+  const auto plain = [](const Addr& v) { return v.block == 1 && !v.nhwc; };
+  if constexpr (std::is_same_v<TY, float>) {
+    if (pool::avx512_kernels() && disjoint && !a.contiguous && !plain(a.dx) && plain(a.dy) &&
+        plain(a.am)) {
+      // The gradient after a flatten: dy and argmax transposed into dx's order group by group.
+      parallel_for(groups, (g.H * g.W + g.OH * g.OW) * a.dx.block, [&](int64_t g0, int64_t g1) {
+        pool::bwd_planes_from_plain_avx512(a, dst, src, argmax, g0, g1);
+      });
+      return;
+    }
+  }
   if (!a.contiguous) {
     // dy and argmax in another layout than dx (plain after a flatten, dx blocked): gathering
     // them lane by lane is slow, so they are first copied into dx's layout (a quarter of dx's
@@ -507,11 +512,10 @@ void bwd_layouts(const ir::KernelArgs& k, BwdArgs a) {
     a.dy = a.am = to;
     a.contiguous = true;
   }
-  const ConvGeom& g = a.g;
-  const int64_t groups = k.out[0].shape()[0] * a.groups_per_n;
-  const bool disjoint = g.SH >= g.KH && g.SW >= g.KW && g.PH == 0 && g.PW == 0;
   if (disjoint) {
     parallel_for(groups * g.H, g.W * a.dx.block, [&](int64_t u0, int64_t u1) {
+      if (pool::avx512_kernels())
+        return pool::bwd_rows_disjoint_avx512(a, dst, src, argmax, u0, u1);
       bwd_rows_disjoint<TD, TY>(a, dst, src, argmax, u0, u1);
     });
     return;
