@@ -61,12 +61,15 @@ MINIDL_TARGET_AVX512 inline float lane_sum(__m512 v) {
 /// Output vectors [chunk, chunk + NV) of output row oh, all filters: a block of 8 filters at a
 /// time holds 8 x NV accumulators, started at the bias; every tap (c, r, s) loads NV vectors of
 /// input (masked: padding and the row's end read as 0) and adds them times each filter's weight.
-template <int NV>
+template <int NV, int kKW>
 MINIDL_TARGET_AVX512 void fwd_vectors(const DirectConv& d, const float* packed, const float* x,
                                       float* y, bool relu, int64_t oh, int64_t chunk) {
   const ConvGeom& g = d.g;
   const int64_t taps = g.rows(), plane = g.OH * g.OW, ow0 = chunk * 16;
-  const std::uint16_t* masks = d.masks.data() + chunk * g.KW;
+  // kKW > 0: the window's width known at compile time (3), so that the tap loop unrolls and its
+  // masks stay in mask registers.
+  const int64_t kw = kKW > 0 ? kKW : g.KW;
+  const std::uint16_t* masks = d.masks.data() + chunk * kw;
   __mmask16 out[NV];
   for (int v = 0; v < NV; ++v) out[v] = d.out_masks[chunk + v];
   for (int64_t kb = 0; kb < d.blocks; ++kb) {
@@ -82,15 +85,15 @@ MINIDL_TARGET_AVX512 void fwd_vectors(const DirectConv& d, const float* packed, 
       for (int64_t r = 0; r < g.KH; ++r) {
         const int64_t ih = oh * g.SH - g.PH + r;
         if (ih < 0 || ih >= g.H) {
-          wk += g.KW * kBlock;
+          wk += kw * kBlock;
           continue;
         }
         // May point before the row (padding): those lanes are masked off and never read.
         const float* row = x + (c * g.H + ih) * g.W + ow0 - g.PW;
-        for (int64_t s = 0; s < g.KW; ++s, wk += kBlock) {
+        for (int64_t s = 0; s < kw; ++s, wk += kBlock) {
           __m512 xv[NV];
           for (int v = 0; v < NV; ++v) {
-            xv[v] = _mm512_maskz_loadu_ps(masks[v * g.KW + s], row + s + 16 * v);
+            xv[v] = _mm512_maskz_loadu_ps(masks[v * kw + s], row + s + 16 * v);
           }
 #pragma GCC unroll 8
           for (int k = 0; k < kBlock; ++k) {
@@ -240,8 +243,13 @@ void direct_conv_fwd(const DirectConv& d, const float* packed, const float* x, f
                      int64_t oh0, int64_t oh1) {
   for (int64_t oh = oh0; oh < oh1; ++oh) {
     int64_t ch = 0;
-    for (; ch + 2 <= d.chunks; ch += 2) fwd_vectors<2>(d, packed, x, y, relu, oh, ch);
-    if (ch < d.chunks) fwd_vectors<1>(d, packed, x, y, relu, oh, ch);
+    if (d.g.KW == 3) {
+      for (; ch + 2 <= d.chunks; ch += 2) fwd_vectors<2, 3>(d, packed, x, y, relu, oh, ch);
+      if (ch < d.chunks) fwd_vectors<1, 3>(d, packed, x, y, relu, oh, ch);
+    } else {
+      for (; ch + 2 <= d.chunks; ch += 2) fwd_vectors<2, 0>(d, packed, x, y, relu, oh, ch);
+      if (ch < d.chunks) fwd_vectors<1, 0>(d, packed, x, y, relu, oh, ch);
+    }
   }
 }
 

@@ -292,13 +292,14 @@ ir::Kernel make_conv2d_bwd_weights(const ir::Node& node) {
   const bool bias = node.outputs().size() > 1;
   const int64_t dw_size = oc * g.rows();
   const int64_t part_size = dw_size + (bias ? oc : 0);  // a chunk's weights, then its bias
-  const int64_t chunks = weight_chunks(n, dw_size);
-  // Chunk 0 sums straight into the outputs; the others into buffers owned by the kernel.
-  const Tensor partials = Tensor::empty(Shape{chunks - 1, part_size});
-  // Few input channels: the direct kernel (native/direct_conv.hpp) in place of im2col and GEMM,
-  // over the same chunks.
+  // Few input channels: the direct kernel (native/direct_conv.hpp) in place of im2col and GEMM.
+  // It keeps its sums in registers over a whole chunk, so it takes chunks of 8 samples (fewer
+  // partial sums to reduce and add) rather than one GEMM's worth.
   std::shared_ptr<const native::DirectConv> direct;
   if (native::direct_conv_supports(g, oc)) direct = std::make_shared<native::DirectConv>(g, oc);
+  const int64_t chunks = direct ? std::min<int64_t>(16, (n + 7) / 8) : weight_chunks(n, dw_size);
+  // Chunk 0 sums straight into the outputs; the others into buffers owned by the kernel.
+  const Tensor partials = Tensor::empty(Shape{chunks - 1, part_size});
   return [g, n, oc, bias, dw_size, part_size, chunks, partials, direct](const ir::KernelArgs& k) {
     const int64_t rows = g.rows(), cols = g.cols(), in_size = g.C * g.H * g.W;
     const float* diff_dst = k.in[0].data<float>();
