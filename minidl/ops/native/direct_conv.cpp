@@ -63,7 +63,7 @@ MINIDL_TARGET_AVX512 inline float lane_sum(__m512 v) {
 /// input (masked: padding and the row's end read as 0) and adds them times each filter's weight.
 template <int NV, int kKW>
 MINIDL_TARGET_AVX512 void fwd_vectors(const DirectConv& d, const float* packed, const float* x,
-                                      float* y, bool relu, int64_t oh, int64_t chunk) {
+                                      float* y, bool bias, bool relu, int64_t oh, int64_t chunk) {
   const ConvGeom& g = d.g;
   const int64_t taps = g.rows(), plane = g.OH * g.OW, ow0 = chunk * 16;
   // kKW > 0: the window's width known at compile time (3), so that the tap loop unrolls and its
@@ -77,10 +77,8 @@ MINIDL_TARGET_AVX512 void fwd_vectors(const DirectConv& d, const float* packed, 
     const float* bk = packed + d.blocks * taps * kBlock + kb * kBlock;
     __m512 acc[kBlock][NV];
 #pragma GCC unroll 8
-    for (int k = 0; k < kBlock; ++k) {
-      const __m512 b = _mm512_set1_ps(bk[k]);
-      for (int v = 0; v < NV; ++v) acc[k][v] = b;
-    }
+    for (int k = 0; k < kBlock; ++k)
+      for (int v = 0; v < NV; ++v) acc[k][v] = _mm512_setzero_ps();
     for (int64_t c = 0; c < g.C; ++c) {
       for (int64_t r = 0; r < g.KH; ++r) {
         const int64_t ih = oh * g.SH - g.PH + r;
@@ -101,6 +99,15 @@ MINIDL_TARGET_AVX512 void fwd_vectors(const DirectConv& d, const float* packed, 
             for (int v = 0; v < NV; ++v) acc[k][v] = _mm512_fmadd_ps(w, xv[v], acc[k][v]);
           }
         }
+      }
+    }
+    // The bias last, as a bias_add after the convolution adds it: a fused node gives the bits
+    // of the unfused pair.
+    if (bias) {
+#pragma GCC unroll 8
+      for (int k = 0; k < kBlock; ++k) {
+        const __m512 b = _mm512_set1_ps(bk[k]);
+        for (int v = 0; v < NV; ++v) acc[k][v] = _mm512_add_ps(acc[k][v], b);
       }
     }
     // Every index into acc a constant (k < valid tested inside), so that the accumulators stay
@@ -239,16 +246,16 @@ void direct_conv_pack(const DirectConv& d, const float* weights, const float* bi
   }
 }
 
-void direct_conv_fwd(const DirectConv& d, const float* packed, const float* x, float* y, bool relu,
-                     int64_t oh0, int64_t oh1) {
+void direct_conv_fwd(const DirectConv& d, const float* packed, const float* x, float* y, bool bias,
+                     bool relu, int64_t oh0, int64_t oh1) {
   for (int64_t oh = oh0; oh < oh1; ++oh) {
     int64_t ch = 0;
     if (d.g.KW == 3) {
-      for (; ch + 2 <= d.chunks; ch += 2) fwd_vectors<2, 3>(d, packed, x, y, relu, oh, ch);
-      if (ch < d.chunks) fwd_vectors<1, 3>(d, packed, x, y, relu, oh, ch);
+      for (; ch + 2 <= d.chunks; ch += 2) fwd_vectors<2, 3>(d, packed, x, y, bias, relu, oh, ch);
+      if (ch < d.chunks) fwd_vectors<1, 3>(d, packed, x, y, bias, relu, oh, ch);
     } else {
-      for (; ch + 2 <= d.chunks; ch += 2) fwd_vectors<2, 0>(d, packed, x, y, relu, oh, ch);
-      if (ch < d.chunks) fwd_vectors<1, 0>(d, packed, x, y, relu, oh, ch);
+      for (; ch + 2 <= d.chunks; ch += 2) fwd_vectors<2, 0>(d, packed, x, y, bias, relu, oh, ch);
+      if (ch < d.chunks) fwd_vectors<1, 0>(d, packed, x, y, bias, relu, oh, ch);
     }
   }
 }

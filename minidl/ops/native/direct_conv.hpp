@@ -50,11 +50,12 @@ struct DirectConv {
 /// (packed_size() floats).
 void direct_conv_pack(const DirectConv& d, const float* weights, const float* bias, float* packed);
 
-/// Output rows [oh0, oh1) of one sample: y[K, OH, OW] = x[C, H, W] (*) w + bias, then ReLU if
-/// asked (NaN becomes 0). Every output element is computed the same way whatever the row range,
-/// so splitting rows over threads does not change the bits.
-void direct_conv_fwd(const DirectConv& d, const float* packed, const float* x, float* y, bool relu,
-                     std::int64_t oh0, std::int64_t oh1);
+/// Output rows [oh0, oh1) of one sample: y[K, OH, OW] = x[C, H, W] (*) w, plus the bias when
+/// `bias` (added after the taps, as a separate bias_add would), then ReLU if asked (NaN becomes
+/// 0). Every output element is computed the same way whatever the row range, so splitting rows
+/// over threads does not change the bits.
+void direct_conv_fwd(const DirectConv& d, const float* packed, const float* x, float* y, bool bias,
+                     bool relu, std::int64_t oh0, std::int64_t oh1);
 
 /// The weight gradient of n samples, dw[K, C*KH*KW] = sum_i dy[i] (*) x[i], written (not added),
 /// and, when db is not nullptr, the bias gradient db[K] = the sum of dy[i] over samples and

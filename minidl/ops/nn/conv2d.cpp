@@ -176,9 +176,10 @@ ir::Kernel make_direct_conv2d_fwd(const ir::Node& node, const ConvGeom& g, int64
     for_each_item(k.in[0].shape()[0], [&](int64_t i, bool inner) {
       const float* x = src + i * in_size;
       float* y = dst + i * out_size;
-      if (!inner) return native::direct_conv_fwd(*d, p, x, y, relu, 0, g.OH);
-      parallel_for(g.OH, d->K * g.OW * g.rows(),
-                   [&](int64_t b, int64_t e) { native::direct_conv_fwd(*d, p, x, y, relu, b, e); });
+      if (!inner) return native::direct_conv_fwd(*d, p, x, y, has_bias, relu, 0, g.OH);
+      parallel_for(g.OH, d->K * g.OW * g.rows(), [&](int64_t b, int64_t e) {
+        native::direct_conv_fwd(*d, p, x, y, has_bias, relu, b, e);
+      });
     });
   };
 }
