@@ -131,8 +131,9 @@ class Table {
          op_flops});
   }
 
-  // conv2d x[n,c,h,w] * w[k,c,r,r] (stride 1, zero padding `pad`), both halves of its backward,
-  // and the forward with bias and ReLU fused (every convolution of the models is followed by ReLU).
+  // conv2d x[n,c,h,w] * w[k,c,r,r] (stride 1, zero padding `pad`), both halves of its backward
+  // (the weight gradient also with the bias gradient fused), and the forward with bias and ReLU
+  // fused (every convolution of the models is followed by ReLU).
   void conv(int64_t n, int64_t c, int64_t h, int64_t w, int64_t k, int64_t r, int64_t pad) {
     const std::string s = fmt::format("N{}_C{}_H{}_W{}_K{}_R{}", n, c, h, w, k, r);
     const int64_t oh = h + 2 * pad - r + 1, ow = w + 2 * pad - r + 1;
@@ -151,6 +152,14 @@ class Table {
          op_flops});
     add({"conv2d_bwd_weights",
          "conv2d_bwd_weights",
+         s,
+         {{"stride", stride}, {"pad", padding}, {"kernel", Ints{r, r}}},
+         {f32({n, k, oh, ow}), f32({n, c, h, w})},
+         op_flops});
+    // The weight gradient with the bias gradient in the same pass, as training runs it
+    // (fuse-bias-into-weight-gradient); its cost counts the product only.
+    add({"conv2d_bwd_weights_bias",
+         "conv2d_bwd_weights_bias",
          s,
          {{"stride", stride}, {"pad", padding}, {"kernel", Ints{r, r}}},
          {f32({n, k, oh, ow}), f32({n, c, h, w})},

@@ -6,6 +6,7 @@
 #include "minidl/core/rng.hpp"
 #include "minidl/core/threading.hpp"
 #include "minidl/ops/fusion.hpp"
+#include "minidl/ops/native/direct_conv.hpp"
 #include "minidl/ops/native/im2col.hpp"
 #include "minidl/ops/ops.hpp"
 #include "minidl/ops/registry.hpp"
@@ -63,6 +64,16 @@ static const std::vector<OpCase> kConv = {
     OpCase().shapes({{2, 4, 6, 6}, {3, 4, 1, 1}, {3}}).attrs(conv_attrs({1, 1}, {0, 0}, "relu")),
     OpCase().shapes({{1, 3, 5, 5}, {2, 3, 5, 5}, {2}}).attrs(conv_attrs({1, 1}, {0, 0}, "relu")),
     OpCase().shapes({{20, 2, 4, 4}, {3, 2, 3, 3}, {3}}).attrs(conv_attrs({1, 1}, {1, 1}, "none")),
+    // Few input channels: on AVX-512 the native forward and weight gradient are direct
+    // convolutions (native/direct_conv.hpp). Output rows of one vector and a tail, of two and of
+    // three vectors; filter counts that are not a multiple of 8; padding on both sides of a row;
+    // a row stride; a window wider than 3 columns. (Larger outputs behind a ReLU put some
+    // output within the finite-difference step of its kink: ReLU on a small one.)
+    OpCase().shapes({{2, 1, 12, 20}, {8, 1, 3, 3}, {8}}),
+    OpCase().shapes({{1, 1, 5, 18}, {8, 1, 3, 3}, {8}}).attrs(conv_attrs({1, 1}, {0, 0}, "relu")),
+    OpCase().shapes({{2, 3, 6, 18}, {10, 3, 3, 3}}).attrs(conv_attrs({1, 1}, {1, 1})),
+    OpCase().shapes({{1, 2, 7, 35}, {3, 2, 5, 4}}).attrs(conv_attrs({2, 1}, {2, 1})),
+    OpCase().shapes({{3, 4, 5, 9}, {17, 4, 3, 7}, {17}}).attrs(conv_attrs({1, 1}, {1, 3})),
 };
 static const std::vector<BadCase> kConvBad = {
     {{{1, 3, 3, 3}, {2, 3, 5, 5}},
@@ -161,6 +172,14 @@ static const std::vector<OpCase> kConvBwdWeightsBias = {
     OpCase()
         .shapes({{33, 32, 6, 6}, {33, 16, 6, 6}})
         .attrs({{"stride", Ints{1, 1}}, {"pad", Ints{1, 1}}, {"kernel", Ints{3, 3}}}),
+    // The direct kernels' shapes (few input channels): the MNIST CNN's first layer, and 3
+    // channels with padding and 17 filters.
+    OpCase()
+        .shapes({{3, 8, 26, 26}, {3, 1, 28, 28}})
+        .attrs({{"stride", Ints{1, 1}}, {"pad", Ints{0, 0}}, {"kernel", Ints{3, 3}}}),
+    OpCase()
+        .shapes({{5, 17, 9, 20}, {5, 3, 9, 20}})
+        .attrs({{"stride", Ints{1, 1}}, {"pad", Ints{1, 1}}, {"kernel", Ints{3, 3}}}),
 };
 static const std::vector<BadCase> kConvBwdWeightsBiasBad = {
     {{{2, 4, 3, 3}, {2, 3, 6, 6}}, {}, {{"kernel", Ints{3, 3}}}, "x gives output 4x4, dy is 3x3"},
@@ -253,24 +272,33 @@ TEST(Conv2d, MatchesDirectConvolution) {
 
 // The weight gradient sums samples in fixed chunks in a fixed order: the same bits for any thread
 // count, for the sample-parallel and the GEMM-parallel paths alike.
+// The direct kernels of few input channels (1 and 3 here) too.
 TEST(Conv2d, SameResultForAnyThreadCount) {
   const int saved = max_threads();
-  for (const std::int64_t n : {1, 7, 33}) {
-    SCOPED_TRACE(n);
-    std::vector<ConvRun> runs;
-    for (int threads : {1, 2, 3}) {
-      set_num_threads(threads);
-      runs.push_back(run_conv({n, 8, 12, 12}, {16, 8, 3, 3}, {1, 1}, {1, 1}, {n, 16, 12, 12}));
-    }
-    set_num_threads(saved);
-    for (std::size_t t = 1; t < runs.size(); ++t) {
-      for (const auto& [a, b] : {std::pair{runs[0].y, runs[t].y}, std::pair{runs[0].dx, runs[t].dx},
-                                 std::pair{runs[0].dw, runs[t].dw}}) {
-        ASSERT_EQ(a.numel(), b.numel());
-        EXPECT_EQ(0, std::memcmp(a.raw(), b.raw(), a.nbytes())) << "threads 1 vs " << t + 1;
+  struct Layer {
+    std::int64_t c, k, size, pad;
+  };
+  for (const auto& [c, k, size, pad] :
+       {Layer{8, 16, 12, 1}, Layer{1, 8, 28, 0}, Layer{3, 32, 18, 1}})
+    for (const std::int64_t n : {1, 7, 33}) {
+      SCOPED_TRACE(fmt::format("C{} N{}", c, n));
+      const std::int64_t out = size + 2 * pad - 2;
+      std::vector<ConvRun> runs;
+      for (int threads : {1, 2, 3}) {
+        set_num_threads(threads);
+        runs.push_back(
+            run_conv({n, c, size, size}, {k, c, 3, 3}, {1, 1}, {pad, pad}, {n, k, out, out}));
+      }
+      set_num_threads(saved);
+      for (std::size_t t = 1; t < runs.size(); ++t) {
+        for (const auto& [a, b] :
+             {std::pair{runs[0].y, runs[t].y}, std::pair{runs[0].dx, runs[t].dx},
+              std::pair{runs[0].dw, runs[t].dw}}) {
+          ASSERT_EQ(a.numel(), b.numel());
+          EXPECT_EQ(0, std::memcmp(a.raw(), b.raw(), a.nbytes())) << "threads 1 vs " << t + 1;
+        }
       }
     }
-  }
 }
 
 // The fused node computes what the chain it stands for computes, relu(bias_add(conv2d(x, w), b)),
@@ -427,32 +455,109 @@ TEST(Conv2d, FusedBiasGradientMatchesFiniteDifferences) {
 
 // The fused node's bias gradient sums in chunks fixed by the shapes: the same bits for any
 // thread count, on the sample-parallel and the GEMM-parallel paths.
+// The direct kernel of few input channels too (1 channel, 8 filters, unpadded).
 TEST(Conv2d, FusedBiasGradientSameForAnyThreadCount) {
   const int saved = max_threads();
-  for (const std::int64_t n : {1, 7, 33}) {
-    SCOPED_TRACE(n);
-    Tensor dy = Tensor::empty({n, 16, 12, 12}), x = Tensor::empty({n, 8, 12, 12});
-    CounterRng(9).fill_normal(dy, 0, 0.0f, 1.0f);
-    CounterRng(9).fill_normal(x, 1, 0.0f, 1.0f);
-    std::vector<std::pair<Tensor, Tensor>> runs;
-    for (int threads : {1, 2, 3}) {
-      set_num_threads(threads);
+  struct Layer {
+    std::int64_t c, k, size, pad;
+  };
+  for (const auto& [c, k, size, pad] : {Layer{8, 16, 12, 1}, Layer{1, 8, 28, 0}})
+    for (const std::int64_t n : {1, 7, 33}) {
+      SCOPED_TRACE(fmt::format("C{} N{}", c, n));
+      const std::int64_t out = size + 2 * pad - 2;
+      Tensor dy = Tensor::empty({n, k, out, out}), x = Tensor::empty({n, c, size, size});
+      CounterRng(9).fill_normal(dy, 0, 0.0f, 1.0f);
+      CounterRng(9).fill_normal(x, 1, 0.0f, 1.0f);
+      std::vector<std::pair<Tensor, Tensor>> runs;
+      for (int threads : {1, 2, 3}) {
+        set_num_threads(threads);
+        ir::Graph g;
+        ir::Node* node = g.add_node(
+            ops::op("conv2d_bwd_weights_bias"),
+            {ops::parameter(g, "dy", dy), ops::parameter(g, "x", x)},
+            {{"stride", Ints{1, 1}}, {"pad", Ints{pad, pad}}, {"kernel", Ints{3, 3}}}, "fused");
+        g.add_output(node->output(0));
+        g.add_output(node->output(1));
+        runtime::Executable exe(g, {.backend = ir::Backend::Native});
+        exe.run();
+        runs.emplace_back(exe.value(node->output(0)).clone(), exe.value(node->output(1)).clone());
+      }
+      set_num_threads(saved);
+      for (std::size_t t = 1; t < runs.size(); ++t) {
+        EXPECT_EQ(0, std::memcmp(runs[0].first.raw(), runs[t].first.raw(), runs[0].first.nbytes()));
+        EXPECT_EQ(0,
+                  std::memcmp(runs[0].second.raw(), runs[t].second.raw(), runs[0].second.nbytes()));
+      }
+    }
+}
+
+// The direct kernels of few input channels (native/direct_conv.hpp) against the im2col + GEMM
+// path on the same node: the forward with bias and ReLU, and the fused weight and bias gradient,
+// close (the sums run in another order). The MNIST CNN's and the CIFAR CNN's first layers, a row
+// stride with a window wider than it is tall, and 17 filters over a 7-wide window.
+TEST(Conv2d, DirectMatchesIm2col) {
+  struct Layer {
+    Shape x, w;
+    Ints stride, pad;
+    const char* activation;
+  };
+  const Layer layers[] = {
+      {{4, 1, 28, 28}, {8, 1, 3, 3}, {1, 1}, {0, 0}, "relu"},
+      {{3, 3, 32, 32}, {32, 3, 3, 3}, {1, 1}, {1, 1}, "relu"},
+      {{2, 2, 9, 35}, {3, 2, 5, 4}, {2, 1}, {2, 1}, "none"},
+      {{1, 4, 5, 9}, {17, 4, 3, 7}, {1, 1}, {1, 3}, "relu"},
+  };
+  for (const Layer& l : layers) {
+    SCOPED_TRACE(fmt::format("x {} w {}", l.x.str(), l.w.str()));
+    const native::ConvGeom geom = [&] {
+      native::ConvGeom g;
+      g.C = l.x[1], g.H = l.x[2], g.W = l.x[3], g.KH = l.w[2], g.KW = l.w[3];
+      g.SH = l.stride[0], g.SW = l.stride[1], g.PH = l.pad[0], g.PW = l.pad[1];
+      g.OH = native::window_out_size(g.H, g.KH, g.SH, g.PH);
+      g.OW = native::window_out_size(g.W, g.KW, g.SW, g.PW);
+      return g;
+    }();
+    if (!native::direct_conv_supports(geom, l.w[0])) GTEST_SKIP() << "no direct kernel on this CPU";
+    const CounterRng rng(31);
+    Tensor xt = Tensor::empty(l.x), wt = Tensor::empty(l.w), bt = Tensor::empty({l.w[0]});
+    rng.fill_normal(xt, 1, 0.0f, 1.0f);
+    rng.fill_normal(wt, 2, 0.0f, 0.5f);
+    rng.fill_normal(bt, 3, 0.0f, 0.5f);
+    std::vector<std::vector<Tensor>> results;
+    for (const bool direct : {true, false}) {
+      native::direct_conv_force_off(!direct);
       ir::Graph g;
-      ir::Node* node = g.add_node(
-          ops::op("conv2d_bwd_weights_bias"),
-          {ops::parameter(g, "dy", dy), ops::parameter(g, "x", x)},
-          {{"stride", Ints{1, 1}}, {"pad", Ints{1, 1}}, {"kernel", Ints{3, 3}}}, "fused");
-      g.add_output(node->output(0));
-      g.add_output(node->output(1));
+      ir::Value* x = ops::parameter(g, "x", xt);
+      ir::Value* w = ops::parameter(g, "w", wt);
+      ir::Value* b = ops::parameter(g, "b", bt);
+      ir::Value* y = ops::apply("conv2d", {x, w, b}, conv_attrs(l.stride, l.pad, l.activation));
+      Tensor rt = Tensor::empty(y->shape());
+      rng.fill_normal(rt, 4, 0.0f, 1.0f);
+      ir::Value* loss = ops::sum(ops::mul(y, ops::parameter(g, "r", rt)));
+      const auto grads = autograd::differentiate(g, loss, {w, b});
+      g.add_output(y);
+      for (ir::Value* v : grads) g.add_output(v);
+      EXPECT_TRUE(ops::FuseBiasIntoWeightGradient(true).run(g));
       runtime::Executable exe(g, {.backend = ir::Backend::Native});
       exe.run();
-      runs.emplace_back(exe.value(node->output(0)).clone(), exe.value(node->output(1)).clone());
+      std::vector<Tensor> out;
+      for (ir::Value* v : g.outputs()) out.push_back(exe.value(v).clone());
+      results.push_back(std::move(out));
     }
-    set_num_threads(saved);
-    for (std::size_t t = 1; t < runs.size(); ++t) {
-      EXPECT_EQ(0, std::memcmp(runs[0].first.raw(), runs[t].first.raw(), runs[0].first.nbytes()));
-      EXPECT_EQ(0,
-                std::memcmp(runs[0].second.raw(), runs[t].second.raw(), runs[0].second.nbytes()));
+    native::direct_conv_force_off(false);
+    // A gradient sums thousands of terms of either sign: its rounding scales with the largest
+    // sums, not with each element (an element that cancels to 0.03 may differ by 1e-5).
+    const char* names[] = {"y", "dw", "db"};
+    for (std::size_t t = 0; t < results[0].size(); ++t) {
+      const Tensor& a = results[0][t];
+      const Tensor& b = results[1][t];
+      ASSERT_EQ(a.shape(), b.shape()) << names[t];
+      double scale = 0.0;
+      for (std::int64_t i = 0; i < b.numel(); ++i)
+        scale = std::max(scale, std::fabs(b.at(i)) + 0.0);
+      for (std::int64_t i = 0; i < a.numel(); ++i) {
+        ASSERT_NEAR(a.at(i), b.at(i), 1e-5 * (1.0 + scale)) << names[t] << " " << i;
+      }
     }
   }
 }

@@ -317,6 +317,27 @@ TEST(Gemm, ThreadCountDoesNotChangeResult) {
   omp_set_num_threads(saved);
 }
 
+// A classifier's forward (A untransposed, B transposed, at most 16 columns): the narrow kernel
+// takes rows of A two at a time when N <= 12. Each row has the bits it has when computed alone
+// (a product of one row), for an odd row count, across that N, and with a K tail.
+TEST(Gemm, NarrowRowsInPairsMatchRowsAlone) {
+  for (const int64_t n : {1, 10, 12, 13, 16}) {
+    for (const int64_t k : {5, 40, 1352}) {
+      SCOPED_TRACE(detail::concat("N=", n, " K=", k));
+      const int64_t m = 7;
+      std::mt19937 rng(6);
+      const std::vector<float> A = random_vector(m * k, rng), B = random_vector(n * k, rng);
+      std::vector<float> all(m * n, kNaN), alone(m * n, kNaN);
+      sgemm(false, true, m, n, k, 1.0f, A.data(), k, B.data(), k, 0.0f, all.data(), n);
+      for (int64_t i = 0; i < m; ++i) {
+        sgemm(false, true, 1, n, k, 1.0f, A.data() + i * k, k, B.data(), k, 0.0f,
+              alone.data() + i * n, n);
+      }
+      EXPECT_EQ(all, alone);
+    }
+  }
+}
+
 TEST(Gemm, RejectsBadArguments) {
   std::vector<float> A(64), B(64), C(64);
   EXPECT_THROW(sgemm(false, false, -1, 2, 2, 1.0f, A.data(), 2, B.data(), 2, 0.0f, C.data(), 2),

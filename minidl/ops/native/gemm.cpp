@@ -676,41 +676,73 @@ MINIDL_TARGET_AVX512 inline __m512 transpose_sum16(const __m512 (&v)[16]) {
   return _mm512_add_ps(shuffle_lanes<0x88>(z01, z23), shuffle_lanes<0xdd>(z01, z23));
 }
 
+/// N dot products of R rows of A (a[r], contiguous along K) with the N rows of B (contiguous along
+/// K), 16 k at a time: acc[r][j] holds row r's partial sums with B row j, lane by lane.
+template <int N, int R>
+MINIDL_TARGET_AVX512 inline void narrow_dots(const GemmArgs& g, const float* const (&a)[R],
+                                             __m512 (&acc)[R][16]) {
+  const int64_t k16 = g.K / 16 * 16;
+  const auto tail = static_cast<__mmask16>((1u << (g.K - k16)) - 1u);
+#pragma GCC unroll 16
+  for (int j = 0; j < 16; ++j)
+    for (int r = 0; r < R; ++r) acc[r][j] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < k16; k += 16) {
+    __m512 x[R];
+    for (int r = 0; r < R; ++r) x[r] = _mm512_loadu_ps(a[r] + k);
+#pragma GCC unroll 16
+    for (int j = 0; j < N; ++j) {
+      const __m512 b = _mm512_loadu_ps(g.B + j * g.ldb + k);
+      for (int r = 0; r < R; ++r) acc[r][j] = _mm512_fmadd_ps(x[r], b, acc[r][j]);
+    }
+  }
+  if (tail != 0) {
+    __m512 x[R];
+    for (int r = 0; r < R; ++r) x[r] = _mm512_maskz_loadu_ps(tail, a[r] + k16);
+#pragma GCC unroll 16
+    for (int j = 0; j < N; ++j) {
+      const __m512 b = _mm512_maskz_loadu_ps(tail, g.B + j * g.ldb + k16);
+      for (int r = 0; r < R; ++r) acc[r][j] = _mm512_fmadd_ps(x[r], b, acc[r][j]);
+    }
+  }
+}
+
+/// Row i of C from its N dot products' lane sums: alpha, beta, bias, ReLU, then a masked store.
+MINIDL_TARGET_AVX512 inline void narrow_store(const GemmArgs& g, int64_t i, const __m512 (&acc)[16],
+                                              __mmask16 mask, __m512 bias) {
+  float* c = g.C + i * g.ldc;
+  __m512 y = _mm512_mul_ps(transpose_sum16(acc), _mm512_set1_ps(g.alpha));
+  if (g.beta != 0.0f)
+    y = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, c), _mm512_set1_ps(g.beta), y);
+  y = _mm512_add_ps(y, bias);
+  if (g.relu) y = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(y, _mm512_setzero_ps(), _CMP_GT_OQ), y);
+  _mm512_mask_storeu_ps(c, mask, y);
+}
+
 /// C rows [i0, i1) of a product at most 16 columns wide whose operands are both contiguous along
 /// K (A untransposed, B transposed: a classifier layer, N = classes): per row, N dot products
 /// accumulated 16 k at a time and summed across lanes together. Nothing is packed: for such a
-/// product the packing would cost more than the arithmetic.
+/// product the packing would cost more than the arithmetic. With N <= 12 two rows go together,
+/// so that each vector of B loaded serves both (B, N x K, is re-read for every row pair and
+/// outgrows L1 on a wide layer); each element's sums run in the same order either way.
 template <int N>
 MINIDL_TARGET_AVX512 void gemm_narrow_avx512(const GemmArgs& g, int64_t i0, int64_t i1) {
-  const int64_t k16 = g.K / 16 * 16;
-  const auto tail = static_cast<__mmask16>((1u << (g.K - k16)) - 1u);
   const auto mask = static_cast<__mmask16>((1u << N) - 1u);
   const __m512 bias = g.bias != nullptr ? _mm512_maskz_loadu_ps(mask, g.bias) : _mm512_setzero_ps();
-  for (int64_t i = i0; i < i1; ++i) {
-    const float* a = g.A + i * g.lda;
-    __m512 acc[16];
-#pragma GCC unroll 16
-    for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < k16; k += 16) {
-      const __m512 x = _mm512_loadu_ps(a + k);
-#pragma GCC unroll 16
-      for (int j = 0; j < N; ++j)
-        acc[j] = _mm512_fmadd_ps(x, _mm512_loadu_ps(g.B + j * g.ldb + k), acc[j]);
+  int64_t i = i0;
+  if constexpr (N <= 12) {  // 2N accumulators, 2 rows of A and a row of B in registers
+    for (; i + 2 <= i1; i += 2) {
+      const float* const a[2] = {g.A + i * g.lda, g.A + (i + 1) * g.lda};
+      __m512 acc[2][16];
+      narrow_dots<N, 2>(g, a, acc);
+      narrow_store(g, i, acc[0], mask, bias);
+      narrow_store(g, i + 1, acc[1], mask, bias);
     }
-    if (tail != 0) {
-      const __m512 x = _mm512_maskz_loadu_ps(tail, a + k16);
-#pragma GCC unroll 16
-      for (int j = 0; j < N; ++j) {
-        acc[j] = _mm512_fmadd_ps(x, _mm512_maskz_loadu_ps(tail, g.B + j * g.ldb + k16), acc[j]);
-      }
-    }
-    float* c = g.C + i * g.ldc;
-    __m512 y = _mm512_mul_ps(transpose_sum16(acc), _mm512_set1_ps(g.alpha));
-    if (g.beta != 0.0f)
-      y = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, c), _mm512_set1_ps(g.beta), y);
-    y = _mm512_add_ps(y, bias);
-    if (g.relu) y = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(y, _mm512_setzero_ps(), _CMP_GT_OQ), y);
-    _mm512_mask_storeu_ps(c, mask, y);
+  }
+  for (; i < i1; ++i) {
+    const float* const a[1] = {g.A + i * g.lda};
+    __m512 acc[1][16];
+    narrow_dots<N, 1>(g, a, acc);
+    narrow_store(g, i, acc[0], mask, bias);
   }
 }
 

@@ -9,12 +9,17 @@
 //   conv2d_bwd_data(dy, w)    ->  dx[n] = col2im(w^T * dy[n])
 //   conv2d_bwd_weights(dy, x) ->  dw    = sum_n dy[n] * im2col(x[n])^T
 // Samples are spread over the OpenMP threads, each running a serial GEMM on its own column
-// buffer; with fewer samples than threads the GEMM and im2col are parallel instead.
+// buffer; with fewer samples than threads the GEMM and im2col are parallel instead. A layer with
+// few input channels (a first layer: C*KH*KW of 9 or 27 is a tiny inner dimension for a GEMM)
+// runs the forward and the weight gradient as direct convolutions instead, without a column
+// matrix (native/direct_conv.hpp), where the CPU has AVX-512.
 #include <algorithm>
 #include <exception>
+#include <memory>
 
 #include "minidl/core/threading.hpp"
 #include "minidl/ops/common.hpp"
+#include "minidl/ops/native/direct_conv.hpp"
 #include "minidl/ops/native/gemm.hpp"
 #include "minidl/ops/native/im2col.hpp"
 #include "minidl/ops/nn/window.hpp"
@@ -151,6 +156,34 @@ void bias_activation(float* y, const float* bias, bool relu, int64_t oc, int64_t
   }
 }
 
+// src [N,C,H,W], weights [K,C,KH,KW], bias [K] (optional) -> dst [N,K,OH,OW], for few input
+// channels (native/direct_conv.hpp): no column matrix; the weights and bias are rearranged every
+// step (SGD changes them), K*(C*KH*KW+1) floats. With fewer samples than threads each sample's
+// output rows are spread over the threads instead.
+ir::Kernel make_direct_conv2d_fwd(const ir::Node& node, const ConvGeom& g, int64_t oc) {
+  const bool has_bias = node.inputs().size() > 2;
+  const bool relu = activation_of(node.attrs()) == Activation::Relu;
+  auto d = std::make_shared<const native::DirectConv>(g, oc);
+  const Tensor packed = Tensor::empty(Shape{d->packed_size()});
+  return [d, has_bias, relu, packed](const ir::KernelArgs& k) {
+    const ConvGeom& g = d->g;
+    const int64_t in_size = g.C * g.H * g.W, out_size = d->K * g.cols();
+    const float* src = k.in[0].data<float>();
+    float* dst = k.out[0].data<float>();
+    float* p = packed.data<float>();
+    native::direct_conv_pack(*d, k.in[1].data<float>(), has_bias ? k.in[2].data<float>() : nullptr,
+                             p);
+    for_each_item(k.in[0].shape()[0], [&](int64_t i, bool inner) {
+      const float* x = src + i * in_size;
+      float* y = dst + i * out_size;
+      if (!inner) return native::direct_conv_fwd(*d, p, x, y, has_bias, relu, 0, g.OH);
+      parallel_for(g.OH, d->K * g.OW * g.rows(), [&](int64_t b, int64_t e) {
+        native::direct_conv_fwd(*d, p, x, y, has_bias, relu, b, e);
+      });
+    });
+  };
+}
+
 // src [N,C,H,W], weights [K,C,KH,KW], bias [K] (optional) -> dst [N,K,OH,OW]
 // One GEMM per sample. (Putting several samples' column matrices side by side, for a wider GEMM
 // and one packing of the weights, measured no faster on the CIFAR CNN's layers.) The ReLU is
@@ -165,6 +198,7 @@ ir::Kernel make_conv2d_fwd(const ir::Node& node) {
   const ConvGeom g = node_geom(node.input(0)->shape(), ws[2], ws[3], node.attrs());
   const int64_t oc = ws[0];
   const bool has_bias = node.inputs().size() > 2;
+  if (native::direct_conv_supports(g, oc)) return make_direct_conv2d_fwd(node, g, oc);
   const bool fold_bias = has_bias && !g.is_identity();
   const bool relu = activation_of(node.attrs()) == Activation::Relu;
   // [K, C*KH*KW + 1]: the weights and the bias, rewritten every step (SGD changes both).
@@ -259,10 +293,15 @@ ir::Kernel make_conv2d_bwd_weights(const ir::Node& node) {
   const bool bias = node.outputs().size() > 1;
   const int64_t dw_size = oc * g.rows();
   const int64_t part_size = dw_size + (bias ? oc : 0);  // a chunk's weights, then its bias
-  const int64_t chunks = weight_chunks(n, dw_size);
+  // Few input channels: the direct kernel (native/direct_conv.hpp) in place of im2col and GEMM.
+  // It keeps its sums in registers over a whole chunk, so it takes chunks of 8 samples (fewer
+  // partial sums to reduce and add) rather than one GEMM's worth.
+  std::shared_ptr<const native::DirectConv> direct;
+  if (native::direct_conv_supports(g, oc)) direct = std::make_shared<native::DirectConv>(g, oc);
+  const int64_t chunks = direct ? std::min<int64_t>(16, (n + 7) / 8) : weight_chunks(n, dw_size);
   // Chunk 0 sums straight into the outputs; the others into buffers owned by the kernel.
   const Tensor partials = Tensor::empty(Shape{chunks - 1, part_size});
-  return [g, n, oc, bias, dw_size, part_size, chunks, partials](const ir::KernelArgs& k) {
+  return [g, n, oc, bias, dw_size, part_size, chunks, partials, direct](const ir::KernelArgs& k) {
     const int64_t rows = g.rows(), cols = g.cols(), in_size = g.C * g.H * g.W;
     const float* diff_dst = k.in[0].data<float>();
     const float* src = k.in[1].data<float>();
@@ -273,6 +312,11 @@ ir::Kernel make_conv2d_bwd_weights(const ir::Node& node) {
       float* acc = ci == 0 ? dw : part + (ci - 1) * part_size;
       float* acc_bias = ci == 0 ? db : acc + dw_size;
       const int64_t i0 = n * ci / chunks, i1 = n * (ci + 1) / chunks;
+      if (direct) {
+        return native::direct_conv_bwd_weights(*direct, diff_dst + i0 * oc * cols,
+                                               src + i0 * in_size, i1 - i0, acc,
+                                               bias ? acc_bias : nullptr, inner);
+      }
       for (int64_t i = i0; i < i1; ++i) {
         const float* col = src + i * in_size;
         if (!g.is_identity()) {
