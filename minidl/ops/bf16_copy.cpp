@@ -30,6 +30,14 @@ inline float from_bf16(std::uint16_t v) {
   return f;
 }
 
+// n elements rounded to bf16; compiled for AVX-512 and AVX2 too, picked at run time (the default
+// build targets no vector extension beyond SSE2, where the narrowing stores stay scalar).
+__attribute__((target_clones("avx512f", "avx2", "default"))) void round_to_bf16(const float* src,
+                                                                                std::uint16_t* dst,
+                                                                                std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) dst[i] = to_bf16(src[i]);
+}
+
 // x and y each stored as f32 or bf16 (whatever the layout pass left them as).
 void bf16_copy_native(const ir::KernelArgs& k) {
   const Tensor& x = k.in[0];
@@ -43,9 +51,7 @@ void bf16_copy_native(const ir::KernelArgs& k) {
   if (y16) {
     const float* src = static_cast<const float*>(x.raw());
     auto* dst = static_cast<std::uint16_t*>(y.raw());
-    elementwise(n, [&](std::int64_t b, std::int64_t e) {
-      for (std::int64_t i = b; i < e; ++i) dst[i] = to_bf16(src[i]);
-    });
+    elementwise(n, [&](std::int64_t b, std::int64_t e) { round_to_bf16(src + b, dst + b, e - b); });
     return;
   }
   const auto* src = static_cast<const std::uint16_t*>(x.raw());
