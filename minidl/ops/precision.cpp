@@ -1,9 +1,86 @@
 #include "minidl/ops/precision.hpp"
 
+#include <map>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "minidl/core/log.hpp"
 #include "minidl/ir/graph.hpp"
 #include "minidl/ops/onednn/kernels.hpp"
+#include "minidl/ops/op_table.hpp"
 
 namespace minidl::ops {
+
+namespace {
+
+bool bf16_product(const ir::Node& n) {
+  return &n.def() == &op_matmul && ir::node_precision(n) == ir::Precision::BF16;
+}
+
+}  // namespace
+
+int share_bf16_factors(ir::Graph& g) {
+  // The factors (inputs 0 and 1) of the bf16 matmuls, each with its readers in graph order.
+  // Readers in different thread replicas get a copy each (a replica's nodes read only their own
+  // and shared values).
+  using Key = std::pair<ir::Value*, int>;
+  std::vector<Key> order;
+  std::map<Key, std::vector<std::pair<ir::Node*, int>>> readers;
+  for (ir::Node* n : g.nodes()) {
+    if (!bf16_product(*n)) continue;
+    for (int i = 0; i < 2; ++i) {
+      ir::Value* v = n->input(i);
+      if (v->dtype() != DType::F32 || v->stored() != DType::F32 ||
+          &v->producer()->def() == &op_bf16_copy)
+        continue;
+      auto& r = readers[Key{v, n->replica()}];
+      if (r.empty()) order.emplace_back(v, n->replica());
+      r.emplace_back(n, i);
+    }
+  }
+  int copies = 0;
+  // The inputs each reader takes from a copy; the readers are rebuilt below with them.
+  std::vector<ir::Node*> rebuilt;
+  std::unordered_map<ir::Node*, std::vector<std::pair<int, ir::Value*>>> replaced;
+  for (const Key& key : order) {
+    const auto& r = readers.at(key);
+    if (r.size() < 2) continue;
+    ir::Value* v = key.first;
+    ir::Node* first = r.front().first;
+    ir::Node* copy = g.add_node(op_bf16_copy, {v}, {}, v->producer()->name() + ".bf16");
+    // The reader's phase, replica and placement annotations (a stage, a backend), not its
+    // precision: the copy computes nothing.
+    copy->set_phase(first->phase());
+    copy->set_replica(first->replica());
+    for (const auto& [name, value] : first->annotations().items())
+      if (name != "precision") copy->annotations().set(name, value);
+    g.move_before(copy, first);
+    copy->output()->set_stored(DType::BF16);
+    for (const auto& [user, i] : r) {
+      auto& inputs = replaced[user];
+      if (inputs.empty()) rebuilt.push_back(user);
+      inputs.emplace_back(i, copy->output());
+    }
+    log_verbose("dispatch", "{}: one bf16 copy of {} for {} bf16 products", copy->describe(),
+                v->ref(), r.size());
+    ++copies;
+  }
+  // A reader becomes the same node on the copies (the graph replaces a value's uses only all at
+  // once, and the value's other readers, an update among them, keep reading the f32 value).
+  for (ir::Node* old : rebuilt) {
+    std::vector<ir::Value*> inputs(old->inputs().begin(), old->inputs().end());
+    for (const auto& [i, copy] : replaced.at(old)) inputs[static_cast<std::size_t>(i)] = copy;
+    ir::Node* n = g.add_node(old->def(), std::move(inputs), old->attrs());
+    n->take_marks(*old);
+    g.move_before(n, old);
+    for (std::size_t k = 0; k < old->outputs().size(); ++k)
+      g.replace_uses(old->output(static_cast<int>(k)), n->output(static_cast<int>(k)));
+    g.remove({old});
+    g.take_name(n, old);
+  }
+  return copies;
+}
 
 bool MixedPrecision::run(ir::Graph& g) {
   if (precision_ == ir::Precision::F32) return false;
@@ -13,6 +90,7 @@ bool MixedPrecision::run(ir::Graph& g) {
     n->annotations().set("precision", std::string(ir::precision_name(precision_)));
     changed = true;
   }
+  if (share_factors_ && share_bf16_factors(g) > 0) changed = true;
   return changed;
 }
 

@@ -17,18 +17,29 @@ namespace minidl::ops {
 /// precision BF16: every node whose op has a kernel with a bf16 path gets the annotation
 /// precision=bf16 (a node that already carries one keeps it); F32 changes nothing. Such a node
 /// tries its bf16 kernels before those of the preferred backend (ir::kernel_order), so a graph
-/// of native kernels runs its products in oneDNN's bf16 ones. It runs first
-/// in a pipeline: fused and replicated nodes take the annotations of the nodes they replace.
+/// of native kernels runs its products in oneDNN's bf16 ones. Then, unless share_factors is
+/// false, share_bf16_factors. It runs first in a pipeline: fused and replicated nodes take the
+/// annotations of the nodes they replace.
 class MixedPrecision final : public ir::Pass {
  public:
-  explicit MixedPrecision(ir::Precision precision) : precision_(precision) {}
+  explicit MixedPrecision(ir::Precision precision, bool share_factors = true)
+      : precision_(precision), share_factors_(share_factors) {}
   std::string_view name() const override { return "mixed-precision"; }
   std::vector<std::string> provides() const override { return {"precision-assigned"}; }
   bool run(ir::Graph& g) override;
 
  private:
   ir::Precision precision_;
+  bool share_factors_;
 };
+
+/// Every f32 value that two or more bf16 matmuls read as a factor (a linear layer's weight, read
+/// by its forward and its data gradient; its input, read by the forward and the weight gradient;
+/// the output gradient, read by both gradients) gets one bf16_copy node, placed before its first
+/// reader, whose output is stored as bf16; the matmuls read that instead. The value is then
+/// rounded to bf16 once per step, and the products read it as it is stored, instead of each
+/// converting it in a reorder of its own. Returns how many copies it made.
+int share_bf16_factors(ir::Graph& g);
 
 /// Why kernels cannot compute in bf16 here, or "" when they can: oneDNN must be built in and the
 /// CPU must have AVX512-BF16 or AMX-BF16 (as oneDNN sees it: DNNL_MAX_CPU_ISA may hide them).

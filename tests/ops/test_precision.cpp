@@ -235,3 +235,100 @@ TEST(Precision, Bf16ProductsStayOutOfTheFusedUpdate) {
                 (p == ir::Precision::F32 || !MINIDL_WITH_ONEDNN));
   }
 }
+
+namespace {
+
+/// A linear layer's three products: y = x w^T, dx = dy w, dw = dy^T x (x [8,16], w [4,16], dy
+/// [8,4]); each of x, w and dy is a factor of two of them.
+ir::Graph& linear_products(ir::Graph& g) {
+  ir::Value* x = ops::input(g, "x", {8, 16});
+  ir::Value* w = ops::input(g, "w", {4, 16});
+  ir::Value* dy = ops::input(g, "dy", {8, 4});
+  g.add_output(ops::matmul(x, w, false, true));
+  g.add_output(ops::matmul(dy, w));
+  g.add_output(ops::matmul(dy, x, true, false));
+  return g;
+}
+
+/// The conversions to bf16 a step makes: one per bf16_copy node, and one per f32 factor of a
+/// bf16 product (its kernel's reorder).
+int conversions(const ir::Graph& g) {
+  int count = 0;
+  for (const ir::Node* n : g.nodes()) {
+    if (n->op() == "bf16_copy") ++count;
+    if (n->op() != "matmul" || ir::node_precision(*n) != ir::Precision::BF16) continue;
+    for (int i = 0; i < 2; ++i) count += n->input(i)->stored() == DType::F32;
+  }
+  return count;
+}
+
+}  // namespace
+
+TEST(Precision, SharedFactorsAreConvertedOncePerStep) {
+  if (!MINIDL_WITH_ONEDNN) GTEST_SKIP() << "no kernel computes in bf16 without oneDNN";
+  ir::Graph unshared, shared;
+  linear_products(unshared);
+  linear_products(shared);
+  ops::MixedPrecision(ir::Precision::BF16, /*share_factors=*/false).run(unshared);
+  ops::MixedPrecision(ir::Precision::BF16).run(shared);
+  EXPECT_EQ(conversions(unshared), 6);
+  EXPECT_EQ(conversions(shared), 3);
+  // One copy of each of x, w and dy, before its first reader, stored as bf16 and read by both
+  // of its products; the copies carry no precision mark (they compute nothing).
+  int copies = 0;
+  for (const ir::Node* n : shared.nodes()) {
+    if (n->op() != "bf16_copy") continue;
+    ++copies;
+    EXPECT_EQ(n->output()->stored(), DType::BF16);
+    EXPECT_EQ(n->output()->users().size(), 2u) << n->describe();
+    EXPECT_EQ(n->annotations().find("precision"), nullptr);
+    EXPECT_EQ(n->input(0)->users().size(), 1u) << n->input(0)->ref();
+  }
+  EXPECT_EQ(copies, 3);
+  // A second run finds nothing left to share.
+  EXPECT_EQ(ops::share_bf16_factors(shared), 0);
+  // An f32 graph is left alone.
+  ir::Graph f32;
+  linear_products(f32);
+  EXPECT_FALSE(ops::MixedPrecision(ir::Precision::F32).run(f32));
+  EXPECT_EQ(f32.nodes().size(), 6u);
+}
+
+TEST(Precision, SharedBf16FactorsGiveTheProductsOfTheirOwnConversions) {
+  if (std::string why = ops::bf16_unavailable(); !why.empty()) GTEST_SKIP() << "bf16 " << why;
+  std::vector<Tensor> results[2];
+  for (const bool share : {false, true}) {
+    ir::Graph g;
+    linear_products(g);
+    ops::MixedPrecision(ir::Precision::BF16, share).run(g);
+    runtime::Executable exe(g, {.backend = ir::Backend::OneDnn});
+    const std::string table = exe.kernel_table();
+    if (share) EXPECT_NE(table.find("bf16_copy"), std::string::npos) << table;
+    EXPECT_EQ(table.find("-> native\n"), std::string::npos) << table;
+    std::uint64_t seed = 40;
+    for (const char* name : {"x", "w", "dy"}) {
+      Tensor in = exe.input(name);
+      CounterRng(seed++).fill_normal(in, 0, 0.0f, 1.0f);
+    }
+    exe.run();
+    for (ir::Value* out : g.outputs()) results[share].push_back(exe.value(out).clone());
+  }
+  // The same bf16 factors (the copy rounds as the reorders do), f32 sums: only the order of the
+  // sums may differ between the kernels oneDNN picks for the two layouts.
+  ASSERT_EQ(results[0].size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i)
+    EXPECT_LT(relative_difference(results[1][i], results[0][i]), 1e-5) << "output " << i;
+}
+
+TEST(Precision, AnF32ProductDeclinesAFactorStoredAsBf16) {
+  if (!MINIDL_WITH_ONEDNN) GTEST_SKIP() << "no kernel takes bf16 values without oneDNN";
+  ir::Graph g;
+  linear_products(g);
+  ops::MixedPrecision(ir::Precision::BF16).run(g);
+  // The forward product marked f32 by hand: it cannot read the shared bf16 copy.
+  ir::Node* forward = g.outputs()[0]->producer();
+  forward->annotations().set("precision", std::string("f32"));
+  const ir::KernelChoice c = ir::kernel_for(*forward, ir::Backend::OneDnn);
+  EXPECT_EQ(c.kernel, nullptr);
+  EXPECT_NE(c.declined.find("stored as bf16"), std::string::npos) << c.declined;
+}

@@ -116,6 +116,7 @@ MINIDL_OP(matmul)
 #if MINIDL_WITH_ONEDNN
     .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::matmul_kernel, onednn::matmul_supports)
     .mixed_precision()
+    .bf16_values()  // factors shared as bf16 (bf16_copy); the result stays f32
 #endif
     .kernel(ir::Backend::Native, matmul_native)
     .grad(grad);

@@ -1,0 +1,75 @@
+// bf16_copy: y = x, a copy that bf16 products share. With --precision bf16 the mixed-precision
+// pass (ops/precision.cpp) gives every value that two or more bf16 products read as a factor one
+// such copy, stored as bf16 (ir::Value::stored), and points the products at it: the value is
+// rounded to bf16 once per step (ties to even, as oneDNN's reorders round) instead of inside each
+// product. The value stays f32 for the shape rules, so the copy is exact where y is stored as
+// f32; the gradient passes through unchanged (dx = dy), as it does through a product's own
+// rounding of its factors.
+#include <cstring>
+
+#include "minidl/ops/common.hpp"
+#include "minidl/ops/op_table.hpp"
+#include "minidl/ops/registry.hpp"
+
+namespace minidl::ops {
+namespace {
+
+// Without a branch, so that the loop below vectorizes: a NaN stays a (quiet) NaN.
+inline std::uint16_t to_bf16(float f) {
+  std::uint32_t u = 0;
+  std::memcpy(&u, &f, sizeof u);
+  const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const std::uint32_t nan = (u >> 16) | 0x40u;
+  return static_cast<std::uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+}
+
+inline float from_bf16(std::uint16_t v) {
+  const std::uint32_t u = static_cast<std::uint32_t>(v) << 16;
+  float f = 0.0f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// n elements rounded to bf16; compiled for AVX-512 and AVX2 too, picked at run time (the default
+// build targets no vector extension beyond SSE2, where the narrowing stores stay scalar).
+__attribute__((target_clones("avx512f", "avx2", "default"))) void round_to_bf16(const float* src,
+                                                                                std::uint16_t* dst,
+                                                                                std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) dst[i] = to_bf16(src[i]);
+}
+
+// x and y each stored as f32 or bf16 (whatever the layout pass left them as).
+void bf16_copy_native(const ir::KernelArgs& k) {
+  const Tensor& x = k.in[0];
+  const Tensor& y = k.out[0];
+  const std::int64_t n = x.numel();
+  const bool x16 = x.dtype() == DType::BF16, y16 = y.dtype() == DType::BF16;
+  if (x16 == y16) {
+    std::memcpy(y.raw(), x.raw(), x.nbytes());
+    return;
+  }
+  if (y16) {
+    const float* src = static_cast<const float*>(x.raw());
+    auto* dst = static_cast<std::uint16_t*>(y.raw());
+    elementwise(n, [&](std::int64_t b, std::int64_t e) { round_to_bf16(src + b, dst + b, e - b); });
+    return;
+  }
+  const auto* src = static_cast<const std::uint16_t*>(x.raw());
+  float* dst = static_cast<float*>(y.raw());
+  elementwise(n, [&](std::int64_t b, std::int64_t e) {
+    for (std::int64_t i = b; i < e; ++i) dst[i] = from_bf16(src[i]);
+  });
+}
+
+void grad(ir::GradCtx& g) { g.set_input_grad(0, g.out_grad(0)); }
+
+}  // namespace
+
+MINIDL_OP(bf16_copy)
+    .inputs({"x"})
+    .infer(infer_unary_f32)
+    .kernel(ir::Backend::Native, bf16_copy_native)
+    .bf16_values()
+    .grad(grad);
+
+}  // namespace minidl::ops
