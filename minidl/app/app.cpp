@@ -43,6 +43,8 @@
 
 namespace minidl {
 
+bool AppConfig::prefetch() const { return !no_prefetch && allowed_cpus() > 1; }
+
 std::vector<std::int64_t> AppConfig::hidden_sizes() const {
   std::vector<std::int64_t> sizes;
   if (hidden.empty() || hidden == "none") return sizes;
@@ -494,7 +496,7 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
         c.reconstruct ? TrainerOptions::Targets::Inputs : TrainerOptions::Targets::Labels;
     topt.schedule = schedule.get();
     topt.augment = train::Augment::parse(c.augment);
-    topt.prefetch = !c.no_prefetch;
+    topt.prefetch = c.prefetch();
     topt.fail_preparing_step = test_hook("MINIDL_TEST_FAIL_PREPARE_AT_STEP", 0, 1);
     doing = "compiling the training graph";
     trainer_ptr = std::make_unique<Trainer>(*model, *optimizer, topt);
@@ -767,7 +769,7 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
             "(preparing {:.3f} s {})\n",
             s.seconds - s.comm_seconds - s.wait_seconds - s.data_wait_seconds, s.comm_seconds,
             s.wait_seconds, s.data_wait_seconds, s.data_prepare_seconds,
-            c.no_prefetch ? "on the main thread" : "on the prefetch thread");
+            topt.prefetch ? "on the prefetch thread" : "on the main thread");
         if (staged)
           fmt::print("{}", format_stage_times(stages, steps_counted, stage_micro, "           "));
       }
@@ -824,8 +826,9 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
           "data (training batches, rank 0): the steps waited {:.3f} s for their batches; "
           "preparing them (gather{}) took {:.3f} s {}\n",
           data_wait, topt.augment.any() ? ", augment " + topt.augment.describe() : "", data_prepare,
-          c.no_prefetch
-              ? "on the main thread (--no-prefetch)"
+          !topt.prefetch
+              ? fmt::format("on the main thread ({})",
+                            c.no_prefetch ? "--no-prefetch" : "this process may use one CPU only")
               : fmt::format("on the prefetch thread, {:.0f}% of it hidden",
                             data_prepare > 0
                                 ? 100.0 * std::max(0.0, data_prepare - data_wait) / data_prepare

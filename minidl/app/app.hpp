@@ -113,6 +113,10 @@ struct AppConfig {
 
   /// The parsed --hidden list (empty for softmax regression).
   std::vector<std::int64_t> hidden_sizes() const;
+  /// Whether training batches are prepared on a thread of their own: unless --no-prefetch, or
+  /// the process may run on one CPU only (mpirun's default of one rank per core), where that
+  /// thread would only take turns with the step and delay its collectives.
+  bool prefetch() const;
 };
 
 using ModelBuilder = std::function<std::unique_ptr<nn::Module>(const AppConfig&, const Shape&)>;

@@ -608,8 +608,9 @@ std::vector<Flag> make_table() {
        .field = &AppConfig::no_prefetch,
        .help = "prepare each training batch (gather, augmentation) on the main thread right "
                "before its step, not on a thread of its own during the step before (the same "
-               "results)",
-       .metric = {"prefetch", [](C c, F) { return Json(!c.no_prefetch); }}},
+               "results); a process that may run on one CPU only (an mpirun rank bound to a core) "
+               "always does",
+       .metric = {"prefetch", [](C c, F) { return Json(c.prefetch()); }}},
       {.name = "--profile",
        .field = &AppConfig::profile,
        .help = "time every kernel: per-epoch compute/communication/waiting/data split and a "

@@ -1,5 +1,10 @@
 #include "minidl/core/threading.hpp"
 
+#include <sched.h>
+
+#include <algorithm>
+#include <thread>
+
 #include "minidl/core/denormals.hpp"
 #include "minidl/core/error.hpp"
 
@@ -9,6 +14,13 @@ void set_num_threads(int n) {
   MINIDL_CHECK(n >= 1, "thread count must be at least 1, got ", n);
   omp_set_num_threads(n);
   apply_denormals_to_threads();  // threads the larger pool adds get the same MXCSR
+}
+
+int allowed_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
 }  // namespace minidl

@@ -13,6 +13,8 @@ inline int max_threads() { return omp_get_max_threads(); }
 void set_num_threads(int n);
 /// Index of the calling thread within its parallel region.
 inline int thread_id() { return omp_get_thread_num(); }
+/// The CPUs this process may run on (its affinity mask: 1 for an mpirun rank bound to a core).
+int allowed_cpus();
 
 /// Calls fn(begin, end) over [0, n) split into contiguous chunks, one per thread; runs serially
 /// when n * cost_per_item is below a threshold where a fork would cost more than it saves.

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # --augment and the prefetch thread through the app: in deterministic mode an augmented run gives
-# byte-identical parameters on 1 and 2 ranks, with and without the prefetch thread (mnist_cnn on
-# synthetic 8x8 images, also killed mid-epoch on 2 ranks and resumed on 1; cifar_cnn on a few
+# byte-identical parameters on 1 and 2 ranks, with and without the prefetch thread (which a
+# process bound to one CPU does without), mnist_cnn on synthetic 8x8 images, also killed
+# mid-epoch on 2 ranks and resumed on 1; cifar_cnn on a few
 # hundred CIFAR-10 samples when CIFAR_DIR holds them);
 # --metrics and --profile show the data times and the setting; an error while preparing a batch
 # (the MINIDL_TEST_FAIL_PREPARE_AT_STEP hook) ends the run, or the job, with one line and a
@@ -86,6 +87,21 @@ grep -qE "^data \(training batches, rank 0\): the steps waited [0-9.]+ s for the
   "$tmp/cnn-1-prefetch.out" || fail "--profile: no data summary: $(cat "$tmp/cnn-1-prefetch.out")"
 grep -q "on the main thread (--no-prefetch)$" "$tmp/cnn-1-main.out" ||
   fail "--profile --no-prefetch: no data summary"
+# A process that may run on one CPU only (as an mpirun rank bound to a core) prepares its batches
+# on the main thread by itself: it says so, records it, and trains the same bits.
+if command -v taskset >/dev/null; then
+  taskset -c 0 "$cnn" "${flags[@]}" --save "$tmp/cnn-1-cpu.safetensors" \
+    --metrics "$tmp/cnn-1-cpu.jsonl" --profile >"$tmp/cnn-1-cpu.out" 2>&1 ||
+    fail "mnist_cnn on one CPU: the run failed: $(cat "$tmp/cnn-1-cpu.out")"
+  grep -q "on the main thread (this process may use one CPU only)$" "$tmp/cnn-1-cpu.out" ||
+    fail "mnist_cnn on one CPU: the batches were not prepared on the main thread: $(cat "$tmp/cnn-1-cpu.out")"
+  grep -q '"prefetch":false' "$tmp/cnn-1-cpu.jsonl" ||
+    fail "mnist_cnn on one CPU: the metrics' config does not say prefetch false"
+  same "mnist_cnn --augment crop,flip on one CPU (batches on the main thread) bitwise the prefetch thread" \
+    "$tmp/cnn-1-prefetch.safetensors" "$tmp/cnn-1-cpu.safetensors"
+else
+  echo "skip one CPU: no taskset"
+fi
 
 # cifar_cnn on 256 CIFAR-10 samples (3x32x32: the crop of the 40x40 padded image), if present.
 if [ -n "$cifar_dir" ] && { [ -e "$cifar_dir/test_batch.bin" ] || [ -e "$cifar_dir/test_batch.bin.gz" ]; }; then
