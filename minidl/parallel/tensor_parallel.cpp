@@ -100,10 +100,6 @@ void infer_gather(ir::InferCtx& c) {
   c.set_output(0, Shape(dims));
 }
 
-void copy_native(const ir::KernelArgs& k) {
-  std::memcpy(k.out[0].raw(), k.in[0].raw(), k.in[0].nbytes());
-}
-
 // Every shard's x gathered, then added in shard order on every rank: the same bits everywhere,
 // whatever the MPI library would do. Shards that share a node (and are not told otherwise by
 // --ranks-per-node) gather through the node's shared memory instead of MPI's transport: each
@@ -203,7 +199,7 @@ MINIDL_OP(tp_copy)
     .inputs({"x"})
     .attr<int>("group", 0)
     .infer(infer_copy_reduce)
-    .kernel(ir::Backend::Native, copy_native)
+    .alias(0, 0)  // the forward is the identity: x's buffer, no kernel
     .grad(grad_copy);
 
 MINIDL_OP(tp_reduce)
