@@ -279,6 +279,21 @@ void fwd_rows_impl(const FwdArgs& a, const TX* src, TY* dst, std::int32_t* argma
   }
 }
 
+// This thread's tiles of [position][16 channels] for a plane of `plane` positions (rounded up to
+// whole transposes of 16): values and argmax, kept between calls.
+struct Tiles {
+  float* values;
+  std::int32_t* argmax;
+};
+Tiles thread_tiles(int64_t plane) {
+  const auto n = static_cast<std::size_t>((plane + 15) / 16 * 16 * 16);
+  thread_local std::vector<float> values;
+  thread_local std::vector<std::int32_t> argmax;
+  values.resize(n);
+  argmax.resize(n);
+  return {values.data(), argmax.data()};
+}
+
 // Groups [g0, g1) whose y and argmax are plain: each group's plane of 16 channels is pooled into
 // a tile of [position][16 channels], then transposed 16 positions at a time into the channels'
 // plain rows (pool2 before the flatten).
@@ -287,13 +302,9 @@ void fwd_planes_to_plain_impl(const FwdArgs& a, const TX* src, TY* dst, std::int
                               int64_t g0, int64_t g1) {
   const native::ConvGeom& g = a.g;
   const int64_t lanes = a.x.block, xs = a.x.step(), plane = g.OH * g.OW;
-  const int64_t padded = (plane + 15) / 16 * 16;
-  thread_local std::vector<float> tile_y;
-  thread_local std::vector<std::int32_t> tile_am;
-  tile_y.resize(static_cast<std::size_t>(padded * 16));
-  tile_am.resize(static_cast<std::size_t>(padded * 16));
-  float* ty = tile_y.data();
-  std::int32_t* ta = tile_am.data();
+  const Tiles tiles = thread_tiles(plane);
+  float* ty = tiles.values;
+  std::int32_t* ta = tiles.argmax;
   for (int64_t grp = g0; grp < g1; ++grp) {
     const int64_t n = grp / a.groups_per_n, c0 = grp % a.groups_per_n * lanes;
     for (int64_t j0 = 0; j0 < lanes; j0 += 16) {
@@ -418,13 +429,9 @@ void bwd_planes_from_plain_impl(const BwdArgs& a, TD* dst, const float* src,
                                 const std::int32_t* argmax, int64_t g0, int64_t g1) {
   const native::ConvGeom& g = a.g;
   const int64_t lanes = a.dx.block, xs = a.dx.step(), plane = g.OH * g.OW;
-  const int64_t padded = (plane + 15) / 16 * 16;
-  thread_local std::vector<float> tile_dy;
-  thread_local std::vector<std::int32_t> tile_am;
-  tile_dy.resize(static_cast<std::size_t>(padded * 16));
-  tile_am.resize(static_cast<std::size_t>(padded * 16));
-  float* td = tile_dy.data();
-  std::int32_t* ta = tile_am.data();
+  const Tiles tiles = thread_tiles(plane);
+  float* td = tiles.values;
+  std::int32_t* ta = tiles.argmax;
   for (int64_t grp = g0; grp < g1; ++grp) {
     const int64_t n = grp / a.groups_per_n, c0 = grp % a.groups_per_n * lanes;
     for (int64_t j0 = 0; j0 < lanes; j0 += 16) {
