@@ -118,6 +118,21 @@ class Table {
          {{"trans_a", true}},
          {f32({m, n}), f32({m, k})},
          op_flops});
+    // The weight gradient fused with its SGD-momentum update, as fuse-update-into-product leaves
+    // it on one replica (param and velocity [n,k], then the learning rate), and the update alone.
+    // Both cost the product's FLOPs or the bytes of every tensor read and written once.
+    add({"matmul_bwd_weights_sgd_momentum",
+         "matmul_sgd_momentum",
+         s,
+         {{"trans_a", true}, {"momentum", 0.9f}},
+         {f32({m, n}), f32({m, k}), f32({n, k}), f32({n, k}), f32(Shape{})},
+         op_flops});
+    add({"sgd_momentum",
+         "sgd_momentum",
+         fmt::format("P{}_{}", n, k),
+         {{"momentum", 0.9f}},
+         {f32({n, k}), f32({n, k}), f32({n, k}), f32(Shape{})},
+         nullptr});
   }
 
   // The same forward product with the bias and ReLU fused into the node, as the fusion pass

@@ -37,7 +37,7 @@ struct TrainerOptions {
   // Fold bias_add and relu into matmul / conv2d and relu into BatchNorm and residual sums
   // (ops::FuseBiasActivation), BatchNorm's input gradient into one pass
   // (ops::FuseBatchNormBackward), relu_bwd's mask into the BatchNorm backward
-  // (ops::FuseActivationBackward) and plain SGD updates into their weight-gradient products
+  // (ops::FuseActivationBackward) and SGD updates into their weight-gradient products
   // (ops::FuseUpdateIntoProduct).
   bool fuse = true;
   // Data-parallel thread replicas per rank for training (parallel::ThreadReplicas): each runs

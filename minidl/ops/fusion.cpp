@@ -115,41 +115,56 @@ bool FuseBiasActivation::run(ir::Graph& g) {
 
 bool FuseUpdateIntoProduct::run(ir::Graph& g) {
   if (!enabled_) return false;
-  std::vector<std::pair<ir::Node*, ir::Node*>> matches;  // (matmul, sgd)
+  std::vector<std::pair<ir::Node*, ir::Node*>> matches;  // (matmul, update)
   for (ir::Node* n : g.nodes()) {
-    // A plain update: no weight decay, no clipping factor (grad_scale).
-    if (n->op() != "sgd" || n->attrs().get<float>("weight_decay") != 0.0f ||
-        n->inputs().size() != 3)
-      continue;
+    // sgd without weight decay, or sgd_momentum; neither with a clipping factor (grad_scale).
+    const bool plain = n->op() == "sgd" && n->inputs().size() == 3 &&
+                       n->attrs().get<float>("weight_decay") == 0.0f;
+    const bool momentum = n->op() == "sgd_momentum" && n->inputs().size() == 4;
+    if (!plain && !momentum) continue;
     ir::Value* grad = n->input(1);
     ir::Node* mm = grad->producer();
     if (mm->op() != "matmul" || mm->inputs().size() != 2 ||
         mm->attrs().get<std::string>("activation") != "none" || !read_once(g, grad))
       continue;
-    // A product that computes in bf16 keeps its bf16 kernel: the fused op has none.
-    if (ir::node_precision(*mm) == ir::Precision::BF16 &&
-        !ir::has_bf16_kernel(ops::op("matmul_accumulate")))
+    // A product that computes in bf16 keeps its bf16 kernel: the fused ops have none.
+    if (ir::node_precision(*mm) == ir::Precision::BF16) continue;
+    // The GEMM writes the parameter (and velocity) while it reads its operands: never one of
+    // them.
+    const ir::Value* velocity = momentum ? n->input(2) : nullptr;
+    if (mm->input(0) == n->input(0) || mm->input(1) == n->input(0) || mm->input(0) == velocity ||
+        mm->input(1) == velocity)
       continue;
-    // The GEMM writes the parameter while it reads its operands: never one of them.
-    ir::Value* param = n->input(0);
-    if (mm->input(0) == param || mm->input(1) == param) continue;
     matches.emplace_back(mm, n);
   }
-  for (const auto& [mm, sgd] : matches) {
-    ir::Node* fused = g.add_node(ops::op("matmul_accumulate"),
-                                 {mm->input(0), mm->input(1), sgd->input(0), sgd->input(2)},
-                                 {{"trans_a", mm->attrs().get<bool>("trans_a")},
-                                  {"trans_b", mm->attrs().get<bool>("trans_b")},
-                                  {"alpha", -1.0f},
-                                  {"beta", 1.0f}},
-                                 mm->name() + "+sgd");
-    fused->take_marks(*sgd);
-    fused->annotations().set("fused", sgd->name());
+  for (const auto& [mm, update] : matches) {
+    const bool ta = mm->attrs().get<bool>("trans_a"), tb = mm->attrs().get<bool>("trans_b");
+    ir::Node* fused = nullptr;
+    if (update->op() == "sgd") {
+      fused = g.add_node(ops::op("matmul_accumulate"),
+                         {mm->input(0), mm->input(1), update->input(0), update->input(2)},
+                         {{"trans_a", ta}, {"trans_b", tb}, {"alpha", -1.0f}, {"beta", 1.0f}},
+                         mm->name() + "+sgd");
+    } else {
+      const ir::Attrs& u = update->attrs();
+      fused = g.add_node(
+          ops::op("matmul_sgd_momentum"),
+          {mm->input(0), mm->input(1), update->input(0), update->input(2), update->input(3)},
+          {{"trans_a", ta},
+           {"trans_b", tb},
+           {"momentum", u.get<float>("momentum")},
+           {"weight_decay", u.get<float>("weight_decay")},
+           {"nesterov", u.get<bool>("nesterov")}},
+          mm->name() + "+sgd");
+    }
+    fused->take_marks(*update);
+    fused->annotations().set("fused", update->name());
     // The product's operands are defined before the matmul, and every reader of the parameter's
     // old value runs before the update: the fused node takes the update's place.
-    g.move_before(fused, sgd);
-    g.replace_uses(sgd->output(0), fused->output(0));
-    g.remove({sgd, mm});
+    g.move_before(fused, update);
+    for (std::size_t o = 0; o < update->outputs().size(); ++o)
+      g.replace_uses(update->output(static_cast<int>(o)), fused->output(static_cast<int>(o)));
+    g.remove({update, mm});
   }
   return !matches.empty();
 }

@@ -33,16 +33,21 @@ class FuseBiasActivation final : public ir::Pass {
   bool enabled_;
 };
 
-/// A plain SGD update whose gradient comes straight from a matmul (a linear layer's weight
-/// gradient on one replica; data-parallel graphs reduce it first and do not match) becomes one
-/// matmul_accumulate node that adds -lr times the product into the parameter: the gradient is
-/// never written and read back: two passes over weight-sized memory instead of four. Only updates
-/// without weight decay fuse, and only gradients with no other reader that are not graph outputs;
-/// a product that computes in bf16 (ir::node_precision) stays unfused, since matmul_accumulate
-/// has no bf16 kernel.
-/// The fused node takes the update's place and annotations, is named "<matmul>+sgd", and records
-/// the update in the annotation "fused". The result changes only by rounding: the GEMM's store
-/// computes p + (-1 * lr) * acc, the update p - lr * g; lr stays the graph's learning-rate input.
+/// An SGD update whose gradient comes straight from a matmul (a linear layer's weight gradient on
+/// one replica; data-parallel graphs reduce it first and do not match) folds into the product, so
+/// that the gradient is never written and read back:
+///  - plain sgd without weight decay becomes one matmul_accumulate node that adds -lr times the
+///    product into the parameter (two passes over weight-sized memory instead of four); the result
+///    changes only by rounding: the GEMM's store computes p + (-1 * lr) * acc, the update
+///    p - lr * g;
+///  - sgd_momentum (any weight decay, Nesterov or not) becomes one matmul_sgd_momentum node that
+///    computes the gradient a cache-sized block at a time and updates the parameter and velocity
+///    with each block (four passes instead of seven), with the update's own loop.
+/// Only updates without a clipping factor (grad_scale) fuse, and only gradients with no other
+/// reader that are not graph outputs; a product that computes in bf16 (ir::node_precision) stays
+/// unfused, since the fused ops have no bf16 kernel. The fused node takes the update's place and
+/// annotations, is named "<matmul>+sgd", and records the update in the annotation "fused"; lr
+/// stays the graph's learning-rate input.
 class FuseUpdateIntoProduct final : public ir::Pass {
  public:
   /// enabled false: no change (--no-fuse, deterministic mode's elementwise updates).

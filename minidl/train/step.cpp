@@ -621,11 +621,15 @@ MemoryUse CompiledStep::memory() const {
           params.insert(n->bound().raw()).second)
         m.parameters += bytes(n->output());
       const std::optional<ir::UpdateRole>& role = n->def().update_role();
-      if (!role) continue;
-      // The gradient as the reduction handed it over: before the copies out of its bucket.
-      const ir::Value* v = n->input(role->grad);
-      while (v->producer()->op() == "bucket_unpack") v = v->producer()->input(0);
-      if (grads.insert(v).second) m.gradients += bytes(v);
+      // An update folded into its gradient product (ops::FuseUpdateIntoProduct) has no update
+      // role and stores no gradient, but keeps the update's phase and reads its state.
+      if (!role && !(n->phase() == ir::Phase::Update && n->def().has_side_effect())) continue;
+      if (role) {
+        // The gradient as the reduction handed it over: before the copies out of its bucket.
+        const ir::Value* v = n->input(role->grad);
+        while (v->producer()->op() == "bucket_unpack") v = v->producer()->input(0);
+        if (grads.insert(v).second) m.gradients += bytes(v);
+      }
       for (const ir::Value* in : n->inputs()) {
         if (in != nullptr && in->producer()->op() == "state" &&
             state.insert(in->producer()->bound().raw()).second)

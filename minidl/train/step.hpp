@@ -33,7 +33,7 @@ struct StepOptions {
   parallel::Communicator* comm = nullptr;  // null: parallel::world(); its size is the rank count
   runtime::CompileOptions compile;
   /// Fold bias_add and relu into matmul / conv2d, BatchNorm's input gradient into one pass, and
-  /// plain SGD updates into their weight-gradient products.
+  /// SGD updates into their weight-gradient products.
   bool fuse = true;
   /// How the data-parallel pass reduces gradients across ranks. Deterministic mode always sums
   /// in the fixed tree: by node (in shared memory first) with Hierarchical, else flat.

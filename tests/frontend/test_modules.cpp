@@ -503,7 +503,8 @@ TEST(Buffers, AreListedReadAndNeverTrained) {
   const Tensor initial = offset.clone();
 
   optim::Sgd sgd({.lr = 0.05, .momentum = 0.9, .weight_decay = 0.01});
-  Trainer t(*model, sgd, {.batch_size = 32, .seed = 3});
+  // Unfused, so that every update is a node of its own (not folded into its gradient product).
+  Trainer t(*model, sgd, {.batch_size = 32, .seed = 3, .fuse = false});
   // The optimizer keeps state for the parameters alone.
   EXPECT_THAT(names(sgd.state()),
               ElementsAre("fc1.weight.momentum_buffer", "fc1.bias.momentum_buffer",

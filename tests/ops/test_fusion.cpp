@@ -97,7 +97,8 @@ namespace {
 struct SgdStep {
   ir::Graph g;
   Tensor lr = Tensor::full({}, 0.1f);
-  SgdStep(nn::Module& model, const Dataset& batch, double weight_decay = 0.0) {
+  SgdStep(nn::Module& model, const Dataset& batch, double weight_decay = 0.0,
+          double momentum = 0.0) {
     ir::Value* x = ops::parameter(g, "x", batch.images);
     ir::Value* labels = ops::parameter(g, "labels", batch.labels);
     ir::Value* loss = ops::softmax_cross_entropy(model.forward(x), labels).first;
@@ -105,7 +106,10 @@ struct SgdStep {
     for (ir::Node* n : g.nodes())
       if (n->op() == "parameter" && n->name() != "x" && n->name() != "labels")
         params.push_back(n->output());
-    optim::Sgd sgd({.lr = 0.1, .weight_decay = weight_decay});
+    optim::Sgd sgd({.lr = 0.1,
+                    .momentum = momentum,
+                    .nesterov = momentum > 0.0,
+                    .weight_decay = weight_decay});
     sgd.apply(g, params, autograd::differentiate(g, loss, params), {.lr = ops::state(g, "lr", lr)});
     g.add_output(loss);
   }
@@ -134,6 +138,42 @@ TEST(Fusion, FoldsPlainSgdIntoTheWeightGradientProduct) {
   EXPECT_EQ(fc1->input(3)->producer()->name(), "lr");
   EXPECT_EQ(fc1->phase(), ir::Phase::Update);
   EXPECT_EQ(std::get<std::string>(*fc1->annotations().find("fused")), "fc1.weight.sgd");
+
+  runtime::Executable plain_exe(plain.g), fused_exe(fused.g);
+  for (int step = 0; step < 5; ++step) {
+    plain_exe.run();
+    fused_exe.run();
+  }
+  const NamedTensors want = plain_model->parameters(), got = fused_model->parameters();
+  ASSERT_EQ(want.size(), got.size());
+  for (std::size_t p = 0; p < want.size(); ++p) {
+    for (std::int64_t i = 0; i < want[p].second.numel(); ++i) {
+      const float w = want[p].second.at(i);
+      ASSERT_NEAR(got[p].second.at(i), w, 1e-6f + 1e-5f * std::abs(w)) << want[p].first << i;
+    }
+  }
+}
+
+TEST(Fusion, FoldsSgdMomentumIntoTheWeightGradientProduct) {
+  // Nesterov momentum with weight decay: each weight's gradient product and update become one
+  // matmul_sgd_momentum reading the velocity state; five steps train the same model.
+  const Dataset batch = minidl::testing::blobs(16, 3);
+  auto plain_model = minidl::testing::small_mlp();
+  auto fused_model = minidl::testing::small_mlp();
+  plain_model->reset(7);
+  fused_model->reset(7);
+  SgdStep plain(*plain_model, batch, 0.01, 0.9), fused(*fused_model, batch, 0.01, 0.9);
+  ASSERT_TRUE(ops::FuseUpdateIntoProduct().run(fused.g));
+  EXPECT_EQ(count_op(fused.g, "matmul_sgd_momentum"), 2u) << ir::to_text(fused.g);
+  EXPECT_EQ(count_op(fused.g, "sgd_momentum"), 2u);
+  EXPECT_EQ(count_op(fused.g, "matmul"), count_op(plain.g, "matmul") - 2);
+  const ir::Node* fc1 = fused.g.find("fc1.matmul.bwd+sgd");
+  ASSERT_NE(fc1, nullptr) << ir::to_text(fused.g);
+  EXPECT_TRUE(fc1->attrs().get<bool>("nesterov"));
+  EXPECT_FLOAT_EQ(fc1->attrs().get<float>("weight_decay"), 0.01f);
+  EXPECT_EQ(fc1->input(3)->producer()->op(), "state");
+  EXPECT_EQ(fc1->input(4)->producer()->name(), "lr");
+  EXPECT_EQ(fc1->phase(), ir::Phase::Update);
 
   runtime::Executable plain_exe(plain.g), fused_exe(fused.g);
   for (int step = 0; step < 5; ++step) {

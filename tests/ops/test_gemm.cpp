@@ -274,6 +274,91 @@ TEST(Gemm, Epilogue) {
   }
 }
 
+/// sgemm_momentum on one shape against the update applied in double to a double product; the
+/// padding between rows of the parameter and velocity stays untouched.
+void check_momentum(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const GemmMomentum& rule) {
+  SCOPED_TRACE(detail::concat("ta=", ta, " tb=", tb, " M=", M, " N=", N, " K=", K,
+                              " nesterov=", rule.nesterov, " wd=", rule.weight_decay));
+  std::mt19937 rng(11);
+  const int64_t lda = (ta ? M : K) + 1, ldb = (tb ? K : N) + 2, ldc = N + 3;
+  const std::vector<float> A = random_vector((ta ? K : M) * lda, rng);
+  const std::vector<float> B = random_vector((tb ? N : K) * ldb, rng);
+  std::vector<float> P = random_vector(M * ldc, rng), V = random_vector(M * ldc, rng);
+  for (int64_t i = 0; i < M; ++i) {
+    for (int64_t j = N; j < ldc; ++j) P[i * ldc + j] = V[i * ldc + j] = kSentinel;
+  }
+  const std::vector<float> P0 = P, V0 = V;
+  GemmMomentum u = rule;
+  u.velocity = V.data();
+  const float alpha = 0.5f;
+  ASSERT_TRUE(
+      sgemm_momentum(ta, tb, M, N, K, alpha, A.data(), lda, B.data(), ldb, P.data(), ldc, u));
+  const double eps = std::numeric_limits<float>::epsilon();
+  int64_t failures = 0;
+  for (int64_t i = 0; i < M; ++i) {
+    for (int64_t j = 0; j < ldc; ++j) {
+      const int64_t at = i * ldc + j;
+      if (j >= N) {
+        EXPECT_TRUE(P[at] == kSentinel && V[at] == kSentinel) << "padding overwritten at " << at;
+        continue;
+      }
+      double dot = 0.0, magnitude = 0.0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double a = ta ? A[k * lda + i] : A[i * lda + k];
+        const double b = tb ? B[j * ldb + k] : B[k * ldb + j];
+        dot += a * b;
+        magnitude += std::abs(a * b);
+      }
+      const double d = alpha * dot + rule.weight_decay * double{P0[at]};
+      const double v = rule.momentum * double{V0[at]} + d;
+      const double p = P0[at] - rule.lr * (rule.nesterov ? d + rule.momentum * v : v);
+      const double tol = 4.0 * eps * (static_cast<double>(K + 4) * magnitude + 4.0);
+      if (!(std::abs(V[at] - v) <= tol && std::abs(P[at] - p) <= tol) && ++failures <= 5) {
+        ADD_FAILURE() << "at " << i << "," << j << ": p " << P[at] << " (want " << p << "), v "
+                      << V[at] << " (want " << v << ")";
+      }
+    }
+  }
+  EXPECT_EQ(failures, 0) << "mismatching elements";
+}
+
+TEST(Gemm, MomentumUpdateInTheStore) {
+  std::vector<std::string> isas = runnable_isas();
+  if (isas.back() != "avx512") GTEST_SKIP() << "the update store is AVX-512's; this CPU has none";
+  ForceIsa force("avx512");
+  // Edge tiles in both directions, one row, several A blocks (mc = 256), K = 1 and K = kc = 192,
+  // the CIFAR CNN's first linear layer (M 256, N 4096, K 32: two threads split it).
+  for (const Shape3& s : {Shape3{37, 100, 32}, Shape3{1, 17, 5}, Shape3{300, 70, 192},
+                          Shape3{8, 48, 1}, Shape3{256, 4096, 32}}) {
+    for (const bool nesterov : {false, true}) {
+      const GemmMomentum rule{nullptr, 0.1f, 0.9f, nesterov ? 0.01f : 0.0f, nesterov};
+      for (const bool ta : {false, true})
+        for (const bool tb : {false, true}) check_momentum(ta, tb, s.M, s.N, s.K, rule);
+    }
+  }
+}
+
+TEST(Gemm, MomentumUpdateDeclinesWhatItCannotStore) {
+  // K past one cache block (the update needs the finished sum), and the other micro-kernels:
+  // false, and nothing written.
+  std::vector<float> A(8 * 200, 1.0f), B(200 * 16, 1.0f), P(8 * 16, 2.0f), V(8 * 16, 3.0f);
+  GemmMomentum u{V.data(), 0.1f, 0.9f, 0.0f, false};
+  std::vector<std::string> isas = runnable_isas();
+  for (const std::string& isa : isas) {
+    ForceIsa force(isa.c_str());
+    SCOPED_TRACE("isa=" + isa);
+    if (isa == "avx512") {
+      EXPECT_FALSE(sgemm_momentum(false, false, 8, 16, 200, 1.0f, A.data(), 200, B.data(), 16,
+                                  P.data(), 16, u));
+    } else {
+      EXPECT_FALSE(sgemm_momentum(false, false, 8, 16, 8, 1.0f, A.data(), 200, B.data(), 16,
+                                  P.data(), 16, u));
+    }
+    EXPECT_EQ(P, std::vector<float>(8 * 16, 2.0f));
+    EXPECT_EQ(V, std::vector<float>(8 * 16, 3.0f));
+  }
+}
+
 TEST(Gemm, InsideParallelRegionRunsSerially) {
   // Each thread runs its own product; sgemm must not fork nested teams or share pack buffers.
   const int64_t M = 50, N = 70, K = 90;

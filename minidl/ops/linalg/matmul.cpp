@@ -8,10 +8,18 @@
 // gemm), scale being an optional scalar input read each step. The update fusion pass makes it
 // from a weight gradient's matmul and its plain SGD update (alpha = -1, scale = the learning rate
 // input, beta = 1), so the gradient is never stored and read back.
+//
+// matmul_sgd_momentum: the same fusion for an SGD update with momentum (and any weight decay or
+// Nesterov): the product, g = op(a) * op(b), is computed a block of columns (or rows) at a time
+// into a small per-thread buffer, and each block updates its part of the parameter and velocity
+// (the loop of ops/optim/sgd.hpp) while it is still in cache: the full gradient is never written.
+#include <vector>
+
 #include "minidl/ops/common.hpp"
 #include "minidl/ops/native/gemm.hpp"
 #include "minidl/ops/onednn/kernels.hpp"
 #include "minidl/ops/op_table.hpp"
+#include "minidl/ops/optim/sgd.hpp"
 #include "minidl/ops/registry.hpp"
 
 namespace minidl::ops {
@@ -79,6 +87,67 @@ void matmul_accumulate_native(const ir::KernelArgs& k) {
                  k.attrs().get<float>("beta"));
 }
 
+void infer_sgd_momentum(ir::InferCtx& c) {
+  const Shape mn = product_shape(c);
+  for (int i : {2, 3}) {
+    MINIDL_CHECK_NODE(c, c.dtype(i) == DType::F32, "input ", i, " must be f32");
+    MINIDL_CHECK_NODE(c, c.input(i) == mn, "input ", i, " is ", c.input(i), ", not the product's ",
+                      mn);
+  }
+  check_scalar_input(c, 4, DType::F32);
+  c.set_output(0, mn);
+  c.set_output(1, mn);
+}
+
+// The GEMM's AVX-512 store applies the update tile by tile where it can (native::sgemm_momentum).
+// Elsewhere the gradient is made block by block: columns [lo, lo + w) of every row when the
+// product is wider than tall (op(a), the smaller operand, is then packed again for each block),
+// else rows; a block's gradient (at most kBlockFloats, in the thread's buffer) updates the
+// parameter and velocity elements at the same places before the next block is computed.
+void matmul_sgd_momentum_native(const ir::KernelArgs& k) {
+  const Shape& a = k.in[0].shape();
+  const Shape& b = k.in[1].shape();
+  const bool ta = k.attrs().get<bool>("trans_a");
+  const bool tb = k.attrs().get<bool>("trans_b");
+  const std::int64_t m = ta ? a[1] : a[0], kk = ta ? a[0] : a[1], n = tb ? b[0] : b[1];
+  const float* pa = k.in[0].data<float>();
+  const float* pb = k.in[1].data<float>();
+  float* p = k.in[2].data<float>();
+  float* v = k.in[3].data<float>();
+  const MomentumRule rule{scalar_input(k, 4, 0.0f), 1.0f, k.attrs().get<float>("momentum"),
+                          k.attrs().get<float>("weight_decay"), k.attrs().get<bool>("nesterov")};
+  if (native::sgemm_momentum(ta, tb, m, n, kk, 1.0f, pa, a[1], pb, b[1], p, n,
+                             {v, rule.lr, rule.momentum, rule.weight_decay, rule.nesterov}))
+    return;
+  // 32 Ki floats (128 KiB) per block sits in L2 next to the GEMM's packed panels; blocks are
+  // whole 48-column panels or 8-row slivers of the micro-kernel, at least 96 columns or 16 rows.
+  constexpr std::int64_t kBlockFloats = 256 * 1024;
+  const bool by_cols = m <= n;
+  const std::int64_t len = by_cols ? n : m, across = by_cols ? m : n, unit = by_cols ? 48 : 8;
+  std::int64_t step = std::max(2 * unit, kBlockFloats / std::max<std::int64_t>(across, 1));
+  step = std::min(len, step / unit * unit);
+  const std::int64_t blocks = (len + step - 1) / step;
+  parallel_for(blocks, step * across * kk, [&](std::int64_t b0, std::int64_t b1) {
+    thread_local std::vector<float> scratch;
+    scratch.resize(static_cast<std::size_t>(step * across));
+    float* g = scratch.data();
+    for (std::int64_t blk = b0; blk < b1; ++blk) {
+      const std::int64_t lo = blk * step, w = std::min(step, len - lo);
+      if (by_cols) {
+        // Columns [lo, lo + w) of op(b): b's columns, or its rows when transposed.
+        native::sgemm(ta, tb, m, w, kk, 1.0f, pa, a[1], tb ? pb + lo * b[1] : pb + lo, b[1], 0.0f,
+                      g, w);
+        for (std::int64_t i = 0; i < m; ++i)
+          sgd_momentum_range(p + i * n + lo, g + i * w, v + i * n + lo, w, rule);
+      } else {
+        native::sgemm(ta, tb, w, n, kk, 1.0f, ta ? pa + lo : pa + lo * a[1], a[1], pb, b[1], 0.0f,
+                      g, n);
+        sgd_momentum_range(p + lo * n, g, v + lo * n, w * n, rule);
+      }
+    }
+  });
+}
+
 // Each case follows from dy = op(a) op(b); the transposes move to the operands so that no
 // explicit transpose node is ever needed.
 void grad(ir::GradCtx& g) {
@@ -134,5 +203,21 @@ MINIDL_OP(matmul_accumulate)
     .inplace(0, 2)
     .side_effect()
     .no_grad("an in-place accumulation (the fused form of a gradient product and its update)");
+
+MINIDL_OP(matmul_sgd_momentum)
+    .inputs({"a", "b", "param", "velocity", "lr"})
+    .outputs({"param_out", "velocity_out"})
+    .attr<bool>("trans_a", false)
+    .attr<bool>("trans_b", false)
+    .attr<float>("momentum")
+    .attr<float>("weight_decay", 0.0f)
+    .attr<bool>("nesterov", false)
+    .infer(infer_sgd_momentum)
+    .flops(flops)
+    .kernel(ir::Backend::Native, matmul_sgd_momentum_native)
+    .inplace(0, 2)
+    .inplace(1, 3)
+    .side_effect()
+    .no_grad("an optimizer update (the fused form of a gradient product and its update)");
 
 }  // namespace minidl::ops

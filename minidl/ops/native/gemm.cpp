@@ -63,12 +63,15 @@ struct Tile {
   bool prefetch_b;  // B is not in L1: read from its source, or streamed from the L2 block
 };
 
-/// How a finished tile is written back: C = relu?(alpha * acc + beta * C + bias).
+/// How a finished tile is written back: C = relu?(alpha * acc + beta * C + bias), or, with an
+/// update, the momentum step of GemmMomentum on C (the parameter) and v (its velocity).
 struct TileStore {
   float alpha;
   float beta;         // 0 means C is not read
   const float* bias;  // first column of this tile, or nullptr
   bool relu;
+  const GemmMomentum* update = nullptr;
+  float* v = nullptr;  // the velocity at the tile's first element (row stride ldc)
 };
 
 using MicroKernel = void (*)(const Tile& t, const TileStore& st);
@@ -370,6 +373,19 @@ MINIDL_TARGET_AVX512 void kernel_avx512(const Tile& t, const TileStore& st) {
     _mm_prefetch(reinterpret_cast<const char*>(t.c + i * t.ldc), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(t.c + i * t.ldc + 16 * NV - 1), _MM_HINT_T0);
   }
+  if (st.update != nullptr) {
+    // The update reads every line of its parameter and velocity rows: start the rest too (rows
+    // of a weight lie pages apart, where the hardware prefetchers do not follow).
+#pragma GCC unroll 16
+    for (int i = 0; i < ROWS; ++i) {
+#pragma GCC unroll 4
+      for (int v = 0; v <= NV; ++v) {
+        const int64_t at = i * t.ldc + std::min(16 * v, 16 * NV - 1);
+        _mm_prefetch(reinterpret_cast<const char*>(t.c + at), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(st.v + at), _MM_HINT_T0);
+      }
+    }
+  }
   if (t.pb_out != nullptr) {
     k_loop_avx512<MR, ROWS, NV, true, true>(acc, t);
   } else if (t.prefetch_b) {
@@ -382,6 +398,28 @@ MINIDL_TARGET_AVX512 void kernel_avx512(const Tile& t, const TileStore& st) {
 #pragma GCC unroll 4
   for (int v = 0; v < NV; ++v) {
     mask[v] = static_cast<__mmask16>((1u << std::clamp(t.nr - 16 * v, 0, 16)) - 1u);
+  }
+  if (st.update != nullptr) {
+    const GemmMomentum& u = *st.update;
+    const __m512 alpha = _mm512_set1_ps(st.alpha);
+    const __m512 lr = _mm512_set1_ps(u.lr);
+    const __m512 mu = _mm512_set1_ps(u.momentum);
+    const __m512 wd = _mm512_set1_ps(u.weight_decay);
+#pragma GCC unroll 16
+    for (int i = 0; i < ROWS; ++i) {
+      float* prow = t.c + i * t.ldc;
+      float* vrow = st.v + i * t.ldc;
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) {
+        __m512 p = _mm512_maskz_loadu_ps(mask[v], prow + 16 * v);
+        const __m512 d = _mm512_fmadd_ps(wd, p, _mm512_mul_ps(acc[i][v], alpha));
+        const __m512 vel = _mm512_fmadd_ps(mu, _mm512_maskz_loadu_ps(mask[v], vrow + 16 * v), d);
+        p = _mm512_fnmadd_ps(lr, u.nesterov ? _mm512_fmadd_ps(mu, vel, d) : vel, p);
+        _mm512_mask_storeu_ps(vrow + 16 * v, mask[v], vel);
+        _mm512_mask_storeu_ps(prow + 16 * v, mask[v], p);
+      }
+    }
+    return;
   }
   if (st.alpha == 1.0f && st.beta == 0.0f && st.bias == nullptr && !st.relu) {
     // The plain C = A * B store; it matters when a short K leaves the store a large share.
@@ -554,6 +592,7 @@ struct GemmArgs {
   int64_t ldc;
   const float* bias;
   bool relu;
+  const GemmMomentum* update = nullptr;  // set: one pass over K (K <= kc), AVX-512 tiles only
 };
 
 /// C[i0:i0+m, j0:j0+n] of the full product, on the calling thread.
@@ -617,6 +656,10 @@ void gemm_block(const Kernels& kn, const GemmArgs& g, int64_t i0, int64_t m, int
                           reuse_b || packs};
           TileStore st = store;
           st.bias = last && g.bias != nullptr ? g.bias + col + jr : nullptr;
+          if (g.update != nullptr) {
+            st.update = g.update;
+            st.v = g.update->velocity + (row + ir) * g.ldc + col + jr;
+          }
           kn.micro[rows - 1][width / vl - 1](tile, st);
         };
 
@@ -875,7 +918,7 @@ void sgemm_impl(const GemmArgs& g) {
   int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
   const int64_t fma = g.M * g.N * g.K;
   threads = static_cast<int>(std::clamp<int64_t>(fma / kMinFmaPerThread, 1, threads));
-  if (short_k_case(kn, g)) {
+  if (g.update == nullptr && short_k_case(kn, g)) {
     const NarrowFn short_k = kShortK[static_cast<std::size_t>(g.N / 16 - 1)];
     if (threads == 1) return short_k(g, 0, g.M);
 #pragma omp parallel num_threads(threads)
@@ -885,7 +928,7 @@ void sgemm_impl(const GemmArgs& g) {
     }
     return;
   }
-  if (narrow_case(kn, g)) {
+  if (g.update == nullptr && narrow_case(kn, g)) {
     // Rows of C split over the threads; each element's sum is the same whoever computes it.
     const NarrowFn narrow = kNarrow[static_cast<std::size_t>(g.N - 1)];
     if (threads == 1) return narrow(g, 0, g.M);
@@ -934,6 +977,18 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   sgemm_impl({trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, nullptr, false});
+}
+
+bool sgemm_momentum(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                    const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc,
+                    const GemmMomentum& update) {
+  const Kernels& kn = active_kernels();
+  if (&kn != &kAvx512 || K > kn.kc || K == 0 || alpha == 0.0f) return false;
+  MINIDL_CHECK(update.velocity != nullptr, "sgemm_momentum: no velocity for M=", M, " N=", N);
+  GemmArgs g{trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, 0.0f, C, ldc, nullptr, false};
+  g.update = &update;
+  sgemm_impl(g);
+  return true;
 }
 
 const char* sgemm_isa() { return active_kernels().name; }

@@ -27,6 +27,27 @@ void sgemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int6
            const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
            std::int64_t ldc, const GemmEpilogue& epilogue);
 
+/// An SGD-with-momentum update done by the GEMM's store instead of writing the product (a weight
+/// gradient that only its update reads): C is the parameter p, velocity has C's layout (ldc), and
+/// with g = alpha * op(A) * op(B), d = g + weight_decay * p:
+///   velocity = momentum * velocity + d;  p -= lr * (nesterov ? d + momentum * velocity : velocity)
+/// each tile updating its parameter and velocity elements while its gradient is in registers.
+struct GemmMomentum {
+  float* velocity = nullptr;
+  float lr = 0.0f;
+  float momentum = 0.0f;
+  float weight_decay = 0.0f;
+  bool nesterov = false;
+};
+
+/// C (the parameter) and update.velocity updated by the product as GemmMomentum says, in one pass.
+/// Returns false, touching nothing, where the store cannot do it: a micro-kernel other than
+/// AVX-512's, or a K longer than one cache block (the update needs the finished sum); the caller
+/// then computes the gradient and updates with it itself.
+bool sgemm_momentum(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K,
+                    float alpha, const float* A, std::int64_t lda, const float* B, std::int64_t ldb,
+                    float* C, std::int64_t ldc, const GemmMomentum& update);
+
 /// Name of the micro-kernel chosen at run time for this CPU ("avx512", "avx2", "generic"): the
 /// widest one supported, unless MINIDL_GEMM_ISA (read once, at the first call) names another.
 const char* sgemm_isa();

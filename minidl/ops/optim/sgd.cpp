@@ -3,7 +3,10 @@
 // recompilation; grad_scale, when present, multiplies the gradient first (global-norm clipping).
 //   sgd:          g' = s g + wd p;  p -= lr g'
 //   sgd_momentum: g' = s g + wd p;  v = mu v + g';  p -= lr (g' + mu v) with nesterov,
-//                 p -= lr v without (PyTorch's form: the first step sets v = g', as zero v does)
+//                 p -= lr v without (PyTorch's form: the first step sets v = g', as zero v does);
+//                 the loop is ops/optim/sgd.hpp's, which the fused matmul_sgd_momentum shares
+#include "minidl/ops/optim/sgd.hpp"
+
 #include "minidl/ops/common.hpp"
 #include "minidl/ops/registry.hpp"
 
@@ -45,26 +48,11 @@ void sgd_momentum_native(const ir::KernelArgs& k) {
   float* p = k.in[0].data<float>();
   const float* g = k.in[1].data<float>();
   float* v = k.in[2].data<float>();
-  const float lr = scalar_input(k, 3, 0.0f);
-  const float s = scalar_input(k, 4, 1.0f);
-  const float mu = k.attrs().get<float>("momentum");
-  const float wd = k.attrs().get<float>("weight_decay");
-  const bool nesterov = k.attrs().get<bool>("nesterov");
+  const MomentumRule rule{scalar_input(k, 3, 0.0f), scalar_input(k, 4, 1.0f),
+                          k.attrs().get<float>("momentum"), k.attrs().get<float>("weight_decay"),
+                          k.attrs().get<bool>("nesterov")};
   elementwise(k.in[0].numel(), [&](std::int64_t b, std::int64_t e) {
-    if (nesterov) {
-#pragma omp simd
-      for (std::int64_t i = b; i < e; ++i) {
-        const float d = s * g[i] + wd * p[i];
-        v[i] = mu * v[i] + d;
-        p[i] -= lr * (d + mu * v[i]);
-      }
-    } else {
-#pragma omp simd
-      for (std::int64_t i = b; i < e; ++i) {
-        v[i] = mu * v[i] + (s * g[i] + wd * p[i]);
-        p[i] -= lr * v[i];
-      }
-    }
+    sgd_momentum_range(p + b, g + b, v + b, e - b, rule);
   });
 }
 
