@@ -115,6 +115,24 @@ struct SgdStep {
   }
 };
 
+/// Five steps of each graph leave the two models' parameters equal up to rounding.
+void expect_same_training(SgdStep& plain, nn::Module& plain_model, SgdStep& fused,
+                          nn::Module& fused_model) {
+  runtime::Executable plain_exe(plain.g), fused_exe(fused.g);
+  for (int step = 0; step < 5; ++step) {
+    plain_exe.run();
+    fused_exe.run();
+  }
+  const NamedTensors want = plain_model.parameters(), got = fused_model.parameters();
+  ASSERT_EQ(want.size(), got.size());
+  for (std::size_t p = 0; p < want.size(); ++p) {
+    for (std::int64_t i = 0; i < want[p].second.numel(); ++i) {
+      const float w = want[p].second.at(i);
+      ASSERT_NEAR(got[p].second.at(i), w, 1e-6f + 1e-5f * std::abs(w)) << want[p].first << i;
+    }
+  }
+}
+
 }  // namespace
 
 TEST(Fusion, FoldsPlainSgdIntoTheWeightGradientProduct) {
@@ -139,19 +157,7 @@ TEST(Fusion, FoldsPlainSgdIntoTheWeightGradientProduct) {
   EXPECT_EQ(fc1->phase(), ir::Phase::Update);
   EXPECT_EQ(std::get<std::string>(*fc1->annotations().find("fused")), "fc1.weight.sgd");
 
-  runtime::Executable plain_exe(plain.g), fused_exe(fused.g);
-  for (int step = 0; step < 5; ++step) {
-    plain_exe.run();
-    fused_exe.run();
-  }
-  const NamedTensors want = plain_model->parameters(), got = fused_model->parameters();
-  ASSERT_EQ(want.size(), got.size());
-  for (std::size_t p = 0; p < want.size(); ++p) {
-    for (std::int64_t i = 0; i < want[p].second.numel(); ++i) {
-      const float w = want[p].second.at(i);
-      ASSERT_NEAR(got[p].second.at(i), w, 1e-6f + 1e-5f * std::abs(w)) << want[p].first << i;
-    }
-  }
+  expect_same_training(plain, *plain_model, fused, *fused_model);
 }
 
 TEST(Fusion, FoldsSgdMomentumIntoTheWeightGradientProduct) {
@@ -175,19 +181,7 @@ TEST(Fusion, FoldsSgdMomentumIntoTheWeightGradientProduct) {
   EXPECT_EQ(fc1->input(4)->producer()->name(), "lr");
   EXPECT_EQ(fc1->phase(), ir::Phase::Update);
 
-  runtime::Executable plain_exe(plain.g), fused_exe(fused.g);
-  for (int step = 0; step < 5; ++step) {
-    plain_exe.run();
-    fused_exe.run();
-  }
-  const NamedTensors want = plain_model->parameters(), got = fused_model->parameters();
-  ASSERT_EQ(want.size(), got.size());
-  for (std::size_t p = 0; p < want.size(); ++p) {
-    for (std::int64_t i = 0; i < want[p].second.numel(); ++i) {
-      const float w = want[p].second.at(i);
-      ASSERT_NEAR(got[p].second.at(i), w, 1e-6f + 1e-5f * std::abs(w)) << want[p].first << i;
-    }
-  }
+  expect_same_training(plain, *plain_model, fused, *fused_model);
 }
 
 TEST(Fusion, LeavesUpdatesWithWeightDecayAlone) {
