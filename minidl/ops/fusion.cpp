@@ -6,6 +6,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "minidl/core/log.hpp"
 #include "minidl/ops/ops.hpp"
 
 namespace minidl::ops {
@@ -49,6 +50,11 @@ bool takes_mask(const ir::Node& n) { return activation_none(n) && lacks_only_las
 bool read_once(const ir::Graph& g, const ir::Value* v) {
   return v->users().size() == 1 &&
          std::find(g.outputs().begin(), g.outputs().end(), v) == g.outputs().end();
+}
+
+// The value a bf16_copy (ops::share_bf16_factors) made v from, or v itself.
+ir::Value* f32_source(ir::Value* v) {
+  return v->producer()->op() == "bf16_copy" ? v->producer()->input(0) : v;
 }
 
 // The single reader of v when it runs op `op` with v as input 0, else null.
@@ -127,35 +133,38 @@ bool FuseUpdateIntoProduct::run(ir::Graph& g) {
     if (mm->op() != "matmul" || mm->inputs().size() != 2 ||
         mm->attrs().get<std::string>("activation") != "none" || !read_once(g, grad))
       continue;
-    // A product that computes in bf16 keeps its bf16 kernel: the fused ops have none.
-    if (ir::node_precision(*mm) == ir::Precision::BF16) continue;
+    // The fused ops compute in f32 (they have no bf16 kernel): a bf16 product reads its factors
+    // from their f32 values, before the bf16 copies it shares with the other products.
+    const ir::Value* a = f32_source(mm->input(0));
+    const ir::Value* b = f32_source(mm->input(1));
+    if (a->stored() != DType::F32 || b->stored() != DType::F32) continue;
     // The GEMM writes the parameter (and velocity) while it reads its operands: never one of
     // them.
     const ir::Value* velocity = momentum ? n->input(2) : nullptr;
-    if (mm->input(0) == n->input(0) || mm->input(1) == n->input(0) || mm->input(0) == velocity ||
-        mm->input(1) == velocity)
-      continue;
+    if (a == n->input(0) || b == n->input(0) || a == velocity || b == velocity) continue;
     matches.emplace_back(mm, n);
   }
   for (const auto& [mm, update] : matches) {
     const bool ta = mm->attrs().get<bool>("trans_a"), tb = mm->attrs().get<bool>("trans_b");
+    ir::Value* a = f32_source(mm->input(0));
+    ir::Value* b = f32_source(mm->input(1));
+    if (ir::node_precision(*mm) == ir::Precision::BF16)
+      log_verbose("dispatch", "{}: folded into its update, it computes in f32", mm->describe());
     ir::Node* fused = nullptr;
     if (update->op() == "sgd") {
-      fused = g.add_node(ops::op("matmul_accumulate"),
-                         {mm->input(0), mm->input(1), update->input(0), update->input(2)},
+      fused = g.add_node(ops::op("matmul_accumulate"), {a, b, update->input(0), update->input(2)},
                          {{"trans_a", ta}, {"trans_b", tb}, {"alpha", -1.0f}, {"beta", 1.0f}},
                          mm->name() + "+sgd");
     } else {
       const ir::Attrs& u = update->attrs();
-      fused = g.add_node(
-          ops::op("matmul_sgd_momentum"),
-          {mm->input(0), mm->input(1), update->input(0), update->input(2), update->input(3)},
-          {{"trans_a", ta},
-           {"trans_b", tb},
-           {"momentum", u.get<float>("momentum")},
-           {"weight_decay", u.get<float>("weight_decay")},
-           {"nesterov", u.get<bool>("nesterov")}},
-          mm->name() + "+sgd");
+      fused = g.add_node(ops::op("matmul_sgd_momentum"),
+                         {a, b, update->input(0), update->input(2), update->input(3)},
+                         {{"trans_a", ta},
+                          {"trans_b", tb},
+                          {"momentum", u.get<float>("momentum")},
+                          {"weight_decay", u.get<float>("weight_decay")},
+                          {"nesterov", u.get<bool>("nesterov")}},
+                         mm->name() + "+sgd");
     }
     fused->take_marks(*update);
     fused->annotations().set("fused", update->name());

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "minidl/core/rng.hpp"
+#include "minidl/ir/printer.hpp"
 #include "minidl/ops/fusion.hpp"
 #include "minidl/ops/ops.hpp"
 #include "minidl/ops/precision.hpp"
@@ -219,20 +220,35 @@ TEST(Precision, Refusals) {
             std::string::npos);
 }
 
-TEST(Precision, Bf16ProductsStayOutOfTheFusedUpdate) {
-  // matmul -> sgd fuses into matmul_accumulate in f32; a bf16 product keeps its own node, since
-  // matmul_accumulate has no bf16 kernel.
+TEST(Precision, Bf16WeightGradientsFoldIntoTheirUpdateInF32) {
+  // A linear layer's three products and a plain update of its weight: the weight gradient folds
+  // into matmul_accumulate in either precision. Under bf16 x, w and dy each get a bf16 copy (two
+  // products read each); the fused node, which computes in f32, reads x and dy themselves.
   for (const ir::Precision p : {ir::Precision::F32, ir::Precision::BF16}) {
+    SCOPED_TRACE(std::string(ir::precision_name(p)));
     ir::Graph g;
-    ir::Value* x = ops::input(g, "x", {8, 4});
-    ir::Value* dy = ops::input(g, "dy", {8, 3});
-    ir::Value* w = ops::parameter(g, "w", Tensor::zeros({4, 3}));
-    ir::Value* grad = ops::matmul(x, dy, true, false);
+    ir::Value* x = ops::input(g, "x", {8, 16});
+    ir::Value* dy = ops::input(g, "dy", {8, 4});
+    ir::Value* w = ops::parameter(g, "w", Tensor::zeros({4, 16}));
+    g.add_output(ops::matmul(x, w, false, true));
+    g.add_output(ops::matmul(dy, w));
+    ir::Value* grad = ops::matmul(dy, x, true, false);
     ir::Value* lr = ops::input(g, "lr", {});
     g.add_output(ops::apply("sgd", {w, grad, lr}));
     ops::MixedPrecision(p).run(g);
-    EXPECT_TRUE(ops::FuseUpdateIntoProduct().run(g) ==
-                (p == ir::Precision::F32 || !MINIDL_WITH_ONEDNN));
+    ASSERT_TRUE(ops::FuseUpdateIntoProduct().run(g)) << ir::to_text(g);
+    const ir::Node* fused = nullptr;
+    for (const ir::Node* n : g.nodes())
+      if (n->op() == "matmul_accumulate") fused = n;
+    ASSERT_NE(fused, nullptr) << ir::to_text(g);
+    EXPECT_EQ(fused->input(0), dy);
+    EXPECT_EQ(fused->input(1), x);
+    EXPECT_EQ(ir::node_precision(*fused), ir::Precision::F32);
+    const bool copies = p == ir::Precision::BF16 && MINIDL_WITH_ONEDNN;
+    const auto copies_made =
+        std::count_if(g.nodes().begin(), g.nodes().end(),
+                      [](const ir::Node* n) { return n->op() == "bf16_copy"; });
+    EXPECT_EQ(copies_made, copies ? 3 : 0) << ir::to_text(g);
   }
 }
 
