@@ -383,8 +383,11 @@ TEST(Layouts, Bf16ValuesBetweenBf16Kernels) {
   // (graph outputs), the parameters.
   EXPECT_EQ(stored("pool2.max_pool2d"), DType::F32);
   EXPECT_EQ(stored("pool1.max_pool2d", 1), DType::I32);
-  // Max pooling's argmax, between two poolings on bf16 values, in their layout.
+  // Max pooling's argmax, between two poolings on bf16 values, in their layout; pool2's, whose
+  // output is plain f32 before the flatten, plain like that output (its kernels then transpose
+  // a group at a time between x's layout and the plain values).
   EXPECT_EQ(layout_of(g, "pool1.max_pool2d", 1), bf16);
+  EXPECT_EQ(layout_of(g, "pool2.max_pool2d", 1), "");
   EXPECT_EQ(stored("x"), DType::F32);
   for (const ir::Value* v : g.outputs()) EXPECT_EQ(v->stored(), DType::F32) << v->ref();
   for (const ir::Node* n : g.nodes())

@@ -390,8 +390,8 @@ TEST(MaxPool2d, EveryLayoutAndStoredTypeMatchesPlain) {
   for (const std::string l : {"", "nChw16c", "nChw8c", "nhwc"})
     for (const bool bf16 : {false, true}) layouts.push_back({{l, bf16}, {l, bf16}, {l, false}});
   layouts.push_back({{"nChw16c", false}, {"", false}, {"", false}});  // f32 pool2 -> flatten
-  layouts.push_back({{"nhwc", true}, {"", false}, {"nhwc", false}});  // bf16 pool2 -> flatten
-  layouts.push_back({{"nhwc", true}, {"", false}, {"", false}});
+  layouts.push_back({{"nhwc", true}, {"", false}, {"nhwc", false}});
+  layouts.push_back({{"nhwc", true}, {"", false}, {"", false}});  // bf16 pool2 -> flatten
   layouts.push_back({{"nChw8c", false}, {"nhwc", true}, {"nChw16c", false}});
   for (const Geometry& geo : geometries) {
     for (const std::int64_t levels : {3, 200}) {
