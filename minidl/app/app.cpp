@@ -43,7 +43,22 @@
 
 namespace minidl {
 
-bool AppConfig::prefetch() const { return !no_prefetch && allowed_cpus() > 1; }
+std::string AppConfig::prefetch_off() const {
+  if (no_prefetch) return "--no-prefetch";
+  // The compute threads that share this process's CPUs: its own OpenMP threads, times the ranks
+  // of this node when it may run on every CPU of the node (mpirun --bind-to none); a rank bound
+  // to cores of its own shares them with no other.
+  const int cpus = allowed_cpus();
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  const int ranks = local != nullptr ? std::max(1, std::atoi(local)) : 1;
+  const int node = static_cast<int>(std::thread::hardware_concurrency());
+  const int compute = max_threads() * (cpus >= node ? ranks : 1);
+  if (cpus > compute) return "";
+  return fmt::format("no CPU left for a prefetch thread: {} compute thread(s) on {} CPU(s)",
+                     compute, cpus);
+}
+
+bool AppConfig::prefetch() const { return prefetch_off().empty(); }
 
 std::vector<std::int64_t> AppConfig::hidden_sizes() const {
   std::vector<std::int64_t> sizes;
@@ -827,8 +842,7 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
           "preparing them (gather{}) took {:.3f} s {}\n",
           data_wait, topt.augment.any() ? ", augment " + topt.augment.describe() : "", data_prepare,
           !topt.prefetch
-              ? fmt::format("on the main thread ({})",
-                            c.no_prefetch ? "--no-prefetch" : "this process may use one CPU only")
+              ? fmt::format("on the main thread ({})", c.prefetch_off())
               : fmt::format("on the prefetch thread, {:.0f}% of it hidden",
                             data_prepare > 0
                                 ? 100.0 * std::max(0.0, data_prepare - data_wait) / data_prepare

@@ -114,9 +114,14 @@ struct AppConfig {
   /// The parsed --hidden list (empty for softmax regression).
   std::vector<std::int64_t> hidden_sizes() const;
   /// Whether training batches are prepared on a thread of their own: unless --no-prefetch, or
-  /// the process may run on one CPU only (mpirun's default of one rank per core), where that
-  /// thread would only take turns with the step and delay its collectives.
+  /// no CPU is left for that thread (the OpenMP threads of this process, and of the node's other
+  /// ranks when it is not bound to cores of its own, use every CPU it may run on: a rank bound
+  /// to one core, --threads 2 on 2 cores), where the thread would only take turns with the
+  /// step's threads and delay its collectives. Call after the thread count is set.
   bool prefetch() const;
+  /// Why batches are prepared on the main thread ("--no-prefetch", or that no CPU is left), or
+  /// "" when a prefetch thread prepares them.
+  std::string prefetch_off() const;
 };
 
 using ModelBuilder = std::function<std::unique_ptr<nn::Module>(const AppConfig&, const Shape&)>;

@@ -608,8 +608,8 @@ std::vector<Flag> make_table() {
        .field = &AppConfig::no_prefetch,
        .help = "prepare each training batch (gather, augmentation) on the main thread right "
                "before its step, not on a thread of its own during the step before (the same "
-               "results); a process that may run on one CPU only (an mpirun rank bound to a core) "
-               "always does",
+               "results); a process whose compute threads use every CPU it may run on (--threads 2 "
+               "on 2 cores, an mpirun rank bound to a core) always does",
        .metric = {"prefetch", [](C c, F) { return Json(c.prefetch()); }}},
       {.name = "--profile",
        .field = &AppConfig::profile,

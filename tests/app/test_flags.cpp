@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "minidl/app/flags.hpp"
+#include "minidl/core/threading.hpp"
 
 namespace minidl {
 namespace {
@@ -163,6 +164,27 @@ TEST(Flags, SharedSettingsFollowEveryFlagThatShapesThem) {
   EXPECT_EQ(got["fuse"], "false");
 }
 
+TEST(Flags, PrefetchRule) {
+  // A prefetch thread only where a CPU is left for it beside the OpenMP threads, and never with
+  // --no-prefetch; the reason is what the profile prints.
+  const int threads = max_threads();
+  AppConfig c;
+  set_num_threads(allowed_cpus());
+  EXPECT_FALSE(c.prefetch());
+  EXPECT_EQ(c.prefetch_off(), fmt::format("no CPU left for a prefetch thread: {} compute "
+                                          "thread(s) on {} CPU(s)",
+                                          allowed_cpus(), allowed_cpus()));
+  if (allowed_cpus() > 1) {
+    set_num_threads(allowed_cpus() - 1);
+    EXPECT_TRUE(c.prefetch());
+    EXPECT_EQ(c.prefetch_off(), "");
+  }
+  c.no_prefetch = true;
+  EXPECT_FALSE(c.prefetch());
+  EXPECT_EQ(c.prefetch_off(), "--no-prefetch");
+  set_num_threads(threads);
+}
+
 TEST(Flags, MetricsConfigRecord) {
   RunFacts run = facts();
   run.resumed_from = "ck/ckpt-e0001-s000000.safetensors";
@@ -203,7 +225,8 @@ TEST(Flags, MetricsConfigRecord) {
                                {"shuffle", true},
                                {"epochs", 20},
                                {"augment", "none"},
-                               {"prefetch", true},
+                               // Whether a CPU is left for the thread here (Flags.PrefetchRule).
+                               {"prefetch", AppConfig{}.prefetch()},
                                {"resume", "ck/ckpt-e0001-s000000.safetensors"},
                                {"first_epoch", 2}};
   for (const auto& [key, value] : want.items()) EXPECT_EQ(got[key], value) << key;

@@ -93,7 +93,7 @@ if command -v taskset >/dev/null; then
   taskset -c 0 "$cnn" "${flags[@]}" --save "$tmp/cnn-1-cpu.safetensors" \
     --metrics "$tmp/cnn-1-cpu.jsonl" --profile >"$tmp/cnn-1-cpu.out" 2>&1 ||
     fail "mnist_cnn on one CPU: the run failed: $(cat "$tmp/cnn-1-cpu.out")"
-  grep -q "on the main thread (this process may use one CPU only)$" "$tmp/cnn-1-cpu.out" ||
+  grep -q "on the main thread (no CPU left for a prefetch thread: 1 compute thread(s) on 1 CPU(s))$" "$tmp/cnn-1-cpu.out" ||
     fail "mnist_cnn on one CPU: the batches were not prepared on the main thread: $(cat "$tmp/cnn-1-cpu.out")"
   grep -q '"prefetch":false' "$tmp/cnn-1-cpu.jsonl" ||
     fail "mnist_cnn on one CPU: the metrics' config does not say prefetch false"
