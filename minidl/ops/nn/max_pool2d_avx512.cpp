@@ -294,6 +294,19 @@ Tiles thread_tiles(int64_t plane) {
   return {values.data(), argmax.data()};
 }
 
+// fn(n, c, m, nl) for every run of up to 16 channels of groups [g0, g1) of `lanes` channels each
+// (groups_per_n to a sample): sample n, first channel c, the mask m of its lanes and their count.
+template <typename Fn>
+void for_each_lane_run(int64_t groups_per_n, int64_t lanes, int64_t g0, int64_t g1, Fn&& fn) {
+  for (int64_t grp = g0; grp < g1; ++grp) {
+    const int64_t n = grp / groups_per_n, c0 = grp % groups_per_n * lanes;
+    for (int64_t j0 = 0; j0 < lanes; j0 += 16) {
+      const __mmask16 m = first_lanes(lanes - j0);
+      fn(n, c0 + j0, m, __builtin_popcount(m));
+    }
+  }
+}
+
 // Groups [g0, g1) whose y and argmax are plain: each group's plane of 16 channels is pooled into
 // a tile of [position][16 channels], then transposed 16 positions at a time into the channels'
 // plain rows (pool2 before the flatten).
@@ -305,35 +318,28 @@ void fwd_planes_to_plain_impl(const FwdArgs& a, const TX* src, TY* dst, std::int
   const Tiles tiles = thread_tiles(plane);
   float* ty = tiles.values;
   std::int32_t* ta = tiles.argmax;
-  for (int64_t grp = g0; grp < g1; ++grp) {
-    const int64_t n = grp / a.groups_per_n, c0 = grp % a.groups_per_n * lanes;
-    for (int64_t j0 = 0; j0 < lanes; j0 += 16) {
-      const int64_t c = c0 + j0;
-      const __mmask16 m = first_lanes(lanes - j0);
-      const int nl = __builtin_popcount(m);
-      for (int64_t oh = 0; oh < g.OH; ++oh) {
-        fwd_row_any(a, src + a.x.base(n, c), xs, m, oh, [&](int64_t pos, __m512 v, __m512i i) {
-          _mm512_storeu_ps(ty + pos * 16, v);
-          _mm512_storeu_si512(ta + pos * 16, i);
-        });
+  for_each_lane_run(a.groups_per_n, lanes, g0, g1, [&](int64_t n, int64_t c, __mmask16 m, int nl) {
+    for (int64_t oh = 0; oh < g.OH; ++oh) {
+      fwd_row_any(a, src + a.x.base(n, c), xs, m, oh, [&](int64_t pos, __m512 v, __m512i i) {
+        _mm512_storeu_ps(ty + pos * 16, v);
+        _mm512_storeu_si512(ta + pos * 16, i);
+      });
+    }
+    for (int64_t p0 = 0; p0 < plane; p0 += 16) {
+      const __mmask16 pm = first_lanes(plane - p0);
+      __m512 r[16], q[16];
+      for (int k = 0; k < 16; ++k) {
+        r[k] = _mm512_loadu_ps(ty + (p0 + k) * 16);
+        q[k] = _mm512_loadu_ps(reinterpret_cast<const float*>(ta + (p0 + k) * 16));
       }
-      for (int64_t p0 = 0; p0 < plane; p0 += 16) {
-        const __mmask16 pm = first_lanes(plane - p0);
-        __m512 r[16], q[16];
-        for (int k = 0; k < 16; ++k) {
-          r[k] = _mm512_loadu_ps(ty + (p0 + k) * 16);
-          q[k] = _mm512_loadu_ps(reinterpret_cast<const float*>(ta + (p0 + k) * 16));
-        }
-        transpose16(r);
-        transpose16(q);
-        for (int j = 0; j < nl; ++j) {
-          store16(dst + a.y.base(n, c + j) + p0, pm, r[j]);
-          _mm512_mask_storeu_epi32(argmax + a.am.base(n, c + j) + p0, pm,
-                                   _mm512_castps_si512(q[j]));
-        }
+      transpose16(r);
+      transpose16(q);
+      for (int j = 0; j < nl; ++j) {
+        store16(dst + a.y.base(n, c + j) + p0, pm, r[j]);
+        _mm512_mask_storeu_epi32(argmax + a.am.base(n, c + j) + p0, pm, _mm512_castps_si512(q[j]));
       }
     }
-  }
+  });
 }
 
 // Input row ih of a group's 16 channels (masked by m): dx at d (step xs), dy at dy (step ys),
@@ -432,35 +438,29 @@ void bwd_planes_from_plain_impl(const BwdArgs& a, TD* dst, const float* src,
   const Tiles tiles = thread_tiles(plane);
   float* td = tiles.values;
   std::int32_t* ta = tiles.argmax;
-  for (int64_t grp = g0; grp < g1; ++grp) {
-    const int64_t n = grp / a.groups_per_n, c0 = grp % a.groups_per_n * lanes;
-    for (int64_t j0 = 0; j0 < lanes; j0 += 16) {
-      const int64_t c = c0 + j0;
-      const __mmask16 m = first_lanes(lanes - j0);
-      const int nl = __builtin_popcount(m);
-      for (int64_t p0 = 0; p0 < plane; p0 += 16) {
-        const __mmask16 pm = first_lanes(plane - p0);
-        __m512 r[16], q[16];
-        for (int j = 0; j < 16; ++j) {
-          if (j < nl) {
-            r[j] = _mm512_maskz_loadu_ps(pm, src + a.dy.base(n, c + j) + p0);
-            q[j] = _mm512_castsi512_ps(
-                _mm512_maskz_loadu_epi32(pm, argmax + a.am.base(n, c + j) + p0));
-          } else {
-            r[j] = q[j] = _mm512_setzero_ps();
-          }
-        }
-        transpose16(r);
-        transpose16(q);
-        for (int k = 0; k < 16; ++k) {
-          _mm512_storeu_ps(td + (p0 + k) * 16, r[k]);
-          _mm512_storeu_ps(reinterpret_cast<float*>(ta + (p0 + k) * 16), q[k]);
+  for_each_lane_run(a.groups_per_n, lanes, g0, g1, [&](int64_t n, int64_t c, __mmask16 m, int nl) {
+    for (int64_t p0 = 0; p0 < plane; p0 += 16) {
+      const __mmask16 pm = first_lanes(plane - p0);
+      __m512 r[16], q[16];
+      for (int j = 0; j < 16; ++j) {
+        if (j < nl) {
+          r[j] = _mm512_maskz_loadu_ps(pm, src + a.dy.base(n, c + j) + p0);
+          q[j] =
+              _mm512_castsi512_ps(_mm512_maskz_loadu_epi32(pm, argmax + a.am.base(n, c + j) + p0));
+        } else {
+          r[j] = q[j] = _mm512_setzero_ps();
         }
       }
-      for (int64_t ih = 0; ih < g.H; ++ih)
-        bwd_row(a, dst + a.dx.base(n, c), xs, td, int64_t{16}, ta, int64_t{16}, m, ih);
+      transpose16(r);
+      transpose16(q);
+      for (int k = 0; k < 16; ++k) {
+        _mm512_storeu_ps(td + (p0 + k) * 16, r[k]);
+        _mm512_storeu_ps(reinterpret_cast<float*>(ta + (p0 + k) * 16), q[k]);
+      }
     }
-  }
+    for (int64_t ih = 0; ih < g.H; ++ih)
+      bwd_row(a, dst + a.dx.base(n, c), xs, td, int64_t{16}, ta, int64_t{16}, m, ih);
+  });
 }
 
 }  // namespace
