@@ -482,13 +482,16 @@ std::string bf16_missing(Variant v) {
 }
 
 /// Marks the node bf16 and, for Bf16Activations, stores its 4-D activations (not the weights "w"
-/// or their gradient "dw") as bf16 in the bf16 convolutions' layout.
+/// or their gradient "dw") as bf16 in the bf16 convolutions' layout; as under --precision bf16,
+/// an activation whose channels do not fill that layout's blocks (the 1-channel image with
+/// AVX512-BF16's nChw16c) stays f32 and plain.
 void apply_variant(ir::Node& n, Variant v) {
   if (v == Variant::F32) return;
   n.annotations().set("precision", std::string("bf16"));
   if (v != Variant::Bf16Activations) return;
   auto store = [](ir::Value* value, const std::string& name) {
     if (value->shape().rank() != 4 || name == "w" || name == "dw") return;
+    if (value->shape()[1] % ir::channel_block(ops::bf16_layout()) != 0) return;
     value->set_layout(ops::bf16_layout());
     value->set_stored(DType::BF16);
   };

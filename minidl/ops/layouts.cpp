@@ -145,7 +145,13 @@ int assign_bf16(ir::Graph& g, ir::Backend preferred, const std::string& layout) 
       log_verbose("layouts", "{} of {} -> {} bf16", v->ref(), n->describe(), layout);
     }
   }
-  if (count == 0) return 0;
+  if (count == 0) {
+    log_verbose("layouts",
+                "no activation stored as bf16: none lies between bf16 kernels with channels "
+                "that fill the bf16 convolutions' layout {} (blocks of {})",
+                layout, ir::channel_block(layout));
+    return 0;
+  }
   // The choices were made for f32 values; each kernel now sees bf16 ones. Where a kernel's
   // supports declines them after all (oneDNN lacking a bf16 primitive on this CPU), its node
   // would have no kernel: its values go back to f32, until every node has one.
