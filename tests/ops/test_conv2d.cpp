@@ -1,5 +1,6 @@
 #include <cmath>
 #include <cstring>
+#include <oneapi/dnnl/dnnl.hpp>
 
 #include "harness.hpp"
 #include "minidl/autograd/autograd.hpp"
@@ -8,6 +9,7 @@
 #include "minidl/ops/fusion.hpp"
 #include "minidl/ops/native/direct_conv.hpp"
 #include "minidl/ops/native/im2col.hpp"
+#include "minidl/ops/onednn/kernels.hpp"
 #include "minidl/ops/ops.hpp"
 #include "minidl/ops/registry.hpp"
 #include "minidl/runtime/executable.hpp"
@@ -51,6 +53,17 @@ static const std::vector<OpCase> kConv = {
         .attrs(conv_attrs({1, 1}, {1, 1}))
         .tolerance(5e-2),
     OpCase().shapes({{3, 17, 5, 7}, {19, 17, 3, 3}}).attrs(conv_attrs({2, 2}, {1, 0})),
+    // 3x3 of stride 1 between 32 channels and more: oneDNN's Winograd kernels where the CPU has
+    // them (all three passes), against the native ones; with bias and ReLU, and an output whose
+    // sides are no multiple of its 4x4 tiles.
+    OpCase()
+        .shapes({{2, 32, 8, 8}, {32, 32, 3, 3}})
+        .attrs(conv_attrs({1, 1}, {1, 1}))
+        .tolerance(5e-2),
+    OpCase()
+        .shapes({{3, 32, 6, 7}, {48, 32, 3, 3}, {48}})
+        .attrs(conv_attrs({1, 1}, {1, 1}, "relu"))
+        .tolerance(5e-2),
     OpCase().shapes({{1, 4, 7, 7}, {3, 4, 7, 7}}),
     OpCase().shapes({{2, 3, 8, 8}, {4, 3, 3, 3}}).attrs(conv_attrs({2, 2}, {0, 0})),
     // Fused bias and ReLU, as the fusion pass or a user builds them: bias, bias + ReLU, ReLU.
@@ -171,6 +184,9 @@ static const std::vector<OpCase> kConvBwdWeightsBias = {
         .attrs({{"stride", Ints{1, 1}}, {"pad", Ints{1, 1}}, {"kernel", Ints{3, 3}}}),
     OpCase()
         .shapes({{33, 32, 6, 6}, {33, 16, 6, 6}})
+        .attrs({{"stride", Ints{1, 1}}, {"pad", Ints{1, 1}}, {"kernel", Ints{3, 3}}}),
+    OpCase()  // Winograd's weight gradient (32 channels each way)
+        .shapes({{5, 32, 7, 6}, {5, 32, 7, 6}})
         .attrs({{"stride", Ints{1, 1}}, {"pad", Ints{1, 1}}, {"kernel", Ints{3, 3}}}),
     // The direct kernels' shapes (few input channels): the MNIST CNN's first layer, and 3
     // channels with padding and 17 filters.
@@ -559,5 +575,39 @@ TEST(Conv2d, DirectMatchesIm2col) {
         ASSERT_NEAR(a.at(i), b.at(i), 1e-5 * (1.0 + scale)) << names[t] << " " << i;
       }
     }
+  }
+}
+
+// oneDNN's Winograd kernels (F(4x4, 3x3), AVX-512) take the f32 3x3 convolutions of stride 1
+// between at least 32 channels, in all three passes; 16 channels, stride 2 and 1x1 kernels stay
+// direct. The op cases above compare both with the native kernels.
+TEST(Conv2d, OneDnnTakesWinogradFrom32Channels) {
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  constexpr auto kAvx512 = static_cast<unsigned>(dnnl_cpu_isa_avx512_core);
+  const bool has_winograd = (isa & kAvx512) == kAvx512;
+  struct Layer {
+    std::int64_t c, k, kernel, stride;
+    bool winograd;
+  };
+  const Layer layers[] = {{32, 32, 3, 1, true},  {32, 64, 3, 1, true},  {64, 64, 3, 1, true},
+                          {16, 16, 3, 1, false}, {16, 32, 3, 1, false}, {32, 64, 3, 2, false},
+                          {32, 64, 1, 1, false}};
+  for (const Layer& l : layers) {
+    ir::Graph g;
+    ir::Value* x = ops::input(g, "x", Shape{4, l.c, 8, 8});
+    ir::Value* w = ops::input(g, "w", Shape{l.k, l.c, l.kernel, l.kernel});
+    const std::int64_t pad = l.kernel / 2;
+    ir::Value* y = ops::apply("conv2d", {x, w}, conv_attrs({l.stride, l.stride}, {pad, pad}));
+    const auto grads = autograd::differentiate(g, ops::sum(y), {x, w});
+    int convs = 0;
+    for (const ir::Node* n : g.nodes()) {
+      if (!n->def().name().starts_with("conv2d")) continue;
+      ++convs;
+      EXPECT_EQ(ops::onednn::conv2d_winograd(*n), l.winograd && has_winograd)
+          << n->describe() << " on " << l.c << " -> " << l.k << " channels, " << l.kernel << "x"
+          << l.kernel << " stride " << l.stride;
+    }
+    EXPECT_EQ(convs, 3) << "the forward and both backward convolutions";
+    (void)grads;
   }
 }

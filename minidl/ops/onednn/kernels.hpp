@@ -71,6 +71,10 @@ ir::Kernel conv2d_bwd_weights_kernel(const ir::Node& n);
 bool conv2d_supports(const ir::Node& n, std::string* why);
 bool conv2d_bwd_data_supports(const ir::Node& n, std::string* why);
 bool conv2d_bwd_weights_supports(const ir::Node& n, std::string* why);
+/// Whether the node's oneDNN primitive (any of the three ops above) runs the Winograd algorithm:
+/// f32 3x3 convolutions of stride 1 between at least 32 channels, where oneDNN has the kernel
+/// (AVX-512), else the direct one. MINIDL_VERBOSE=dispatch says which each node runs.
+bool conv2d_winograd(const ir::Node& n);
 
 /// max_pool2d: src x -> dst y and argmax (converted from oneDNN's workspace); max_pool2d_bwd:
 /// diff_dst dy, argmax (converted back into a workspace) -> diff_src dx. avg_pool2d and
