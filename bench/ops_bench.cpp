@@ -292,6 +292,11 @@ std::vector<Case> model_cases() {
   t.bias({32, 256});
   t.relu({32, 256});
   t.matmul(32, 256, 10);
+  // ResNet-20 (examples/cifar_resnet), batch 128: the 3x3 stride-1 convolutions of its three
+  // stages (16, 32 and 64 channels at 32x32, 16x16 and 8x8).
+  t.conv(128, 16, 32, 32, 16, 3, 1);
+  t.conv(128, 32, 16, 16, 32, 3, 1);
+  t.conv(128, 64, 8, 8, 64, 3, 1);
   return std::move(t.cases);
 }
 
@@ -469,6 +474,9 @@ struct Flavour {
   ir::Backend backend;
   Variant variant;
   std::string name;  // the benchmark name's middle part, as scripts/bench reads it
+  /// The node's "algorithm" annotation: a oneDNN convolution's direct kernel where the default
+  /// row runs Winograd's.
+  std::string algorithm = {};
 };
 
 /// Why the variant cannot run here, or "": bf16 needs the CPU's bf16 units (as oneDNN sees
@@ -532,6 +540,7 @@ void run_case(benchmark::State& state, const Case& c, const Flavour& f) {
     OneNode one(c.op, c.attrs, shapes, dtypes, c.bench);
     apply_variant(*one.node, f.variant);
     apply_storage(*one.node, c.storage);
+    if (!f.algorithm.empty()) one.node->annotations().set("algorithm", f.algorithm);
     // Pinned to the row's backend: a kernel declared preferred (OpDef::preferred) would
     // otherwise run under every backend's name.
     one.node->annotations().set("backend", std::string(ir::backend_name(backend)));
@@ -574,6 +583,10 @@ void register_op_benchmarks() {
     auto shared = std::make_shared<const Case>(c);
     std::vector<Flavour> flavours = {{Backend::Native, Variant::F32, "native"},
                                      {Backend::OneDnn, Variant::F32, "onednn"}};
+    // oneDNN's convolutions also with the direct algorithm (the default takes Winograd's for
+    // 3x3 stride-1 layers between at least 32 channels).
+    if (c.op.starts_with("conv2d"))
+      flavours.push_back({Backend::OneDnn, Variant::F32, "onednn_direct", "direct"});
     // Products and convolutions (the cases with a FLOP count) in mixed precision too.
     if (c.flops) {
       flavours.push_back({Backend::Native, Variant::Bf16, "native_bf16"});

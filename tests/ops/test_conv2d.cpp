@@ -1,3 +1,5 @@
+#include <gmock/gmock.h>
+
 #include <cmath>
 #include <cstring>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -609,5 +611,25 @@ TEST(Conv2d, OneDnnTakesWinogradFrom32Channels) {
     }
     EXPECT_EQ(convs, 3) << "the forward and both backward convolutions";
     (void)grads;
+  }
+  // The "algorithm" annotation overrides the rule both ways, and names its values when wrong.
+  for (const auto& [c, algorithm] : {std::pair<std::int64_t, const char*>{32, "direct"},
+                                     std::pair<std::int64_t, const char*>{16, "winograd"}}) {
+    ir::Graph g;
+    ir::Value* x = ops::input(g, "x", Shape{4, c, 8, 8});
+    ir::Value* w = ops::input(g, "w", Shape{c, c, 3, 3});
+    ir::Node* n = ops::apply("conv2d", {x, w}, conv_attrs({1, 1}, {1, 1}))->producer();
+    n->annotations().set("algorithm", std::string(algorithm));
+    EXPECT_EQ(ops::onednn::conv2d_winograd(*n),
+              algorithm == std::string("winograd") && has_winograd)
+        << c << " channels, annotated " << algorithm;
+    n->annotations().set("algorithm", std::string("fft"));
+    try {
+      (void)ops::onednn::conv2d_winograd(*n);
+      ADD_FAILURE() << "the annotation 'fft' was accepted";
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(),
+                  ::testing::HasSubstr("annotation 'algorithm' must be direct or winograd"));
+    }
   }
 }

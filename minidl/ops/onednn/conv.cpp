@@ -8,6 +8,9 @@
 // are not reordered. f32 3x3 convolutions of stride 1 between at least 32 channels run oneDNN's
 // Winograd F(4x4, 3x3) kernels where it has them (see with_algorithm()), the others its direct
 // ones.
+#include <cstdlib>
+#include <string>
+
 #include "minidl/core/log.hpp"
 #include "minidl/ops/common.hpp"
 #include "minidl/ops/onednn/kernels.hpp"
@@ -46,6 +49,16 @@ struct Problem {
 /// kernel (another CPU, another padding) the direct one runs.
 bool winograd_pays(const Problem& p, const ir::Node& n) {
   constexpr std::int64_t kMinChannels = 32;
+  // MINIDL_WINOGRAD=off (read once) keeps every convolution direct, to compare the two on whole
+  // models; "on" (or unset) lets this rule decide.
+  static const bool enabled = [] {
+    const char* env = std::getenv("MINIDL_WINOGRAD");
+    const std::string v = env != nullptr ? env : "";
+    MINIDL_CHECK(v.empty() || v == "on" || v == "off" || v == "1" || v == "0",
+                 "MINIDL_WINOGRAD must be on or off (or 1 or 0), got '", v, "'");
+    return v != "off" && v != "0";
+  }();
+  if (!enabled) return false;
   const auto& stride = n.attrs().get<ir::Ints>("stride");
   return !p.bf16 && p.w[2] == 3 && p.w[3] == 3 && stride[0] == 1 && stride[1] == 1 &&
          p.w[0] >= kMinChannels && p.w[1] >= kMinChannels;
@@ -182,10 +195,19 @@ dnnl::convolution_backward_weights::primitive_desc bwd_weights_pd(const Problem&
 
 /// p, or p with the Winograd algorithm where it pays and oneDNN creates the pass's primitive
 /// with it (make(p) throws otherwise). Each pass decides alone; in the CNNs here all three take
-/// it or none.
+/// it or none. A node's "algorithm" annotation, "direct" or "winograd", overrides whether it
+/// pays (the benchmarks run both); oneDNN must still have the kernel.
 template <typename Make>
 Problem with_algorithm(Problem p, const ir::Node& n, Make&& make) {
-  if (!winograd_pays(p, n)) return p;
+  bool wanted = winograd_pays(p, n);
+  if (const ir::AttrValue* a = n.annotations().find("algorithm")) {
+    const auto* name = std::get_if<std::string>(a);
+    MINIDL_CHECK(name != nullptr && (*name == "direct" || *name == "winograd"), n.describe(),
+                 ": annotation 'algorithm' must be direct or winograd, got ",
+                 ir::attr_to_string(*a));
+    wanted = *name == "winograd" && !p.bf16;
+  }
+  if (!wanted) return p;
   Problem w = p;
   w.alg = algorithm::convolution_winograd;
   try {
