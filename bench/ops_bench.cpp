@@ -23,6 +23,9 @@
 #include "bench.hpp"
 #include "minidl/core/rng.hpp"
 #include "minidl/ops/layouts.hpp"
+#if MINIDL_WITH_ONEDNN
+#include "minidl/ops/onednn/kernels.hpp"
+#endif
 #include "minidl/ops/ops.hpp"
 #include "minidl/ops/precision.hpp"
 #include "minidl/ops/registry.hpp"
@@ -474,8 +477,8 @@ struct Flavour {
   ir::Backend backend;
   Variant variant;
   std::string name;  // the benchmark name's middle part, as scripts/bench reads it
-  /// The node's "algorithm" annotation: a oneDNN convolution's direct kernel where the default
-  /// row runs Winograd's.
+  /// The node's "algorithm" annotation: a oneDNN convolution's direct or Winograd kernel,
+  /// whichever the default row does not run.
   std::string algorithm = {};
 };
 
@@ -551,6 +554,12 @@ void run_case(benchmark::State& state, const Case& c, const Flavour& f) {
       return;
     }
     const std::string label = ir::kernel_label(*one.node, kernel);
+#if MINIDL_WITH_ONEDNN
+    if (f.algorithm == "winograd" && !ops::onednn::conv2d_winograd(*one.node)) {
+      state.SkipWithError("oneDNN has no Winograd kernel for this convolution on this CPU");
+      return;
+    }
+#endif
     if (f.variant != Variant::F32 && !kernel.bf16) {
       state.SkipWithError(fmt::format("the {} kernel of {} has no bf16 path (it would run in f32)",
                                       kernel.name, c.op)
@@ -583,10 +592,12 @@ void register_op_benchmarks() {
     auto shared = std::make_shared<const Case>(c);
     std::vector<Flavour> flavours = {{Backend::Native, Variant::F32, "native"},
                                      {Backend::OneDnn, Variant::F32, "onednn"}};
-    // oneDNN's convolutions also with the direct algorithm (the default takes Winograd's for
-    // 3x3 stride-1 layers between at least 32 channels).
-    if (c.op.starts_with("conv2d"))
+    // oneDNN's convolutions also with each algorithm (the default takes Winograd's for 3x3
+    // stride-1 layers between at least 32 channels).
+    if (c.op.starts_with("conv2d")) {
       flavours.push_back({Backend::OneDnn, Variant::F32, "onednn_direct", "direct"});
+      flavours.push_back({Backend::OneDnn, Variant::F32, "onednn_winograd", "winograd"});
+    }
     // Products and convolutions (the cases with a FLOP count) in mixed precision too.
     if (c.flops) {
       flavours.push_back({Backend::Native, Variant::Bf16, "native_bf16"});

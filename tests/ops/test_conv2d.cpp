@@ -2,7 +2,6 @@
 
 #include <cmath>
 #include <cstring>
-#include <oneapi/dnnl/dnnl.hpp>
 
 #include "harness.hpp"
 #include "minidl/autograd/autograd.hpp"
@@ -11,10 +10,15 @@
 #include "minidl/ops/fusion.hpp"
 #include "minidl/ops/native/direct_conv.hpp"
 #include "minidl/ops/native/im2col.hpp"
-#include "minidl/ops/onednn/kernels.hpp"
 #include "minidl/ops/ops.hpp"
 #include "minidl/ops/registry.hpp"
 #include "minidl/runtime/executable.hpp"
+
+#if MINIDL_WITH_ONEDNN
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include "minidl/ops/onednn/kernels.hpp"
+#endif
 
 using namespace minidl;
 using ir::Ints;
@@ -580,6 +584,7 @@ TEST(Conv2d, DirectMatchesIm2col) {
   }
 }
 
+#if MINIDL_WITH_ONEDNN
 // oneDNN's Winograd kernels (F(4x4, 3x3), AVX-512) take the f32 3x3 convolutions of stride 1
 // between at least 32 channels, in all three passes; 16 channels, stride 2 and 1x1 kernels stay
 // direct. The op cases above compare both with the native kernels.
@@ -633,3 +638,4 @@ TEST(Conv2d, OneDnnTakesWinogradFrom32Channels) {
     }
   }
 }
+#endif
