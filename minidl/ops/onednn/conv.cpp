@@ -40,13 +40,14 @@ struct Problem {
 
 /// Whether a convolution takes oneDNN's Winograd algorithm rather than its direct one. Winograd's
 /// F(4x4, 3x3) computes a 4x4 output tile from a 6x6 input tile with 36 products per channel pair
-/// instead of 144: fewer FLOPs, more transforms around them, and float32 rounding of other
-/// (slightly larger) terms, which training does not notice. oneDNN 2.6 has it for f32 3x3
-/// convolutions of stride 1 on AVX-512 CPUs. Measured there, on ResNet-20's and the CIFAR CNN's
-/// layers (2 threads, batches of 32 to 128, forward / data gradient / weight gradient): between
-/// 32 or 64 channels it took 0.5-0.75x the direct kernel's time (the weight gradient 0.7-1.08x),
-/// between 16 channels 1.3-2.0x, so it is taken from 32 channels on. Where oneDNN has no such
-/// kernel (another CPU, another padding) the direct one runs.
+/// instead of 144: fewer FLOPs, more transforms around them, and other float32 rounding (ResNet-20
+/// trained for 15 epochs ends where PyTorch's direct convolutions do). oneDNN 2.6 has it for f32
+/// 3x3 convolutions of stride 1 on AVX-512 CPUs. Measured there (minidl_bench's onednn_direct and
+/// onednn_winograd rows, 2 threads, the CIFAR CNN's and ResNet-20's layers, forward / data
+/// gradient / weight gradient): between 32 or 64 channels 1.23-2.15x the direct kernels' rate
+/// (but 0.93x for one weight gradient), between 16 channels 0.65-0.77x, so it is taken from 32
+/// channels on. Where oneDNN has no such kernel (another CPU, another padding) the direct one
+/// runs.
 bool winograd_pays(const Problem& p, const ir::Node& n) {
   constexpr std::int64_t kMinChannels = 32;
   // MINIDL_WINOGRAD=off (read once) keeps every convolution direct, to compare the two on whole
