@@ -49,8 +49,7 @@ std::string AppConfig::prefetch_off() const {
   // of this node when it may run on every CPU of the node (mpirun --bind-to none); a rank bound
   // to cores of its own shares them with no other.
   const int cpus = allowed_cpus();
-  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-  const int ranks = local != nullptr ? std::max(1, std::atoi(local)) : 1;
+  const int ranks = ranks_on_host();
   const int node = static_cast<int>(std::thread::hardware_concurrency());
   const int compute = max_threads() * (cpus >= node ? ranks : 1);
   if (cpus > compute) return "";
@@ -285,8 +284,7 @@ nlohmann::json kernel_times_json(const std::vector<Trainer::KernelTime>& rows) {
 /// More OpenMP threads on this machine than cores, with threads that spin when idle (OpenMP's
 /// default), make every parallel region wait for preempted threads: say how to avoid it.
 void warn_if_spinning_oversubscribed(const std::string& program) {
-  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-  const int ranks = local != nullptr ? std::max(1, std::atoi(local)) : 1;
+  const int ranks = ranks_on_host();
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   const char* policy = std::getenv("OMP_WAIT_POLICY");
   const bool passive = policy != nullptr && std::string_view(policy) == "passive";

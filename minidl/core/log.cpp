@@ -5,7 +5,17 @@
 #include <cstring>
 #include <string>
 
+#include "minidl/core/error.hpp"
+
 namespace minidl {
+
+bool env_switch(const char* name) {
+  const char* env = std::getenv(name);
+  const std::string v = env != nullptr ? env : "";
+  MINIDL_CHECK(v.empty() || v == "on" || v == "off" || v == "1" || v == "0", name,
+               " must be on or off (or 1 or 0), got '", v, "'");
+  return v != "off" && v != "0";
+}
 
 bool verbose(std::string_view topic) {
   static const std::string topics = [] {

@@ -10,6 +10,9 @@ namespace minidl {
 
 /// True when MINIDL_VERBOSE names topic (or "all").
 bool verbose(std::string_view topic);
+/// The on/off switch `name` in the environment (MINIDL_DIRECT_CONV, MINIDL_WINOGRAD): false for
+/// "off" or "0", true for "on", "1" or unset; any other value is an error naming the variable.
+bool env_switch(const char* name);
 
 void log_line(std::string_view level, std::string_view text);
 

@@ -11,6 +11,8 @@
 #include <sstream>
 #include <string>
 
+#include "minidl/core/threading.hpp"
+
 namespace minidl {
 
 namespace {
@@ -26,18 +28,6 @@ std::optional<std::uint64_t> read_number(const std::string& path) {
     v = v * 10 + static_cast<std::uint64_t>(ch - '0');
   }
   return v;
-}
-
-/// Ranks of this job on this host, from the MPI launcher's environment; 1 when unknown.
-int ranks_on_host() {
-  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"}) {
-    const char* v = std::getenv(name);
-    if (v == nullptr) continue;
-    char* end = nullptr;
-    const long n = std::strtol(v, &end, 10);
-    if (*end == '\0' && n >= 1 && n <= 1 << 20) return static_cast<int>(n);
-  }
-  return 1;
 }
 
 }  // namespace

@@ -15,6 +15,8 @@ void set_num_threads(int n);
 inline int thread_id() { return omp_get_thread_num(); }
 /// The CPUs this process may run on (its affinity mask: 1 for an mpirun rank bound to a core).
 int allowed_cpus();
+/// Ranks of this job on this host, from the MPI launcher's environment; 1 when unknown.
+int ranks_on_host();
 
 /// Calls fn(begin, end) over [0, n) split into contiguous chunks, one per thread; runs serially
 /// when n * cost_per_item is below a threshold where a fork would cost more than it saves.

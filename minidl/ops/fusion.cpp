@@ -121,7 +121,13 @@ bool FuseBiasActivation::run(ir::Graph& g) {
 
 bool FuseUpdateIntoProduct::run(ir::Graph& g) {
   if (!enabled_) return false;
-  std::vector<std::pair<ir::Node*, ir::Node*>> matches;  // (matmul, update)
+  struct Match {
+    ir::Node* mm;
+    ir::Node* update;
+    ir::Value* a;  // the product's factors, their f32 values (f32_source)
+    ir::Value* b;
+  };
+  std::vector<Match> matches;
   for (ir::Node* n : g.nodes()) {
     // sgd without weight decay, or sgd_momentum; neither with a clipping factor (grad_scale).
     const bool plain = n->op() == "sgd" && n->inputs().size() == 3 &&
@@ -135,19 +141,17 @@ bool FuseUpdateIntoProduct::run(ir::Graph& g) {
       continue;
     // The fused ops compute in f32 (they have no bf16 kernel): a bf16 product reads its factors
     // from their f32 values, before the bf16 copies it shares with the other products.
-    const ir::Value* a = f32_source(mm->input(0));
-    const ir::Value* b = f32_source(mm->input(1));
+    ir::Value* a = f32_source(mm->input(0));
+    ir::Value* b = f32_source(mm->input(1));
     if (a->stored() != DType::F32 || b->stored() != DType::F32) continue;
     // The GEMM writes the parameter (and velocity) while it reads its operands: never one of
     // them.
     const ir::Value* velocity = momentum ? n->input(2) : nullptr;
     if (a == n->input(0) || b == n->input(0) || a == velocity || b == velocity) continue;
-    matches.emplace_back(mm, n);
+    matches.push_back({mm, n, a, b});
   }
-  for (const auto& [mm, update] : matches) {
+  for (const auto& [mm, update, a, b] : matches) {
     const bool ta = mm->attrs().get<bool>("trans_a"), tb = mm->attrs().get<bool>("trans_b");
-    ir::Value* a = f32_source(mm->input(0));
-    ir::Value* b = f32_source(mm->input(1));
     if (ir::node_precision(*mm) == ir::Precision::BF16)
       log_verbose("dispatch", "{}: folded into its update, it computes in f32", mm->describe());
     ir::Node* fused = nullptr;

@@ -123,8 +123,8 @@ void matmul_sgd_momentum_native(const ir::KernelArgs& k) {
   // 256 Ki floats (1 MiB) per block stays in L2 (2 MiB per core on the Xeon measured) next to the
   // GEMM's packed panels, with rows long enough for the update to stream (blocks of 32 Ki
   // floats, rows of 96 columns on the CIFAR CNN's 256-row fc1: 607 against 545 us per step);
-  // blocks are whole 48-column
-  // panels or 8-row slivers of the micro-kernel, at least 96 columns or 16 rows.
+  // blocks are whole 48-column panels or 8-row slivers of the micro-kernel, at least 96 columns
+  // or 16 rows.
   constexpr std::int64_t kBlockFloats = 256 * 1024;
   const bool by_cols = m <= n;
   const std::int64_t len = by_cols ? n : m, across = by_cols ? m : n, unit = by_cols ? 48 : 8;

@@ -4,10 +4,9 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
-#include <string>
 
 #include "minidl/core/error.hpp"
+#include "minidl/core/log.hpp"
 #include "minidl/core/threading.hpp"
 
 // The library is built for baseline x86-64; these kernels are compiled for AVX-512 and chosen at
@@ -27,13 +26,7 @@ std::atomic<bool> g_force_off{false};
 /// "off" (or "0") leaves every convolution to im2col and the GEMM, "on" (or "1", or unset) lets
 /// the shapes decide. For comparing the two paths on whole models.
 bool enabled() {
-  static const bool yes = [] {
-    const char* env = std::getenv("MINIDL_DIRECT_CONV");
-    const std::string v = env != nullptr ? env : "";
-    MINIDL_CHECK(v.empty() || v == "on" || v == "off" || v == "1" || v == "0",
-                 "MINIDL_DIRECT_CONV must be on or off (or 1 or 0), got '", v, "'");
-    return v != "off" && v != "0" && __builtin_cpu_supports("avx512f");
-  }();
+  static const bool yes = env_switch("MINIDL_DIRECT_CONV") && __builtin_cpu_supports("avx512f");
   return yes;
 }
 

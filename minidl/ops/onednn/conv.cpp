@@ -8,9 +8,6 @@
 // are not reordered. f32 3x3 convolutions of stride 1 between at least 32 channels run oneDNN's
 // Winograd F(4x4, 3x3) kernels where it has them (see with_algorithm()), the others its direct
 // ones.
-#include <cstdlib>
-#include <string>
-
 #include "minidl/core/log.hpp"
 #include "minidl/ops/common.hpp"
 #include "minidl/ops/onednn/kernels.hpp"
@@ -52,13 +49,7 @@ bool winograd_pays(const Problem& p, const ir::Node& n) {
   constexpr std::int64_t kMinChannels = 32;
   // MINIDL_WINOGRAD=off (read once) keeps every convolution direct, to compare the two on whole
   // models; "on" (or unset) lets this rule decide.
-  static const bool enabled = [] {
-    const char* env = std::getenv("MINIDL_WINOGRAD");
-    const std::string v = env != nullptr ? env : "";
-    MINIDL_CHECK(v.empty() || v == "on" || v == "off" || v == "1" || v == "0",
-                 "MINIDL_WINOGRAD must be on or off (or 1 or 0), got '", v, "'");
-    return v != "off" && v != "0";
-  }();
+  static const bool enabled = env_switch("MINIDL_WINOGRAD");
   if (!enabled) return false;
   const auto& stride = n.attrs().get<ir::Ints>("stride");
   return !p.bf16 && p.w[2] == 3 && p.w[3] == 3 && stride[0] == 1 && stride[1] == 1 &&
