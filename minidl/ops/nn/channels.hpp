@@ -118,10 +118,11 @@ void channel_sums(const ChannelGeom& g, std::vector<double>& partial, double* ou
   }
 }
 
-/// channel_sums for a blocked geometry (B > 1) where `group(n, cb, acc)` adds the S * B elements
-/// of (n, cb) to acc[ci * terms + k] (ci < B), walking s in order: the same chunks, order and
-/// bits as channel_sums with the matching term, but a whole group per call, which a kernel can
-/// vectorise across the block's channels.
+/// channel_sums where `group(n, cb, acc)` adds the S * B elements of (n, cb) to
+/// acc[ci * terms + k] (ci < B): the same chunks and the same order of the chunks and groups as
+/// channel_sums, but a whole group per call, which a kernel can vectorise across the block's
+/// channels (B > 1: the same bits as channel_sums' walk of s in order) or along a plain plane
+/// (B = 1, in an order of its own that depends on the shape only).
 template <int terms, typename Group>
 void channel_block_sums(const ChannelGeom& g, std::vector<double>& partial, double* out,
                         Group group) {
