@@ -46,6 +46,16 @@ bool takes_activation(const ir::Node& n) { return activation_none(n) && !masks_b
 // Whether n, a reader of relu_bwd's result, can mask its dy itself (its last input "y").
 bool takes_mask(const ir::Node& n) { return activation_none(n) && lacks_only_last_input(n, "y"); }
 
+// Whether n is a max_pool2d_bwd whose argmax comes from a max_pool2d with a fused relu whose
+// output is y: that argmax marks where the relu zeroed y (pool::kClamped), so n masks its dy
+// already.
+bool masks_by_argmax(const ir::Node& n, const ir::Value* y) {
+  if (n.op() != "max_pool2d_bwd") return false;
+  const ir::Node* pool = n.input(1)->producer();
+  return pool->op() == "max_pool2d" && pool->output(1) == n.input(1) && pool->output(0) == y &&
+         pool->attrs().get<std::string>("activation") == "relu";
+}
+
 // Whether v is read only by its one user inside the graph: a graph output has an outside reader.
 bool read_once(const ir::Graph& g, const ir::Value* v) {
   return v->users().size() == 1 &&
@@ -273,6 +283,7 @@ bool FuseActivationBackward::run(ir::Graph& g) {
   struct Match {
     ir::Node* relu_bwd;
     std::vector<ir::Node*> maskers;  // readers that take the mask
+    std::vector<ir::Node*> masked;   // readers whose mask is in their argmax already
     ir::Node* sum;                   // the add folded in, or null
   };
   std::vector<Match> matches;
@@ -283,7 +294,7 @@ bool FuseActivationBackward::run(ir::Graph& g) {
     if (dx->users().empty() ||
         std::find(g.outputs().begin(), g.outputs().end(), dx) != g.outputs().end())
       continue;
-    Match m{n, {}, nullptr};
+    Match m{n, {}, {}, nullptr};
     bool ok = true;
     for (ir::Node* u : dx->users()) {
       const auto reads = std::count(u->inputs().begin(), u->inputs().end(), dx);
@@ -293,6 +304,8 @@ bool FuseActivationBackward::run(ir::Graph& g) {
       }
       if (takes_mask(*u) && u->input(0) == dx) {
         m.maskers.push_back(u);
+      } else if (masks_by_argmax(*u, n->input(1)) && u->input(0) == dx) {
+        m.masked.push_back(u);
       } else if (u->op() == "add" && m.sum == nullptr &&
                  u->attrs().get<std::string>("activation") == "none" &&
                  u->input(0)->shape() == u->input(1)->shape() &&
@@ -305,6 +318,7 @@ bool FuseActivationBackward::run(ir::Graph& g) {
     }
     if (!ok) continue;
     claimed.insert(m.maskers.begin(), m.maskers.end());
+    claimed.insert(m.masked.begin(), m.masked.end());
     if (m.sum != nullptr) claimed.insert(m.sum);
     matches.push_back(std::move(m));
   }
@@ -319,12 +333,17 @@ bool FuseActivationBackward::run(ir::Graph& g) {
     };
     // dy and y are defined before the relu_bwd, so before each of its readers: every rebuilt
     // node takes its old one's place.
-    for (ir::Node* u : m.maskers) {
+    std::vector<std::pair<ir::Node*, bool>> readers;  // (reader, its mask is in its argmax)
+    for (ir::Node* u : m.maskers) readers.emplace_back(u, false);
+    for (ir::Node* u : m.masked) readers.emplace_back(u, true);
+    for (const auto& [u, by_argmax] : readers) {
       std::vector<ir::Value*> in = u->inputs();
       in[0] = dy;
-      in.push_back(y);
       ir::Attrs attrs = u->attrs();
-      attrs.set("activation", std::string("relu"));
+      if (!by_argmax) {
+        in.push_back(y);
+        attrs.set("activation", std::string("relu"));
+      }
       ir::Node* fused = g.add_node(u->def(), std::move(in), std::move(attrs), u->name());
       record(fused, *u, m.relu_bwd->name());
       g.move_before(fused, u);

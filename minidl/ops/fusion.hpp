@@ -114,6 +114,9 @@ class FuseBiasIntoWeightGradient final : public ir::Pass {
 ///    last input "y" it does not have yet, and that reads dx as its input 0 only
 ///    (batch_norm_bwd_reduce, batch_norm_bwd_data), is rebuilt reading dy, with y as its last
 ///    input and activation=relu: it masks dy itself (dy_eff = y > 0 ? dy : 0);
+///  - a max_pool2d_bwd reading dx as its input 0 whose argmax is that of the max_pool2d with a
+///    fused relu that made y is rebuilt reading dy: that argmax is -1 wherever the relu zeroed
+///    y, so the pooling's backward routes no gradient there, which is the mask;
 ///  - at most one add(dx, other) of equal shapes (autograd's sum at a value with two readers, a
 ///    residual block's input) becomes relu_bwd(dy, y, other): the mask and the sum in one pass.
 /// With neither kind of reader, or any other reader, the relu_bwd stays. All the nodes involved

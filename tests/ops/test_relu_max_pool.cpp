@@ -1,6 +1,7 @@
 // The relu-after-max-pool rewrite: max_pool2d(relu(x)) becomes relu(max_pool2d(x)) before
-// autograd; after fusion the convolution keeps its bias, the relu folds into the pooling, and
-// the loss, the outputs and every gradient equal those of the graph without the rewrite.
+// autograd; after fusion the convolution keeps its bias, the relu folds into the pooling (and its
+// backward into the pooling's backward), and the loss, the outputs and every gradient equal those
+// of the graph without the rewrite.
 #include <gmock/gmock.h>
 
 #include <algorithm>
@@ -59,7 +60,10 @@ struct Net {
       EXPECT_TRUE(ops::ReluAfterMaxPool().run(g));
     }
     const std::vector<ir::Value*> grads = autograd::differentiate(g, loss, {x, w, b});
-    if (fuse) ops::FuseBiasActivation().run(g);
+    if (fuse) {
+      ops::FuseBiasActivation().run(g);
+      ops::FuseActivationBackward().run(g);
+    }
     // The pooled (and relu'd) value: the loss's product reads it.
     ir::Value* out = nullptr;
     for (ir::Node* n : g.nodes())
@@ -116,6 +120,10 @@ TEST(ReluAfterMaxPool, RewritesThenFusesAndKeepsResults) {
     const ir::Node* pool = first_op(fused.g, "max_pool2d");
     ASSERT_NE(pool, nullptr) << ir::to_text(fused.g);
     EXPECT_EQ(pool->attrs().get<std::string>("activation"), "relu");
+    // Its argmax carries the relu's mask: the pooling's backward reads the output gradient
+    // itself, with no relu_bwd before it.
+    EXPECT_EQ(count_op(fused.g, "relu_bwd"), 0u) << ir::to_text(fused.g);
+    EXPECT_EQ(first_op(fused.g, "max_pool2d_bwd")->input(1), pool->output(1));
     // Without the rewrite the relu fuses into the convolution instead.
     EXPECT_NE(fused_plain.g.find("conv+bias+relu"), nullptr) << ir::to_text(fused_plain.g);
 

@@ -2,7 +2,9 @@
 // padding, PyTorch's MaxPool2d); stride defaults to the kernel. The second output `argmax`
 // (i32, the shape of y) is the index of the chosen element within its input plane, ih * W + iw,
 // as PyTorch's return_indices gives it; max_pool2d_bwd(dy, argmax) routes dy back through it.
-// `activation` relu (folded in by ops::FuseBiasActivation) applies relu to y, not to argmax.
+// `activation` relu (folded in by ops::FuseBiasActivation) applies relu to y, and marks each
+// output it clamps to 0 with argmax -1 (pool::kClamped): the backward routes no gradient there,
+// which is relu's mask, so a fused node's gradient is max_pool2d_bwd alone, with no relu_bwd.
 //
 // The native kernels take every layout and stored type (plain, nChw16c / nChw8c, nhwc; f32 or
 // bf16, compared in f32: bf16 -> f32 is exact) and are declared preferred: they run under
@@ -30,6 +32,7 @@ namespace minidl::ops {
 namespace {
 
 using native::ConvGeom;
+using pool::kClamped;
 using std::int64_t;
 
 void infer(ir::InferCtx& c) {
@@ -93,8 +96,9 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void fwd_plain_2x2(
         take = v > m || v != v;
         m = take ? v : m;
         i = take ? a1 + c + 1 : i;
-        y[ow] = relu ? (m > 0.0f ? m : 0.0f) : m;
-        am[ow] = i;
+        const bool pass = !relu || m > 0.0f;
+        y[ow] = pass ? m : 0.0f;
+        am[ow] = pass ? i : kClamped;
       }
     }
   }
@@ -159,7 +163,11 @@ void fwd_plain(const ir::KernelArgs& k) {
         }
         if (relu) {
 #pragma omp simd
-          for (int64_t ow = 0; ow < ow_n; ++ow) y[ow] = y[ow] > 0.0f ? y[ow] : 0.0f;
+          for (int64_t ow = 0; ow < ow_n; ++ow) {
+            const bool pass = y[ow] > 0.0f;
+            y[ow] = pass ? y[ow] : 0.0f;
+            am[ow] = pass ? am[ow] : kClamped;
+          }
         }
       }
     }
@@ -194,6 +202,7 @@ void bwd_plain(const ir::KernelArgs& k) {
       const std::int32_t* am = argmax + p * out_plane;
       std::fill_n(d, in_plane, 0.0f);
       for (int64_t o = 0; o < out_plane; ++o) {
+        if (am[o] == kClamped) continue;
         MINIDL_ASSERT(am[o] >= 0 && am[o] < in_plane, "argmax ", am[o], " outside the plane");
         d[am[o]] += g[o];
       }
@@ -289,7 +298,11 @@ template <typename TX, typename TY>
       }
       if (a.relu) {
 #pragma omp simd
-        for (int64_t j = 0; j < nl; ++j) acc[j] = acc[j] > 0.0f ? acc[j] : 0.0f;
+        for (int64_t j = 0; j < nl; ++j) {
+          const bool pass = acc[j] > 0.0f;
+          acc[j] = pass ? acc[j] : 0.0f;
+          idx[j] = pass ? idx[j] : kClamped;
+        }
       }
       const int64_t pos = oh * g.OW + ow;
       if (a.contiguous) {
@@ -451,6 +464,7 @@ void bwd_group_scatter(const BwdArgs& a, TD* dst, const TY* src, const std::int3
     const int64_t yb = a.dy.base(n, c0 + j), ab = a.am.base(n, c0 + j);
     for (int64_t o = 0; o < out_plane; ++o) {
       const std::int32_t i = argmax[ab + o * as];
+      if (i == kClamped) continue;
       MINIDL_ASSERT(i >= 0 && i < in_plane, "argmax ", i, " outside the plane");
       at(i, j) += load(src[yb + o * ys]);
     }
@@ -548,9 +562,9 @@ void max_pool2d_bwd(const ir::KernelArgs& k) {
 
 void grad(ir::GradCtx& g) {
   if (g.out_grad(0) == nullptr) return;  // only argmax is used: nothing flows back
-  // A fused relu (ops::FuseBiasActivation) masks dy by the output first; argmax is the
-  // maximum's either way.
-  ir::Value* dy = fused_bias_activation_grad(g, 1);
+  // A fused relu's mask is in argmax already (kClamped where it zeroed the output): dy goes
+  // straight to the backward.
+  ir::Value* dy = g.out_grad(0);
   const ir::Attrs& f = g.attrs();
   const ir::Attrs a{{"kernel", f.get<ir::Ints>("kernel")},
                     {"stride", f.get<ir::Ints>("stride")},

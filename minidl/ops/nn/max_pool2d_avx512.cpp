@@ -120,6 +120,14 @@ MINIDL_AVX512_INLINE void tap(__m512 v, __m512i at, __m512& acc, __m512i& idx) {
   idx = _mm512_mask_mov_epi32(idx, take, at);
 }
 
+// A fused relu: acc where acc > 0, else +0 (a NaN or -0 included: relu's rule), and the argmax
+// of a clamped output kClamped, so that the backward routes it nowhere (relu's mask).
+MINIDL_AVX512_INLINE void relu_clamp(__m512& acc, __m512i& idx) {
+  const __mmask16 pass = _mm512_cmp_ps_mask(acc, _mm512_setzero_ps(), _CMP_GT_OQ);
+  acc = _mm512_maskz_mov_ps(pass, acc);
+  idx = _mm512_mask_mov_epi32(_mm512_set1_epi32(kClamped), pass, idx);
+}
+
 // r[i] = column i of the 16x16 matrix of 32-bit values whose row i was r[i].
 MINIDL_AVX512_INLINE void transpose16(__m512 r[16]) {
   const __m512 z = _mm512_setzero_ps();
@@ -157,7 +165,6 @@ MINIDL_AVX512_INLINE void fwd_row(const FwdArgs& a, const TX* xg, int64_t xs, __
   const native::ConvGeom& g = a.g;
   const int64_t h0 = oh * g.SH - g.PH;
   const int64_t ih0 = std::max<int64_t>(h0, 0), ih1 = std::min(h0 + g.KH, g.H);
-  const __m512 zero = _mm512_setzero_ps();
   for (int64_t ow = 0; ow < g.OW; ++ow) {
     const int64_t w0 = ow * g.SW - g.PW;
     const int64_t iw0 = std::max<int64_t>(w0, 0), iw1 = std::min(w0 + g.KW, g.W);
@@ -183,8 +190,7 @@ MINIDL_AVX512_INLINE void fwd_row(const FwdArgs& a, const TX* xg, int64_t xs, __
         }
       }
     }
-    // acc where acc > 0, else +0 (a NaN or -0 included): relu's rule.
-    if (a.relu) acc = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(acc, zero, _CMP_GT_OQ), acc);
+    if (a.relu) relu_clamp(acc, idx);
     emit(oh * g.OW + ow, acc, idx);
   }
 }
@@ -229,7 +235,7 @@ MINIDL_AVX512_INLINE void fwd_row_pairs(const FwdArgs& a, const TX* xg, TY* yg, 
     tap(_mm512_mask_shuffle_f32x4(zero, 0xffff, b0, b1, 0x44), bottom, acc, idx);
     tap(_mm512_mask_shuffle_f32x4(zero, 0xffff, b0, b1, 0xee), _mm512_add_epi32(bottom, one), acc,
         idx);
-    if (a.relu) acc = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(acc, zero, _CMP_GT_OQ), acc);
+    if (a.relu) relu_clamp(acc, idx);
     const int64_t pos = oh * g.OW + ow;
     store16(yg + pos * 8, m, acc);
     _mm512_mask_storeu_epi32(ag + pos * 8, m, idx);
@@ -474,7 +480,6 @@ void fwd_plain_2x2_avx512(const native::ConvGeom& g, const float* src, float* ds
   const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
   const __m512i twice =
       _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-  const __m512 zero = _mm512_setzero_ps();
   for (int64_t p = p0; p < p1; ++p) {
     for (int64_t oh = 0; oh < g.OH; ++oh) {
       const float* r0 = src + p * in_plane + 2 * oh * w;
@@ -498,7 +503,7 @@ void fwd_plain_2x2_avx512(const native::ConvGeom& g, const float* src, float* ds
         tap(_mm512_permutex2var_ps(b0, even, b1), _mm512_add_epi32(at, down), acc, idx);
         tap(_mm512_permutex2var_ps(b0, odd, b1), _mm512_add_epi32(_mm512_add_epi32(at, down), one),
             acc, idx);
-        if (relu) acc = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(acc, zero, _CMP_GT_OQ), acc);
+        if (relu) relu_clamp(acc, idx);
         _mm512_mask_storeu_ps(y + ow, m, acc);
         _mm512_mask_storeu_epi32(am + ow, m, idx);
       }

@@ -19,6 +19,10 @@
 
 namespace minidl::ops::pool {
 
+/// The argmax of an output a fused relu clamped to 0 (activation relu): no element of its window
+/// receives a gradient, which is relu's mask (the backward needs no relu_bwd before it).
+inline constexpr std::int32_t kClamped = -1;
+
 /// A value's addressing.
 struct Addr {
   std::int64_t channels = 0, plane = 0, block = 1;  // block: 1 plain, 8 or 16 blocked, C nhwc
