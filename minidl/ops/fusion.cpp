@@ -40,8 +40,16 @@ bool masks_by_y(const ir::OpDef& d) {
   return !d.input_names().empty() && d.input_names().back() == "y";
 }
 
-// Whether a following relu can become n's activation.
-bool takes_activation(const ir::Node& n) { return activation_none(n) && !masks_by_y(n.def()); }
+// Whether a following relu can become n's activation. A max pooling's argmax then marks the
+// outputs the relu clamps (pool::kClamped), which only its own backward may read.
+bool takes_activation(const ir::Graph& g, const ir::Node& n) {
+  if (!activation_none(n) || masks_by_y(n.def())) return false;
+  if (n.op() != "max_pool2d") return true;
+  const ir::Value* argmax = n.output(1);
+  return std::find(g.outputs().begin(), g.outputs().end(), argmax) == g.outputs().end() &&
+         std::all_of(argmax->users().begin(), argmax->users().end(),
+                     [](const ir::Node* u) { return u->op() == "max_pool2d_bwd"; });
+}
 
 // Whether n, a reader of relu_bwd's result, can mask its dy itself (its last input "y").
 bool takes_mask(const ir::Node& n) { return activation_none(n) && lacks_only_last_input(n, "y"); }
@@ -90,7 +98,7 @@ bool FuseBiasActivation::run(ir::Graph& g) {
     // readers of another output (between n and the bias_add) could not see.
     if (n->outputs().size() == 1 && takes_bias(*n))
       m.bias_add = sole_reader(g, n->output(0), "bias_add");
-    if (takes_activation(*n))
+    if (takes_activation(g, *n))
       m.relu = sole_reader(g, m.bias_add ? m.bias_add->output(0) : n->output(0), "relu");
     if (m.bias_add || m.relu) matches.push_back(m);
   }

@@ -157,3 +157,16 @@ TEST(ReluAfterMaxPool, LeavesOtherReadersAndDisabledAlone) {
   h.add_output(hr);                                   // the relu is a graph output
   EXPECT_FALSE(ops::ReluAfterMaxPool().run(h));
 }
+
+// A pooling whose argmax has a reader besides the pooling's backward (here a graph output) keeps
+// its relu apart: the fused pooling would mark the clamped outputs' argmax with -1.
+TEST(ReluAfterMaxPool, KeepsTheReluApartWhereArgmaxIsRead) {
+  ir::Graph g;
+  ir::Value* x = ops::input(g, "x", Shape{1, 2, 4, 4});
+  ir::Node* pool = ops::apply_node("max_pool2d", {x}, {{"kernel", Ints{2, 2}}}, "pool");
+  g.add_output(ops::relu(pool->output(0)));
+  g.add_output(pool->output(1));
+  EXPECT_FALSE(ops::FuseBiasActivation().run(g)) << ir::to_text(g);
+  EXPECT_EQ(count_op(g, "relu"), 1u);
+  EXPECT_EQ(first_op(g, "max_pool2d")->attrs().get<std::string>("activation"), "none");
+}
