@@ -4,9 +4,11 @@
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "minidl/core/log.hpp"
+#include "minidl/ops/nn/window.hpp"
 #include "minidl/ops/ops.hpp"
 
 namespace minidl::ops {
@@ -54,14 +56,11 @@ bool takes_activation(const ir::Graph& g, const ir::Node& n) {
 // Whether n, a reader of relu_bwd's result, can mask its dy itself (its last input "y").
 bool takes_mask(const ir::Node& n) { return activation_none(n) && lacks_only_last_input(n, "y"); }
 
-// Whether n is a max_pool2d_bwd whose argmax comes from a max_pool2d with a fused relu whose
-// output is y: that argmax marks where the relu zeroed y (pool::kClamped), so n masks its dy
-// already.
+// Whether n is a max_pool2d_bwd whose argmax, from the max_pool2d with a fused relu that made y,
+// masks its dy already.
 bool masks_by_argmax(const ir::Node& n, const ir::Value* y) {
-  if (n.op() != "max_pool2d_bwd") return false;
-  const ir::Node* pool = n.input(1)->producer();
-  return pool->op() == "max_pool2d" && pool->output(1) == n.input(1) && pool->output(0) == y &&
-         pool->attrs().get<std::string>("activation") == "relu";
+  return n.op() == "max_pool2d_bwd" && argmax_masks_relu(n.input(1)) &&
+         n.input(1)->producer()->output(0) == y;
 }
 
 // Whether v is read only by its one user inside the graph: a graph output has an outside reader.
@@ -290,9 +289,9 @@ bool FuseActivationBackward::run(ir::Graph& g) {
   if (!enabled_) return false;
   struct Match {
     ir::Node* relu_bwd;
-    std::vector<ir::Node*> maskers;  // readers that take the mask
-    std::vector<ir::Node*> masked;   // readers whose mask is in their argmax already
-    ir::Node* sum;                   // the add folded in, or null
+    // Readers rebuilt on dy: (reader, whether its argmax masks already; else it takes y).
+    std::vector<std::pair<ir::Node*, bool>> maskers;
+    ir::Node* sum;  // the add folded in, or null
   };
   std::vector<Match> matches;
   std::unordered_set<const ir::Node*> claimed;  // a sum reading two relu_bwd results folds once
@@ -302,7 +301,7 @@ bool FuseActivationBackward::run(ir::Graph& g) {
     if (dx->users().empty() ||
         std::find(g.outputs().begin(), g.outputs().end(), dx) != g.outputs().end())
       continue;
-    Match m{n, {}, {}, nullptr};
+    Match m{n, {}, nullptr};
     bool ok = true;
     for (ir::Node* u : dx->users()) {
       const auto reads = std::count(u->inputs().begin(), u->inputs().end(), dx);
@@ -311,9 +310,9 @@ bool FuseActivationBackward::run(ir::Graph& g) {
         break;
       }
       if (takes_mask(*u) && u->input(0) == dx) {
-        m.maskers.push_back(u);
+        m.maskers.emplace_back(u, false);
       } else if (masks_by_argmax(*u, n->input(1)) && u->input(0) == dx) {
-        m.masked.push_back(u);
+        m.maskers.emplace_back(u, true);
       } else if (u->op() == "add" && m.sum == nullptr &&
                  u->attrs().get<std::string>("activation") == "none" &&
                  u->input(0)->shape() == u->input(1)->shape() &&
@@ -325,8 +324,7 @@ bool FuseActivationBackward::run(ir::Graph& g) {
       }
     }
     if (!ok) continue;
-    claimed.insert(m.maskers.begin(), m.maskers.end());
-    claimed.insert(m.masked.begin(), m.masked.end());
+    for (const auto& [u, by_argmax] : m.maskers) claimed.insert(u);
     if (m.sum != nullptr) claimed.insert(m.sum);
     matches.push_back(std::move(m));
   }
@@ -341,10 +339,7 @@ bool FuseActivationBackward::run(ir::Graph& g) {
     };
     // dy and y are defined before the relu_bwd, so before each of its readers: every rebuilt
     // node takes its old one's place.
-    std::vector<std::pair<ir::Node*, bool>> readers;  // (reader, its mask is in its argmax)
-    for (ir::Node* u : m.maskers) readers.emplace_back(u, false);
-    for (ir::Node* u : m.masked) readers.emplace_back(u, true);
-    for (const auto& [u, by_argmax] : readers) {
+    for (const auto& [u, by_argmax] : m.maskers) {
       std::vector<ir::Value*> in = u->inputs();
       in[0] = dy;
       ir::Attrs attrs = u->attrs();

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <array>
+#include <string>
 #include <string_view>
 
 #include "minidl/ir/graph.hpp"
@@ -22,6 +23,14 @@ inline Int2 int2_attr(const ir::InferCtx& c, std::string_view name, std::int64_t
   MINIDL_CHECK_NODE(c, v[0] >= min && v[1] >= min, name, " must be ",
                     min > 0 ? "positive" : "non-negative", ", got ", ints_str(v));
   return {v[0], v[1]};
+}
+
+/// Whether v is the argmax of a max_pool2d with a fused relu, which marks each output the relu
+/// clamped with -1 (pool::kClamped): a backward routing dy through it masks dy as relu_bwd does.
+inline bool argmax_masks_relu(const ir::Value* v) {
+  const ir::Node* pool = v->producer();
+  return pool->op() == "max_pool2d" && pool->outputs().size() > 1 && pool->output(1) == v &&
+         pool->attrs().get<std::string>("activation") == "relu";
 }
 
 /// A pooling op's stride: its `stride` attribute, or the kernel when that is empty.

@@ -231,8 +231,7 @@ bool max_pool2d_supports(const ir::Node& n, std::string* why) {
   return supports(n, why, n.input(0), [&] { return forward_pd(forward_problem(n, true)); });
 }
 bool max_pool2d_bwd_supports(const ir::Node& n, std::string* why) {
-  const ir::Node* pool = n.input(1)->producer();
-  if (pool->op() == "max_pool2d" && activation_of(pool->attrs()) == Activation::Relu) {
+  if (argmax_masks_relu(n.input(1))) {
     if (why != nullptr)
       *why = "argmax of a fused relu marks the zeroed outputs, which a workspace cannot";
     return false;
