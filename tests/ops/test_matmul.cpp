@@ -146,16 +146,17 @@ std::pair<minidl::Tensor, minidl::Tensor> momentum_steps(bool fused, bool ta, bo
 
 TEST(MatmulSgdMomentum, UpdatesAsTheProductThenSgdMomentum) {
   // K = 32 takes the GEMM's update store on AVX-512; K = 300 (past one cache block) and the
-  // generic micro-kernel compute the gradient block by block instead. Both in a row split (more
-  // rows than columns) and a column split.
+  // generic micro-kernel compute the gradient block by block instead. Both in a row split
+  // (4096 x 256, 900 x 50) and a column split (256 x 4096, 40 x 700).
   using namespace minidl;
   struct RestoreIsa {
     ~RestoreIsa() { native::sgemm_force_isa(nullptr); }
   } restore;
   for (const char* isa : {"", "generic"}) {
     native::sgemm_force_isa(isa);
-    for (const auto& [m, n, k] : {std::tuple{40, 700, 32}, std::tuple{900, 50, 300},
-                                  std::tuple{256, 4096, 32}, std::tuple{5, 3, 7}}) {
+    for (const auto& [m, n, k] :
+         {std::tuple{40, 700, 32}, std::tuple{900, 50, 300}, std::tuple{256, 4096, 32},
+          std::tuple{4096, 256, 32}, std::tuple{5, 3, 7}}) {
       for (const bool ta : {false, true}) {
         for (const bool tb : {false, true}) {
           for (const bool nesterov : {false, true}) {

@@ -870,7 +870,10 @@ constexpr int64_t kPackCost = 8;
 // multiply-adds (measured: the MLP's first-layer weight gradient and its SGD update).
 constexpr int64_t kTransferCost = 2;
 
-Partition choose_partition(const Kernels& kn, int64_t M, int64_t N, int64_t K, int threads) {
+/// The cheapest tm x tn grid. c_read_next: elementwise kernels read C after the product (a plain
+/// product); a fused optimizer update is C's last access in the step, so no transfer is priced.
+Partition choose_partition(const Kernels& kn, int64_t M, int64_t N, int64_t K, int threads,
+                           bool c_read_next) {
   Partition best;
   best.rows = M;
   best.cols = N;
@@ -884,8 +887,12 @@ Partition choose_partition(const Kernels& kn, int64_t M, int64_t N, int64_t K, i
     const int64_t cols = round_up(ceil_div(N, tn), kn.vl);
     // A column split leaves each thread a strided part of C, while the elementwise kernels that
     // read C next (bias, activation gradients, the optimizer update) split it into contiguous
-    // ranges: each thread would then read part of its range from the other core's cache.
-    const int64_t transfer = tn > 1 ? kTransferCost * M * N * (tn - 1) / tn : 0;
+    // ranges: each thread would then read part of its range from the other core's cache. A
+    // fused update has no such reader; there the row split only duplicates the packing of B,
+    // and it ran bimodally on an AMD EPYC (the CIFAR CNN's fc1 weight gradient, 256 x 4096 x
+    // 32, 2 threads: 165 or 365 us per call from one minute to the next, against 160-185 us
+    // split by columns; the MLP's first layer 55 or 85 against 55-64 us).
+    const int64_t transfer = tn > 1 && c_read_next ? kTransferCost * M * N * (tn - 1) / tn : 0;
     const int64_t cost = rows * cols * K + kPackCost * (rows + cols) * K + transfer;
     if (best_cost < 0 || cost < best_cost) {
       best = {tm, tn, rows, cols};
@@ -943,7 +950,7 @@ void sgemm_impl(const GemmArgs& g) {
     gemm_block(kn, g, 0, g.M, 0, g.N);
     return;
   }
-  const Partition part = choose_partition(kn, g.M, g.N, g.K, threads);
+  const Partition part = choose_partition(kn, g.M, g.N, g.K, threads, g.update == nullptr);
   std::exception_ptr error;
   const int blocks = part.tm * part.tn;
 #pragma omp parallel num_threads(blocks)
