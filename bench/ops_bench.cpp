@@ -39,13 +39,15 @@ using std::int64_t;
 
 constexpr std::uint64_t kSeed = 2024;
 
-/// How an input is filled: N(0,1) floats, i32 labels in [0, classes), or output `output` of op
+/// How an input is filled: N(0,1) floats, every element `value` (an optimizer's step count, a
+/// second moment that must not be negative), i32 labels in [0, classes), or output `output` of op
 /// `from` run once on the native backend over N(0,1) inputs of shapes `from_shapes` (an argmax
 /// must point inside its window, so it is made by the forward op, not drawn).
 struct Input {
   Shape shape;
   DType dtype = DType::F32;
   int64_t classes = 0;
+  std::optional<double> value;
   std::string from;
   ir::Attrs from_attrs;
   std::vector<Shape> from_shapes;
@@ -135,6 +137,19 @@ class Table {
          fmt::format("P{}_{}", n, k),
          {{"momentum", 0.9f}},
          {f32({n, k}), f32({n, k}), f32({n, k}), f32(Shape{})},
+         nullptr});
+    // AdamW's update of the same weights (the --optimizer adamw recipe, the autoencoder), at its
+    // first step, the second moment 0.25 everywhere.
+    add({"adamw",
+         "adamw",
+         fmt::format("P{}_{}", n, k),
+         {{"weight_decay", 0.01}},
+         {f32({n, k}),
+          f32({n, k}),
+          f32({n, k}),
+          {.shape = Shape{n, k}, .value = 0.25},
+          f32(Shape{}),
+          {.shape = Shape{}, .dtype = DType::I64, .value = 1.0}},
          nullptr});
   }
 
@@ -342,7 +357,11 @@ void apply_storage(ir::Node& n, Storage storage);
 
 void fill_input(const Tensor& t, const Input& in, std::uint64_t stream,
                 Storage storage = Storage::Plain) {
-  if (t.dtype() == DType::BF16) {
+  if (in.value && t.dtype() == DType::I64) {
+    std::fill_n(t.data<std::int64_t>(), t.numel(), static_cast<std::int64_t>(*in.value));
+  } else if (in.value && t.dtype() == DType::F32) {
+    std::fill_n(t.data<float>(), t.numel(), static_cast<float>(*in.value));
+  } else if (t.dtype() == DType::BF16) {
     fill_normal_bf16(t, stream);
   } else if (in.classes > 0) {
     const CounterRng rng(kSeed);
