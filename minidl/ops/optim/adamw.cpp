@@ -36,7 +36,7 @@ struct AdamWRule {
 
 // The update of n elements, compiled for AVX-512 and AVX2 too and picked at run time. This file
 // is compiled with -fno-math-errno (nothing reads errno; v is never negative), without which GCC
-// keeps every square root and division scalar (129 us per call on the autoencoder's 784 x 256
+// keeps every square root and division scalar (129 us per call on the autoencoder's 128 x 784
 // weights, a quarter of its step), and with -ffp-contract=off, so that no clone fuses a multiply
 // and an add the others round twice: every CPU gives the same bits.
 __attribute__((target_clones("avx512f", "avx2", "default"))) void adamw_range(
