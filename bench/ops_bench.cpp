@@ -211,6 +211,12 @@ class Table {
     add({"bias_add_bwd", "bias_add_bwd", nchw_label(x), {}, {f32(x)}, nullptr});
   }
 
+  // A smooth activation (sigmoid, tanh) and its backward from the output, dx = f(dy, y).
+  void activation(const std::string& op, const Shape& x) {
+    add({op + "_fwd", op, nchw_label(x), {}, {f32(x)}, nullptr});
+    add({op + "_bwd", op + "_bwd", nchw_label(x), {}, {f32(x), f32(x)}, nullptr});
+  }
+
   void relu(const Shape& x) {
     add({"relu_fwd", "relu", nchw_label(x), {}, {f32(x)}, nullptr});
     add({"relu_bwd", "relu_bwd", nchw_label(x), {}, {f32(x), f32(x)}, nullptr});
@@ -310,6 +316,11 @@ std::vector<Case> model_cases() {
   t.bias({32, 256});
   t.relu({32, 256});
   t.matmul(32, 256, 10);
+  // The autoencoder's output (sigmoid over 64 x 784), LeNet-5's first activation (tanh over 6
+  // channels of 28x28, batch 32) and exp, which losses written from ops call, on the first.
+  t.activation("sigmoid", {64, 784});
+  t.activation("tanh", {32, 6, 28, 28});
+  t.add({"exp_fwd", "exp", "N64_C784", {}, {f32({64, 784})}, nullptr});
   // ResNet-20 (examples/cifar_resnet), batch 128: the 3x3 stride-1 convolutions of its three
   // stages (16, 32 and 64 channels at 32x32, 16x16 and 8x8).
   t.conv(128, 16, 32, 32, 16, 3, 1);

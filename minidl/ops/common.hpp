@@ -77,6 +77,15 @@ void map_unary(const ir::KernelArgs& k, F f) {
   });
 }
 
+/// fn(x + b, y + b, e - b) over the threads' ranges of the f32 input and output: an array
+/// function such as vmath::exp.
+inline void map_unary_array(const ir::KernelArgs& k,
+                            void (*fn)(const float*, float*, std::int64_t)) {
+  const float* x = k.in[0].data<float>();
+  float* y = k.out[0].data<float>();
+  elementwise(k.in[0].numel(), [&](std::int64_t b, std::int64_t e) { fn(x + b, y + b, e - b); });
+}
+
 /// out[i] = f(in0[i], in1[i]) over f32 tensors of equal size.
 template <typename F>
 void map_binary(const ir::KernelArgs& k, F f) {

@@ -1,17 +1,14 @@
 // tanh: y = tanh(x); tanh_bwd(dy, y) -> dx.
-#include <cmath>
-
 #include "minidl/ops/common.hpp"
 #include "minidl/ops/onednn/kernels.hpp"
 #include "minidl/ops/op_table.hpp"
 #include "minidl/ops/registry.hpp"
+#include "minidl/ops/vector_math.hpp"
 
 namespace minidl::ops {
 namespace {
 
-void tanh_native(const ir::KernelArgs& k) {
-  map_unary(k, [](float x) { return std::tanh(x); });
-}
+void tanh_native(const ir::KernelArgs& k) { map_unary_array(k, vmath::tanh); }
 
 // The derivative from the output, 1 - y^2.
 void tanh_bwd_native(const ir::KernelArgs& k) {

@@ -1,17 +1,14 @@
 // exp: y = e^x; dx = dy * y.
-#include <cmath>
-
 #include "minidl/ops/common.hpp"
 #include "minidl/ops/onednn/kernels.hpp"
 #include "minidl/ops/op_table.hpp"
 #include "minidl/ops/registry.hpp"
+#include "minidl/ops/vector_math.hpp"
 
 namespace minidl::ops {
 namespace {
 
-void exp_native(const ir::KernelArgs& k) {
-  map_unary(k, [](float x) { return std::exp(x); });
-}
+void exp_native(const ir::KernelArgs& k) { map_unary_array(k, vmath::exp); }
 
 void grad(ir::GradCtx& g) { g.set_input_grad(0, g.op(op_mul, {g.out_grad(0), g.output(0)})); }
 
