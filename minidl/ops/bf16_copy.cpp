@@ -7,6 +7,10 @@
 // rounding of its factors.
 #include <cstring>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "minidl/ops/common.hpp"
 #include "minidl/ops/op_table.hpp"
 #include "minidl/ops/registry.hpp"
@@ -30,12 +34,47 @@ inline float from_bf16(std::uint16_t v) {
   return f;
 }
 
-// n elements rounded to bf16; compiled for AVX-512 and AVX2 too, picked at run time (the default
-// build targets no vector extension beyond SSE2, where the narrowing stores stay scalar).
-__attribute__((target_clones("avx512f", "avx2", "default"))) void round_to_bf16(const float* src,
-                                                                                std::uint16_t* dst,
-                                                                                std::int64_t n) {
+// n elements rounded to bf16; compiled for AVX2 too, picked at run time (the default build
+// targets no vector extension beyond SSE2, where the narrowing stores stay scalar).
+__attribute__((target_clones("avx2", "default"))) void round_to_bf16_any(const float* src,
+                                                                         std::uint16_t* dst,
+                                                                         std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) dst[i] = to_bf16(src[i]);
+}
+
+#if defined(__x86_64__)
+// The same rounding 16 elements at a time in AVX-512 registers. GCC's clone of the loop above for
+// AVX-512 ran in 256-bit vectors, 8 elements per dozen instructions, and took 72 us for the CIFAR
+// CNN's fc1 weights (1M elements), as long as reading and writing them from memory. The masked
+// forms with every lane selected: GCC 12's plain ones trip -Wmaybe-uninitialized.
+#pragma GCC push_options
+#pragma GCC target("avx512f")
+void round_to_bf16_avx512(const float* src, std::uint16_t* dst, std::int64_t n) {
+  const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff),
+                quiet = _mm512_set1_epi32(0x400000);
+  std::int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 f = _mm512_loadu_ps(src + i);
+    const __m512i u = _mm512_castps_si512(f);
+    const __m512i lsb = _mm512_and_si512(_mm512_maskz_srli_epi32(0xffff, u, 16), one);
+    const __m512i rounded = _mm512_add_epi32(_mm512_add_epi32(u, bias), lsb);
+    const __mmask16 nan = _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q);
+    const __m512i bits = _mm512_mask_or_epi32(rounded, nan, u, quiet);
+    _mm256_storeu_si256(
+        reinterpret_cast<__m256i*>(dst + i),
+        _mm512_maskz_cvtepi32_epi16(0xffff, _mm512_maskz_srli_epi32(0xffff, bits, 16)));
+  }
+  for (; i < n; ++i) dst[i] = to_bf16(src[i]);
+}
+#pragma GCC pop_options
+#endif
+
+void round_to_bf16(const float* src, std::uint16_t* dst, std::int64_t n) {
+#if defined(__x86_64__)
+  static const bool avx512 = __builtin_cpu_supports("avx512f");
+  if (avx512) return round_to_bf16_avx512(src, dst, n);
+#endif
+  round_to_bf16_any(src, dst, n);
 }
 
 // x and y each stored as f32 or bf16 (whatever the layout pass left them as).
