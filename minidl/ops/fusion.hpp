@@ -44,10 +44,10 @@ class FuseBiasActivation final : public ir::Pass {
 ///    computes the gradient a cache-sized block at a time and updates the parameter and velocity
 ///    with each block (four passes instead of seven), with the update's own loop.
 /// Only updates without a clipping factor (grad_scale) fuse, and only gradients with no other
-/// reader that are not graph outputs. The fused ops compute in f32: a product marked bf16
-/// (ir::node_precision) folds too and then reads its factors' f32 values, not the bf16 copies
-/// that ops::share_bf16_factors gave them (the weight gradient stays f32 either way, and its
-/// update is memory-bound). The fused node takes the update's place and
+/// reader that are not graph outputs. The fused ops compute in f32, so a product marked bf16
+/// (ir::node_precision) does not fold: its bf16 multiplications and the update's extra pass over
+/// the f32 gradient cost less than the fused node's f32 ones. The fused node takes the update's
+/// place and
 /// annotations, is named "<matmul>+sgd", and records the update in the annotation "fused"; lr
 /// stays the graph's learning-rate input.
 class FuseUpdateIntoProduct final : public ir::Pass {
