@@ -7,7 +7,6 @@
 #include <utility>
 #include <vector>
 
-#include "minidl/core/log.hpp"
 #include "minidl/ops/nn/window.hpp"
 #include "minidl/ops/ops.hpp"
 
@@ -155,7 +154,7 @@ bool FuseUpdateIntoProduct::run(ir::Graph& g) {
     // (they have no bf16 kernel), and the product's multiplications then cost more than the
     // update's extra pass over the gradient. The CIFAR CNN's fc1 under --precision bf16 on an AMD
     // EPYC with AVX512-BF16: oneDNN's bf16 product 91 us and the update 152 us against 270 us
-    // fused, 250-280 + 147-159 us against 583-621 us in a slower hour (--profile).
+    // fused, 238-282 + 147-159 us against 583-621 us in a slower hour (--profile).
     if (ir::node_precision(*mm) == ir::Precision::BF16) continue;
     ir::Value* a = mm->input(0);
     ir::Value* b = mm->input(1);
