@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "minidl/core/threading.hpp"
+#include "minidl/ops/bf16_round.hpp"
 #include "minidl/ops/common.hpp"
 #include "minidl/ops/native/im2col.hpp"
 #include "minidl/ops/nn/max_pool2d_lanes.hpp"
@@ -227,13 +228,8 @@ using pool::same_addr;
   return std::bit_cast<float>(static_cast<std::uint32_t>(v) << 16);
 }
 [[gnu::always_inline]] inline void store(float* p, float v) { *p = v; }
-// Round to nearest even; exact for a maximum of bf16 values (the usual case), a NaN stays one.
-// Branch-free, so that the loops storing it vectorise.
-[[gnu::always_inline]] inline void store(std::uint16_t* p, float v) {
-  const auto u = std::bit_cast<std::uint32_t>(v);
-  const std::uint32_t rounded = u + 0x7fffu + ((u >> 16) & 1u), quiet = u | 0x400000u;
-  *p = static_cast<std::uint16_t>((v != v ? quiet : rounded) >> 16);
-}
+// Exact for a maximum of bf16 values (the usual case).
+[[gnu::always_inline]] inline void store(std::uint16_t* p, float v) { *p = bf16_round(v); }
 
 // dx = 0.0f + dy, as the zero-fill and add of the general path computes it (a -0 becomes +0).
 // Between bf16 values that is a copy of the bits but for -0, done in integers so that it

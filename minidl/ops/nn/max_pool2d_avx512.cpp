@@ -13,6 +13,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "minidl/ops/bf16_round.hpp"
 #include "minidl/ops/nn/max_pool2d_lanes.hpp"
 
 #if defined(__x86_64__)
@@ -60,31 +61,15 @@ MINIDL_AVX512_INLINE __m512 load16(const std::uint16_t* p, __mmask16 m) {
   return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, h, 16));
 }
 
-// f32 -> bf16 bits (in the low half of each lane): round to nearest even, a NaN made quiet, as
-// the portable store().
-MINIDL_AVX512_INLINE __m512i bf16_bits(__m512 v) {
-  const __m512i u = _mm512_castps_si512(v);
-  const __m512i lsb =
-      _mm512_and_si512(_mm512_maskz_srli_epi32(0xffff, u, 16), _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb);
-  const __m512i quiet = _mm512_or_si512(u, _mm512_set1_epi32(0x400000));
-  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-  return _mm512_maskz_srli_epi32(0xffff, _mm512_mask_mov_epi32(rounded, nan, quiet), 16);
-}
-
 MINIDL_AVX512_INLINE void store16(float* p, __mmask16 m, __m512 v) {
   _mm512_mask_storeu_ps(p, m, v);
 }
 MINIDL_AVX512_INLINE void store16(std::uint16_t* p, __mmask16 m, __m512 v) {
-  _mm256_mask_storeu_epi16(p, m, _mm512_maskz_cvtepi32_epi16(0xffff, bf16_bits(v)));
+  _mm256_mask_storeu_epi16(p, m, _mm512_maskz_cvtepi32_epi16(0xffff, bf16_round16(v)));
 }
 
 MINIDL_AVX512_INLINE void store1(float* p, float v) { *p = v; }
-MINIDL_AVX512_INLINE void store1(std::uint16_t* p, float v) {  // bf16_bits of one value
-  const auto u = std::bit_cast<std::uint32_t>(v);
-  const std::uint32_t rounded = u + 0x7fffu + ((u >> 16) & 1u), quiet = u | 0x400000u;
-  *p = static_cast<std::uint16_t>((v != v ? quiet : rounded) >> 16);
-}
+MINIDL_AVX512_INLINE void store1(std::uint16_t* p, float v) { *p = bf16_round(v); }
 
 // Bits of an element of dx (f32, or bf16 in the low half): stored as they are.
 MINIDL_AVX512_INLINE void store_bits(float* p, __mmask16 m, __m512i v) {
@@ -107,7 +92,7 @@ MINIDL_AVX512_INLINE __m512i grad_bits(const TY* p, __mmask16 m) {
     if constexpr (std::is_same_v<TD, float>) {
       return _mm512_castps_si512(g);
     } else {
-      return bf16_bits(g);
+      return bf16_round16(g);
     }
   }
 }
