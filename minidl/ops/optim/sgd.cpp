@@ -32,6 +32,12 @@ void infer_update(ir::InferCtx& c, int tensors, int lr) {
 void infer_sgd(ir::InferCtx& c) { infer_update(c, 2, 2); }
 void infer_momentum(ir::InferCtx& c) { infer_update(c, 3, 3); }
 
+MINIDL_ELEMENTWISE_CLONES void sgd_range(float* p, const float* g, std::int64_t n, float lr,
+                                          float s, float wd) {
+#pragma omp simd
+  for (std::int64_t i = 0; i < n; ++i) p[i] -= lr * (s * g[i] + wd * p[i]);
+}
+
 void sgd_native(const ir::KernelArgs& k) {
   float* p = k.in[0].data<float>();
   const float* g = k.in[1].data<float>();
@@ -39,8 +45,7 @@ void sgd_native(const ir::KernelArgs& k) {
   const float s = scalar_input(k, 3, 1.0f);
   const float wd = k.attrs().get<float>("weight_decay");
   elementwise(k.in[0].numel(), [&](std::int64_t b, std::int64_t e) {
-#pragma omp simd
-    for (std::int64_t i = b; i < e; ++i) p[i] -= lr * (s * g[i] + wd * p[i]);
+    sgd_range(p + b, g + b, e - b, lr, s, wd);
   });
 }
 

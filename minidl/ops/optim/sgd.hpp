@@ -1,9 +1,12 @@
 // The SGD-with-momentum rule on a range of elements, shared by the sgd_momentum op and the
 // product that computes a gradient block by block and updates with it (matmul_sgd_momentum), so
-// that both give the same bits from the same gradient.
+// that both give the same bits from the same gradient. The loop runs in clones for AVX-512 and
+// AVX2 without contraction (MINIDL_ELEMENTWISE_CLONES): the same bits on every CPU.
 #pragma once
 
 #include <cstdint>
+
+#include "minidl/ops/common.hpp"
 
 namespace minidl::ops {
 
@@ -17,8 +20,8 @@ struct MomentumRule {
 
 /// For i in [0, n): g' = s g + wd p; v = mu v + g'; p -= lr (g' + mu v) with nesterov, p -= lr v
 /// without (PyTorch's form: the first step sets v = g', as zero v does).
-inline void sgd_momentum_range(float* p, const float* g, float* v, std::int64_t n,
-                               const MomentumRule& r) {
+MINIDL_ELEMENTWISE_CLONES inline void sgd_momentum_range(float* p, const float* g, float* v,
+                                                         std::int64_t n, const MomentumRule& r) {
   const float lr = r.lr, s = r.grad_scale, mu = r.momentum, wd = r.weight_decay;
   if (r.nesterov) {
 #pragma omp simd
