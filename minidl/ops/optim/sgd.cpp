@@ -33,7 +33,7 @@ void infer_sgd(ir::InferCtx& c) { infer_update(c, 2, 2); }
 void infer_momentum(ir::InferCtx& c) { infer_update(c, 3, 3); }
 
 MINIDL_ELEMENTWISE_CLONES void sgd_range(float* p, const float* g, std::int64_t n, float lr,
-                                          float s, float wd) {
+                                         float s, float wd) {
 #pragma omp simd
   for (std::int64_t i = 0; i < n; ++i) p[i] -= lr * (s * g[i] + wd * p[i]);
 }
@@ -44,9 +44,8 @@ void sgd_native(const ir::KernelArgs& k) {
   const float lr = scalar_input(k, 2, 0.0f);
   const float s = scalar_input(k, 3, 1.0f);
   const float wd = k.attrs().get<float>("weight_decay");
-  elementwise(k.in[0].numel(), [&](std::int64_t b, std::int64_t e) {
-    sgd_range(p + b, g + b, e - b, lr, s, wd);
-  });
+  elementwise(k.in[0].numel(),
+              [&](std::int64_t b, std::int64_t e) { sgd_range(p + b, g + b, e - b, lr, s, wd); });
 }
 
 void sgd_momentum_native(const ir::KernelArgs& k) {
