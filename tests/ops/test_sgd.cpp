@@ -1,3 +1,9 @@
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
 #include "harness.hpp"
 #include "minidl/ops/ops.hpp"
 #include "minidl/runtime/executable.hpp"
@@ -91,5 +97,60 @@ TEST(Sgd, NesterovMatchesPyTorchForm) {
     pd -= 0.1 * (d + 0.9 * buf);
     EXPECT_NEAR(p.at(0), pd, 1e-6) << "step " << step;
     EXPECT_NEAR(v.at(0), buf, 1e-6) << "step " << step;
+  }
+}
+
+TEST(Sgd, LongTensorsGiveTheScalarRuleBitForBit) {
+  // 4099 elements: the vector loops (AVX-512 or AVX2 clones where the CPU has them) and their
+  // tails. Each update must equal the same arithmetic done one element at a time in f32 without
+  // fused multiply-adds (this file is built for the baseline, which has none), bit for bit: a
+  // clone that contracted a multiply-add would round differently.
+  constexpr std::int64_t kN = 4099;
+  const float lr = 0.03f, wd = 0.01f, s = 0.5f, mu = 0.9f;
+  for (const char* rule : {"sgd", "momentum", "nesterov"}) {
+    SCOPED_TRACE(rule);
+    const bool momentum = std::string_view(rule) != "sgd";
+    const bool nesterov = std::string_view(rule) == "nesterov";
+    Tensor p = Tensor::zeros({kN}), grad = Tensor::zeros({kN}), v = Tensor::zeros({kN});
+    std::vector<float> rp(kN), rv(kN, 0.0f);
+    for (std::int64_t i = 0; i < kN; ++i)
+      rp[i] = p.data<float>()[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i)));
+    ir::Graph g;
+    std::vector<ir::Value*> in{ops::parameter(g, "p", p), ops::parameter(g, "g", grad)};
+    if (momentum) in.push_back(ops::state(g, "v", v));
+    in.push_back(scalar(g, "lr", lr));
+    in.push_back(scalar(g, "s", s));
+    ir::Attrs attrs{{"weight_decay", double{wd}}};
+    if (momentum) {
+      attrs.set("momentum", double{mu});
+      attrs.set("nesterov", nesterov);
+    }
+    g.add_node(ops::op(momentum ? "sgd_momentum" : "sgd"), in, attrs);
+    runtime::Executable exe(g);
+    for (int t = 1; t <= 3; ++t) {
+      for (std::int64_t i = 0; i < kN; ++i)
+        grad.data<float>()[i] = static_cast<float>(std::cos(0.11 * static_cast<double>(i * t)));
+      exe.run();
+      for (std::int64_t i = 0; i < kN; ++i) {
+        const float gi = grad.data<float>()[i];
+        if (!momentum) {
+          rp[i] -= lr * (s * gi + wd * rp[i]);
+        } else if (nesterov) {
+          const float d = s * gi + wd * rp[i];
+          rv[i] = mu * rv[i] + d;
+          rp[i] -= lr * (d + mu * rv[i]);
+        } else {
+          rv[i] = mu * rv[i] + (s * gi + wd * rp[i]);
+          rp[i] -= lr * rv[i];
+        }
+      }
+    }
+    for (std::int64_t i = 0; i < kN; ++i) {
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(p.at(i)), std::bit_cast<std::uint32_t>(rp[i]))
+          << "element " << i << ": " << p.at(i) << " against " << rp[i];
+      if (momentum)
+        ASSERT_EQ(std::bit_cast<std::uint32_t>(v.at(i)), std::bit_cast<std::uint32_t>(rv[i]))
+            << "element " << i;
+    }
   }
 }
