@@ -1,11 +1,13 @@
 // libmvec's variants are declared for the vectoriser by glibc's <math.h> only under -ffast-math,
 // so the declarations are repeated here, and this file compiles with -fno-math-errno (see
 // ops/CMakeLists.txt): under errno semantics GCC keeps every call scalar, even in an omp simd
-// loop. The loops are compiled for AVX-512 and AVX2 as well as the baseline (target_clones),
-// whose vector loops call libmvec's 16-, 8- and 4-lane functions.
+// loop. The loops run in the elementwise clones for AVX-512 and AVX2 as well as the baseline
+// (MINIDL_ELEMENTWISE_CLONES), whose vector loops call libmvec's 16-, 8- and 4-lane functions.
 #include "minidl/ops/vector_math.hpp"
 
 #include <cmath>
+
+#include "minidl/ops/common.hpp"
 
 extern "C" {
 __attribute__((simd("notinbranch"))) float expf(float) noexcept;
@@ -15,24 +17,22 @@ __attribute__((simd("notinbranch"))) float tanhf(float) noexcept;
 
 namespace minidl::ops::vmath {
 
-#define MINIDL_VMATH_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-
-MINIDL_VMATH_CLONES void exp(const float* x, float* y, std::int64_t n) {
+MINIDL_ELEMENTWISE_CLONES void exp(const float* x, float* y, std::int64_t n) {
 #pragma omp simd
   for (std::int64_t i = 0; i < n; ++i) y[i] = expf(x[i]);
 }
 
-MINIDL_VMATH_CLONES void log(const float* x, float* y, std::int64_t n) {
+MINIDL_ELEMENTWISE_CLONES void log(const float* x, float* y, std::int64_t n) {
 #pragma omp simd
   for (std::int64_t i = 0; i < n; ++i) y[i] = logf(x[i]);
 }
 
-MINIDL_VMATH_CLONES void tanh(const float* x, float* y, std::int64_t n) {
+MINIDL_ELEMENTWISE_CLONES void tanh(const float* x, float* y, std::int64_t n) {
 #pragma omp simd
   for (std::int64_t i = 0; i < n; ++i) y[i] = tanhf(x[i]);
 }
 
-MINIDL_VMATH_CLONES void sigmoid(const float* x, float* y, std::int64_t n) {
+MINIDL_ELEMENTWISE_CLONES void sigmoid(const float* x, float* y, std::int64_t n) {
 #pragma omp simd
   for (std::int64_t i = 0; i < n; ++i) {
     const float e = expf(-std::fabs(x[i]));

@@ -36,7 +36,9 @@ void infer_bwd(ir::InferCtx& c) {
 /// in registers and each channel's additions keep their order (the vectorised clones differ from
 /// the scalar loop only where they contract into an FMA).
 template <int B>
-inline void block_stats(const float* x, std::int64_t count, double* acc) {
+__attribute__((target_clones("avx512f", "avx2", "default"))) void block_stats(const float* x,
+                                                                              std::int64_t count,
+                                                                              double* acc) {
   double s0[B], s1[B];
   for (int ci = 0; ci < B; ++ci) {
     s0[ci] = acc[ci * 2];
@@ -55,18 +57,6 @@ inline void block_stats(const float* x, std::int64_t count, double* acc) {
     acc[ci * 2] = s0[ci];
     acc[ci * 2 + 1] = s1[ci];
   }
-}
-
-__attribute__((target_clones("avx512f", "avx2", "default"))) void block16_stats(const float* x,
-                                                                                std::int64_t count,
-                                                                                double* acc) {
-  block_stats<16>(x, count, acc);
-}
-
-__attribute__((target_clones("avx512f", "avx2", "default"))) void block8_stats(const float* x,
-                                                                               std::int64_t count,
-                                                                               double* acc) {
-  block_stats<8>(x, count, acc);
 }
 
 /// A plain plane of n elements added to acc[0] (sum x) and acc[1] (sum x^2): kLanes interleaved
@@ -111,7 +101,7 @@ ir::Kernel make_bn_stats(const ir::Node& node) {
     double* s = sums->data();
     if (g.B == 16 || g.B == 8 || g.B == 1) {
       // Blocked: a group's channels side by side; plain: a group is one channel's plane.
-      const auto group = g.B == 16 ? block16_stats : g.B == 8 ? block8_stats : plane_stats;
+      const auto group = g.B == 16 ? block_stats<16> : g.B == 8 ? block_stats<8> : plane_stats;
       channel_block_sums<2>(g, *scratch, s, [=](std::int64_t n, std::int64_t cb, double* acc) {
         group(x + g.group(n, cb), g.S, acc);
       });

@@ -34,13 +34,12 @@ struct AdamWRule {
   float grad_scale, decay, step_size, bc2_sqrt, eps, b1, w1, b2, w2;
 };
 
-// The update of n elements, compiled for AVX-512 and AVX2 too and picked at run time. This file
-// is compiled with -fno-math-errno (nothing reads errno; v is never negative), without which GCC
-// keeps every square root and division scalar (129 us per call on the autoencoder's 128 x 784
-// weights, a quarter of its step), and with -ffp-contract=off, so that no clone fuses a multiply
-// and an add the others round twice: every CPU gives the same bits.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void adamw_range(
-    float* p, const float* g, float* m, float* v, std::int64_t n, const AdamWRule& r) {
+// The update of n elements, in the elementwise clones for AVX-512 and AVX2 (without contraction:
+// every CPU gives the same bits). This file is compiled with -fno-math-errno (nothing reads
+// errno; v is never negative), without which GCC keeps every square root and division scalar
+// (129 us per call on the autoencoder's 128 x 784 weights, a quarter of its step).
+MINIDL_ELEMENTWISE_CLONES void adamw_range(float* p, const float* g, float* m, float* v,
+                                           std::int64_t n, const AdamWRule& r) {
   const float s = r.grad_scale, decay = r.decay, step_size = r.step_size, bc2_sqrt = r.bc2_sqrt,
               eps = r.eps, fb1 = r.b1, w1 = r.w1, fb2 = r.b2, w2 = r.w2;
 #pragma omp simd
