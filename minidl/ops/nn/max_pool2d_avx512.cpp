@@ -1,10 +1,12 @@
 // The AVX-512 kernels of max_pool2d (declared in max_pool2d_lanes.hpp, chosen at run time by
 // max_pool2d.cpp when the CPU has AVX-512 F, BW and VL). Each keeps the running maximum and its
 // index of 16 outputs in two registers, so a window tap is one load, two compares and two masked
-// moves; tails of fewer than 16 channels or outputs are masked loads and stores, which touch no
-// lane they skip. The portable kernels compiled with target_clones kept their per-lane
-// accumulators in stack arrays reloaded at every tap, behind loops whose trip count (8 or 16
-// lanes) was known only at run time; they stay for every other CPU and are the tests' reference.
+// moves (a 2x2 window without NaNs: one compare per tap, and the backward of 2x2 windows of
+// stride 2 writes both input rows of a window row at once); tails of fewer than 16 channels or
+// outputs are masked loads and stores, which touch no lane they skip. The portable kernels
+// compiled with target_clones kept their per-lane accumulators in stack arrays reloaded at every
+// tap, behind loops whose trip count (8 or 16 lanes) was known only at run time; they stay for
+// every other CPU and are the tests' reference.
 #include <algorithm>
 #include <atomic>
 #include <bit>
@@ -142,6 +144,44 @@ MINIDL_AVX512_INLINE void transpose16(__m512 r[16]) {
   }
 }
 
+// The offsets of a 2x2 window's taps from its first, in an input row of w: 1, w and w + 1.
+struct Taps2x2 {
+  __m512i right, below, below_right;
+  explicit Taps2x2(int64_t w)
+      : right(_mm512_set1_epi32(1)),
+        below(_mm512_set1_epi32(static_cast<std::int32_t>(w))),
+        below_right(_mm512_set1_epi32(static_cast<std::int32_t>(w) + 1)) {}
+};
+
+// The maximum of a 2x2 window's taps t0 .. t3 (row by row) and its argmax (the first tap's index
+// `at` plus the offset of the tap taken), as tap() after tap() gives them: where no tap holds a
+// NaN, three strict compares (the first maximum wins) and the offset picked among registers; a
+// NaN sends the window through tap(). Returns the lanes where a tap held a NaN.
+MINIDL_AVX512_INLINE __mmask16 max_2x2(__m512 t0, __m512 t1, __m512 t2, __m512 t3, __m512i at,
+                                       const Taps2x2& o, __m512& acc, __m512i& idx) {
+  const __mmask16 nan =
+      _mm512_cmp_ps_mask(t0, t1, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(t2, t3, _CMP_UNORD_Q);
+  acc = t0;
+  if (nan == 0) [[likely]] {
+    __mmask16 k = _mm512_cmp_ps_mask(t1, acc, _CMP_GT_OQ);
+    acc = _mm512_mask_mov_ps(acc, k, t1);
+    __m512i off = _mm512_maskz_mov_epi32(k, o.right);
+    k = _mm512_cmp_ps_mask(t2, acc, _CMP_GT_OQ);
+    acc = _mm512_mask_mov_ps(acc, k, t2);
+    off = _mm512_mask_mov_epi32(off, k, o.below);
+    k = _mm512_cmp_ps_mask(t3, acc, _CMP_GT_OQ);
+    acc = _mm512_mask_mov_ps(acc, k, t3);
+    off = _mm512_mask_mov_epi32(off, k, o.below_right);
+    idx = _mm512_add_epi32(at, off);
+  } else {
+    idx = at;
+    tap(t1, _mm512_add_epi32(at, o.right), acc, idx);
+    tap(t2, _mm512_add_epi32(at, o.below), acc, idx);
+    tap(t3, _mm512_add_epi32(at, o.below_right), acc, idx);
+  }
+  return nan;
+}
+
 // One output row oh of a group's 16 channels (masked by m) whose x starts at xg (step xs);
 // emit(pos, acc, idx) stores each output. K2: 2x2 windows, no padding.
 template <bool K2, typename TX, typename Emit>
@@ -150,21 +190,18 @@ MINIDL_AVX512_INLINE void fwd_row(const FwdArgs& a, const TX* xg, int64_t xs, __
   const native::ConvGeom& g = a.g;
   const int64_t h0 = oh * g.SH - g.PH;
   const int64_t ih0 = std::max<int64_t>(h0, 0), ih1 = std::min(h0 + g.KH, g.H);
+  const Taps2x2 taps(g.W);
   for (int64_t ow = 0; ow < g.OW; ++ow) {
     const int64_t w0 = ow * g.SW - g.PW;
     const int64_t iw0 = std::max<int64_t>(w0, 0), iw1 = std::min(w0 + g.KW, g.W);
     __m512 acc;
     __m512i idx;
     if constexpr (K2) {
+      // The first tap always wins against -inf's start, or is -inf itself: it starts the window.
       const auto at = static_cast<std::int32_t>(ih0 * g.W + iw0);
       const TX* p = xg + at * xs;
-      acc = load16(p, m);  // the first tap always wins against -inf's start, or is -inf itself
-      idx = _mm512_set1_epi32(at);
-      tap(load16(p + xs, m), _mm512_set1_epi32(at + 1), acc, idx);
-      tap(load16(p + g.W * xs, m), _mm512_set1_epi32(at + static_cast<std::int32_t>(g.W)), acc,
-          idx);
-      tap(load16(p + (g.W + 1) * xs, m), _mm512_set1_epi32(at + static_cast<std::int32_t>(g.W) + 1),
-          acc, idx);
+      max_2x2(load16(p, m), load16(p + xs, m), load16(p + g.W * xs, m),
+              load16(p + (g.W + 1) * xs, m), _mm512_set1_epi32(at), taps, acc, idx);
     } else {
       acc = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
       idx = _mm512_set1_epi32(static_cast<std::int32_t>(ih0 * g.W + iw0));
@@ -177,6 +214,41 @@ MINIDL_AVX512_INLINE void fwd_row(const FwdArgs& a, const TX* xg, int64_t xs, __
     }
     if (a.relu) relu_clamp(acc, idx);
     emit(oh * g.OW + ow, acc, idx);
+  }
+}
+
+// One output row oh of a group's 16 channels (masked by m) under 2x2 windows of stride 2 (no
+// padding), each value stored where it lies (x, y and argmax at their group's bases, steps xs, ys
+// and as). Between bf16 values the maximum of a window without NaNs is a bf16 value already, stored
+// without rounding.
+template <typename TX, typename TY>
+MINIDL_AVX512_INLINE void fwd_row_2x2(const FwdArgs& a, const TX* xg, int64_t xs, TY* yg,
+                                      int64_t ys, std::int32_t* ag, int64_t as, __mmask16 m,
+                                      int64_t oh) {
+  const native::ConvGeom& g = a.g;
+  const TX* r0 = xg + 2 * oh * g.W * xs;
+  const TX* r1 = r0 + g.W * xs;
+  const Taps2x2 taps(g.W);
+  const __m512i two = _mm512_set1_epi32(2);
+  __m512i at = _mm512_set1_epi32(static_cast<std::int32_t>(2 * oh * g.W));
+  for (int64_t ow = 0; ow < g.OW; ++ow) {
+    __m512 acc;
+    __m512i idx;
+    const __mmask16 nan =
+        max_2x2(load16(r0 + 2 * ow * xs, m), load16(r0 + (2 * ow + 1) * xs, m),
+                load16(r1 + 2 * ow * xs, m), load16(r1 + (2 * ow + 1) * xs, m), at, taps, acc, idx);
+    if (a.relu) relu_clamp(acc, idx);
+    if constexpr (std::is_same_v<TX, std::uint16_t> && std::is_same_v<TY, std::uint16_t>) {
+      if (nan == 0) [[likely]] {
+        store_bits(yg + ow * ys, m, _mm512_maskz_srli_epi32(0xffff, _mm512_castps_si512(acc), 16));
+      } else {
+        store16(yg + ow * ys, m, acc);
+      }
+    } else {
+      store16(yg + ow * ys, m, acc);
+    }
+    _mm512_mask_storeu_epi32(ag + ow * as, m, idx);
+    at = _mm512_add_epi32(at, two);
   }
 }
 
@@ -241,6 +313,12 @@ void fwd_rows_impl(const FwdArgs& a, const TX* src, TY* dst, std::int32_t* argma
       const __mmask16 m = first_lanes(lanes - j0);
       if (a.contiguous && lanes == 8 && pairs) {
         fwd_row_pairs(a, src + a.x.base(n, c), dst + a.y.base(n, c), argmax + a.am.base(n, c), oh);
+        continue;
+      }
+      if (a.contiguous && g.KH == 2 && g.KW == 2 && g.SH == 2 && g.SW == 2 && g.PH == 0 &&
+          g.PW == 0) {
+        fwd_row_2x2(a, src + a.x.base(n, c), xs, dst + a.y.base(n, c) + oh * g.OW * ys, ys,
+                    argmax + a.am.base(n, c) + oh * g.OW * as, as, m, oh);
         continue;
       }
       if (a.contiguous) {
@@ -361,6 +439,46 @@ MINIDL_AVX512_INLINE void bwd_row(const BwdArgs& a, TD* d, int64_t xs, const TY*
   for (; iw < g.W; ++iw) store_bits(d + iw * xs, m, zero);  // no window covers them
 }
 
+// Whether input row ih starts the two rows of a row of 2x2 windows of stride 2 (no padding) that
+// bwd_rows_2x2 writes together.
+MINIDL_AVX512_INLINE bool rows_2x2(const native::ConvGeom& g, int64_t ih) {
+  return g.KH == 2 && g.KW == 2 && g.SH == 2 && g.SW == 2 && g.PH == 0 && g.PW == 0 &&
+         ih % 2 == 0 && ih + 1 < g.H;
+}
+
+// Input rows 2 oh and 2 oh + 1 of a group's 16 channels (masked by m) under 2x2 windows of
+// stride 2: each output's dy and argmax are loaded once for the four positions of its window.
+template <typename TD, typename TY>
+MINIDL_AVX512_INLINE void bwd_rows_2x2(const BwdArgs& a, TD* d, int64_t xs, const TY* dy,
+                                       int64_t ys, const std::int32_t* am, int64_t as, __mmask16 m,
+                                       int64_t oh) {
+  const native::ConvGeom& g = a.g;
+  const __m512i zero = _mm512_setzero_si512(), two = _mm512_set1_epi32(2);
+  const Taps2x2 taps(g.W);
+  TD* r0 = d + 2 * oh * g.W * xs;
+  TD* r1 = r0 + g.W * xs;
+  __m512i at = _mm512_set1_epi32(static_cast<std::int32_t>(2 * oh * g.W));
+  const TY* dyr = dy + oh * g.OW * ys;
+  const std::int32_t* amr = am + oh * g.OW * as;
+  for (int64_t ow = 0; ow < g.OW; ++ow) {
+    const __m512i v = grad_bits<TD>(dyr + ow * ys, m);
+    const __m512i i = _mm512_maskz_loadu_epi32(m, amr + ow * as);
+    // Each of the window's four positions gets dy where the argmax names it, +0 elsewhere.
+    const auto routed = [&](__m512i position) {
+      return _mm512_maskz_mov_epi32(_mm512_cmpeq_epi32_mask(i, position), v);
+    };
+    store_bits(r0 + 2 * ow * xs, m, routed(at));
+    store_bits(r0 + (2 * ow + 1) * xs, m, routed(_mm512_add_epi32(at, taps.right)));
+    store_bits(r1 + 2 * ow * xs, m, routed(_mm512_add_epi32(at, taps.below)));
+    store_bits(r1 + (2 * ow + 1) * xs, m, routed(_mm512_add_epi32(at, taps.below_right)));
+    at = _mm512_add_epi32(at, two);
+  }
+  for (int64_t iw = 2 * g.OW; iw < g.W; ++iw) {  // no window covers them
+    store_bits(r0 + iw * xs, m, zero);
+    store_bits(r1 + iw * xs, m, zero);
+  }
+}
+
 // The backward of fwd_row_pairs' windows (8 channels side by side, 2x2, column stride 2, dy and
 // argmax in dx's layout): input row ih, two neighbouring outputs per vector, whose four columns
 // are 32 consecutive values of dx.
@@ -410,11 +528,18 @@ void bwd_rows_disjoint_impl(const BwdArgs& a, TD* dst, const TY* src, const std:
                     ih);
       continue;
     }
+    const bool both = rows_2x2(g, ih) && u + 1 < u1;  // this thread has both rows
     for (int64_t j0 = 0; j0 < lanes; j0 += 16) {
       const int64_t c = c0 + j0;
-      bwd_row(a, dst + a.dx.base(n, c), xs, src + a.dy.base(n, c), ys, argmax + a.am.base(n, c), as,
-              first_lanes(lanes - j0), ih);
+      if (both) {
+        bwd_rows_2x2(a, dst + a.dx.base(n, c), xs, src + a.dy.base(n, c), ys,
+                     argmax + a.am.base(n, c), as, first_lanes(lanes - j0), ih / 2);
+      } else {
+        bwd_row(a, dst + a.dx.base(n, c), xs, src + a.dy.base(n, c), ys, argmax + a.am.base(n, c),
+                as, first_lanes(lanes - j0), ih);
+      }
     }
+    if (both) ++u;
   }
 }
 
@@ -449,8 +574,14 @@ void bwd_planes_from_plain_impl(const BwdArgs& a, TD* dst, const float* src,
         _mm512_storeu_ps(reinterpret_cast<float*>(ta + (p0 + k) * 16), q[k]);
       }
     }
-    for (int64_t ih = 0; ih < g.H; ++ih)
-      bwd_row(a, dst + a.dx.base(n, c), xs, td, int64_t{16}, ta, int64_t{16}, m, ih);
+    for (int64_t ih = 0; ih < g.H; ++ih) {
+      if (rows_2x2(g, ih)) {
+        bwd_rows_2x2(a, dst + a.dx.base(n, c), xs, td, int64_t{16}, ta, int64_t{16}, m, ih / 2);
+        ++ih;
+      } else {
+        bwd_row(a, dst + a.dx.base(n, c), xs, td, int64_t{16}, ta, int64_t{16}, m, ih);
+      }
+    }
   });
 }
 
