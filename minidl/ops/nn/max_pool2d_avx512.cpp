@@ -144,6 +144,11 @@ MINIDL_AVX512_INLINE void transpose16(__m512 r[16]) {
   }
 }
 
+// 2x2 windows of stride 2 without padding: the CNNs' poolings, which have paths of their own.
+MINIDL_AVX512_INLINE bool stride_2x2(const native::ConvGeom& g) {
+  return g.KH == 2 && g.KW == 2 && g.SH == 2 && g.SW == 2 && g.PH == 0 && g.PW == 0;
+}
+
 // The offsets of a 2x2 window's taps from its first, in an input row of w: 1, w and w + 1.
 struct Taps2x2 {
   __m512i right, below, below_right;
@@ -315,8 +320,7 @@ void fwd_rows_impl(const FwdArgs& a, const TX* src, TY* dst, std::int32_t* argma
         fwd_row_pairs(a, src + a.x.base(n, c), dst + a.y.base(n, c), argmax + a.am.base(n, c), oh);
         continue;
       }
-      if (a.contiguous && g.KH == 2 && g.KW == 2 && g.SH == 2 && g.SW == 2 && g.PH == 0 &&
-          g.PW == 0) {
+      if (a.contiguous && stride_2x2(g)) {
         fwd_row_2x2(a, src + a.x.base(n, c), xs, dst + a.y.base(n, c) + oh * g.OW * ys, ys,
                     argmax + a.am.base(n, c) + oh * g.OW * as, as, m, oh);
         continue;
@@ -389,6 +393,11 @@ void fwd_planes_to_plain_impl(const FwdArgs& a, const TX* src, TY* dst, std::int
   std::int32_t* ta = tiles.argmax;
   for_each_lane_run(a.groups_per_n, lanes, g0, g1, [&](int64_t n, int64_t c, __mmask16 m, int nl) {
     for (int64_t oh = 0; oh < g.OH; ++oh) {
+      if (stride_2x2(g)) {
+        fwd_row_2x2(a, src + a.x.base(n, c), xs, ty + oh * g.OW * 16, 16, ta + oh * g.OW * 16, 16,
+                    m, oh);
+        continue;
+      }
       fwd_row_any(a, src + a.x.base(n, c), xs, m, oh, [&](int64_t pos, __m512 v, __m512i i) {
         _mm512_storeu_ps(ty + pos * 16, v);
         _mm512_storeu_si512(ta + pos * 16, i);
@@ -442,8 +451,7 @@ MINIDL_AVX512_INLINE void bwd_row(const BwdArgs& a, TD* d, int64_t xs, const TY*
 // Whether input row ih starts the two rows of a row of 2x2 windows of stride 2 (no padding) that
 // bwd_rows_2x2 writes together.
 MINIDL_AVX512_INLINE bool rows_2x2(const native::ConvGeom& g, int64_t ih) {
-  return g.KH == 2 && g.KW == 2 && g.SH == 2 && g.SW == 2 && g.PH == 0 && g.PW == 0 &&
-         ih % 2 == 0 && ih + 1 < g.H;
+  return stride_2x2(g) && ih % 2 == 0 && ih + 1 < g.H;
 }
 
 // Input rows 2 oh and 2 oh + 1 of a group's 16 channels (masked by m) under 2x2 windows of
