@@ -614,7 +614,7 @@ std::vector<Flag> make_table() {
       {.name = "--profile",
        .field = &AppConfig::profile,
        .help = "time every kernel: per-epoch compute/communication/waiting/data split and a "
-               "per-node table at the end"},
+               "per-node table at the end (the steps after the first; the first's time apart)"},
       {.name = "--check-numerics",
        .field = &AppConfig::check_numerics,
        .help = "check every node's output for NaN and Inf and name the first node that produced "

@@ -603,6 +603,10 @@ std::vector<Trainer::KernelTime> Trainer::kernel_times() const {
       t.category = category(*k.node);
       t.calls += k.calls;
       t.seconds += k.seconds;
+      if (k.calls > 0) {
+        t.first_calls++;
+        t.first_seconds += k.first_seconds;
+      }
       t.flops += static_cast<double>(k.flops) * static_cast<double>(k.calls);
       t.elements += static_cast<double>(k.elements) * static_cast<double>(k.calls);
     }

@@ -165,6 +165,10 @@ class Trainer {
     std::string category;  // compute, update, communication or wait
     std::int64_t calls = 0;
     double seconds = 0.0;
+    /// Of calls and seconds: the first call of each program (runtime::KernelProfile::
+    /// first_seconds), which --profile leaves out of its table.
+    std::int64_t first_calls = 0;
+    double first_seconds = 0.0;
     double flops = 0.0;     // over all calls (0: the op has no count)
     double elements = 0.0;  // per call (runtime::node_elements), the mean over the calls
   };

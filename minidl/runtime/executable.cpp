@@ -440,6 +440,7 @@ void Executable::run_steps(std::size_t begin, std::size_t end, int replica) {
     // The wait happened at the start of the call, and within it.
     const double idle_us = std::clamp(take_idle() * 1e6, 0.0, t1 - t0);
     check_step(i);
+    if (profile_[i].calls == 0) profile_[i].first_seconds = (t1 - t0) * 1e-6;
     profile_[i].calls++;
     profile_[i].seconds += (t1 - t0) * 1e-6;
     profile_[i].idle_seconds += idle_us * 1e-6;

@@ -94,6 +94,10 @@ struct KernelProfile {
   /// (a receive whose message had not arrived: the pipeline's bubble), as it noted it
   /// (core/idle.hpp).
   double idle_seconds = 0.0;
+  /// The first call's time (within `seconds`): the run that first writes the memory plan's
+  /// buffers, paying the operating system's page faults, and runs each library primitive for
+  /// the first time. Several times a later call's for the memory-bound kernels of a large plan.
+  double first_seconds = 0.0;
 };
 
 /// One kernel call on the timeline: the node, the thread that ran it (its replica in a parallel

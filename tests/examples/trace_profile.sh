@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # --trace writes one valid Chrome trace for the whole job (a process per rank, complete events
 # with names, categories, times and lengths; on several ranks, communication events too), and
-# --profile prints the per-node table with GFLOP/s (and min/max over the ranks).
+# --profile prints the per-node table with GFLOP/s (and min/max over the ranks) over the steps
+# after each program's first, and the first steps' kernel time apart.
 # Usage: trace_profile.sh path/to/mnist_mlp [LAUNCHER ARGS...]   (e.g. mpirun -np 2)
 set -u
 bin=$1
@@ -27,6 +28,8 @@ fails=0
 grep -q "GFLOP/s" "$tmp/out" || { echo "FAIL: no GFLOP/s column in the profile table"; fails=1; }
 grep -qE "^ +[0-9.]+ +[0-9.]+% .* [0-9.]+ +matmul " "$tmp/out" ||
   { echo "FAIL: no matmul row in the profile table"; fails=1; }
+grep -qE "^kernel time per node \(training steps after each program's first, .*; the first steps' kernels took [0-9.]+ s" "$tmp/out" ||
+  { echo "FAIL: the profile table does not leave out and report the first steps"; fails=1; }
 if [ "$ranks" -gt 1 ]; then
   grep -q "min/max over $ranks ranks" "$tmp/out" || { echo "FAIL: no min/max over ranks"; fails=1; }
 fi

@@ -95,18 +95,26 @@ TEST(Executable, BoundStorageMustMatch) {
               ::testing::ThrowsMessage<Error>(::testing::HasSubstr("bound storage is [2]")));
 }
 
-// Profiling counts every kernel call with the op's FLOP count; tracing records one event per
-// call, ordered and non-overlapping on the thread, and stops at its limit.
+// Profiling counts every kernel call with the op's FLOP count and keeps the first call's time
+// apart (within the total); tracing records one event per call, ordered and non-overlapping on
+// the thread, and stops at its limit.
 TEST(Executable, ProfileAndTrace) {
   Mlp m;
   runtime::Executable e(m.g, {.profile = true, .trace = true});
   feed(e);
   e.run();
+  std::vector<double> first;
+  for (const runtime::KernelProfile& k : e.profile()) {
+    EXPECT_EQ(k.first_seconds, k.seconds) << k.node->describe() << ": one call so far";
+    first.push_back(k.first_seconds);
+  }
   e.run();
   std::size_t kernels = 0;
   for (const runtime::KernelProfile& k : e.profile()) {
     EXPECT_EQ(k.calls, 2) << k.node->describe();
     EXPECT_GE(k.seconds, 0.0);
+    EXPECT_EQ(k.first_seconds, first[kernels]) << k.node->describe() << ": the first call's";
+    EXPECT_GE(k.seconds, k.first_seconds) << k.node->describe();
     if (k.node->name() == "matmul") {  // x[16,20] * w1^T[20,32]
       EXPECT_EQ(k.flops, 2 * 16 * 32 * 20);
     } else if (k.node->op() != "matmul") {
