@@ -258,13 +258,15 @@ void print_kernel_times(parallel::Communicator& comm, std::vector<Trainer::Kerne
                    [&](std::size_t a, std::size_t b) { return rows[a].seconds > rows[b].seconds; });
   double total = 0.0;
   for (const auto& r : rows) total += r.seconds;
-  fmt::print("\nkernel time per node ({}, {:.3f} s in kernels on rank 0{}{}):\n",
-             after_first ? "training steps after each program's first" : "training steps", total,
-             spread ? fmt::format("; min/max over {} ranks", ranks) : std::string(),
-             after_first ? fmt::format("; the first steps' kernels took {:.3f} s (first touch of "
-                                       "the buffers, libraries' first runs)",
-                                       first_total)
-                         : std::string());
+  const std::string first =
+      after_first ? fmt::format(
+                        "; the first steps' kernels took {:.3f} s (first touch of the "
+                        "buffers, libraries' first runs)",
+                        first_total)
+                  : std::string();
+  fmt::print("\nkernel time per node (training steps{}, {:.3f} s in kernels on rank 0{}{}):\n",
+             after_first ? " after each program's first" : "", total,
+             spread ? fmt::format("; min/max over {} ranks", ranks) : std::string(), first);
   fmt::print("{:>9} {:>6} {:>19} {:>8} {:>9} {:>8}  {:<22} {:<10} {}\n", "total ms", "share",
              spread ? "min/max ms" : "", "calls", "us/call", "GFLOP/s", "op", "kernel", "node");
   for (std::size_t i : order) {

@@ -440,9 +440,10 @@ void Executable::run_steps(std::size_t begin, std::size_t end, int replica) {
     // The wait happened at the start of the call, and within it.
     const double idle_us = std::clamp(take_idle() * 1e6, 0.0, t1 - t0);
     check_step(i);
-    if (profile_[i].calls == 0) profile_[i].first_seconds = (t1 - t0) * 1e-6;
+    const double seconds = (t1 - t0) * 1e-6;
+    if (profile_[i].calls == 0) profile_[i].first_seconds = seconds;
     profile_[i].calls++;
-    profile_[i].seconds += (t1 - t0) * 1e-6;
+    profile_[i].seconds += seconds;
     profile_[i].idle_seconds += idle_us * 1e-6;
     if (options_.trace) {
       TraceBuffer& b = trace_[static_cast<std::size_t>(std::max(replica, 0))];
