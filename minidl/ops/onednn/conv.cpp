@@ -35,25 +35,31 @@ struct Problem {
   algorithm alg = algorithm::convolution_direct;
 };
 
-/// Whether a convolution takes oneDNN's Winograd algorithm rather than its direct one. Winograd's
-/// F(4x4, 3x3) computes a 4x4 output tile from a 6x6 input tile with 36 products per channel pair
-/// instead of 144: fewer FLOPs, more transforms around them, and other float32 rounding (ResNet-20
-/// trained for 15 epochs ends where PyTorch's direct convolutions do). oneDNN 2.6 has it for f32
-/// 3x3 convolutions of stride 1 on AVX-512 CPUs. Measured there (minidl_bench's onednn_direct and
-/// onednn_winograd rows, 2 threads, the CIFAR CNN's and ResNet-20's layers, forward / data
-/// gradient / weight gradient): between 32 or 64 channels 1.23-2.15x the direct kernels' rate
-/// (but 0.93x for one weight gradient), between 16 channels 0.65-0.77x, so it is taken from 32
-/// channels on. Where oneDNN has no such kernel (another CPU, another padding) the direct one
-/// runs.
-bool winograd_pays(const Problem& p, const ir::Node& n) {
+enum class Pass { Forward, BwdData, BwdWeights };
+
+/// Whether a pass of a convolution takes oneDNN's Winograd algorithm rather than its direct one.
+/// Winograd's F(4x4, 3x3) computes a 4x4 output tile from a 6x6 input tile with 36 products per
+/// channel pair instead of 144: fewer FLOPs, more transforms around them, and other float32
+/// rounding (ResNet-20 trained for 15 epochs ends where PyTorch's direct convolutions do). oneDNN
+/// 2.6 has it for f32 3x3 convolutions of stride 1 on AVX-512 CPUs. Measured there (minidl_bench's
+/// onednn_direct and onednn_winograd rows, 2 threads, the CIFAR CNN's and ResNet-20's layers,
+/// forward / data gradient / weight gradient): between 32 or 64 channels 1.23-2.15x the direct
+/// kernels' rate, between 16 channels 0.65-0.77x, so it is taken from 32 channels on; but the
+/// weight gradient only from 64 output channels: with 32 (ResNet-20's second stage, N128 C32
+/// H16 K32) Winograd's ran at 0.84-0.87x the direct one's rate (2451-2608 against 2100-2186 us),
+/// with 64 at 1.22-1.36x (32 -> 64 of the CIFAR CNN, 64 -> 64 of ResNet-20's third stage). Where
+/// oneDNN has no such kernel (another CPU, another padding) the direct one runs.
+bool winograd_pays(const Problem& p, const ir::Node& n, Pass pass) {
   constexpr std::int64_t kMinChannels = 32;
+  constexpr std::int64_t kMinWeightGradientOutputs = 64;
   // MINIDL_WINOGRAD=off (read once) keeps every convolution direct, to compare the two on whole
   // models; "on" (or unset) lets this rule decide.
   static const bool enabled = env_switch("MINIDL_WINOGRAD");
   if (!enabled) return false;
   const auto& stride = n.attrs().get<ir::Ints>("stride");
   return !p.bf16 && p.w[2] == 3 && p.w[3] == 3 && stride[0] == 1 && stride[1] == 1 &&
-         p.w[0] >= kMinChannels && p.w[1] >= kMinChannels;
+         p.w[0] >= kMinChannels && p.w[1] >= kMinChannels &&
+         (pass != Pass::BwdWeights || p.w[0] >= kMinWeightGradientOutputs);
 }
 
 Problem problem(const ir::Node& n, Shape x, Shape w, Shape y) {
@@ -73,8 +79,6 @@ Problem problem(const ir::Node& n, Shape x, Shape w, Shape y) {
   }
   return p;
 }
-
-enum class Pass { Forward, BwdData, BwdWeights };
 
 /// Every convolution owns its scratch memory (a buffer of its kernel). oneDNN's default shares
 /// one process-wide scratchpad that grows on demand, which primitives run at once by thread
@@ -185,13 +189,14 @@ dnnl::convolution_backward_weights::primitive_desc bwd_weights_pd(const Problem&
   return {bd, own_scratchpad(), engine(), hint_pd(p, Pass::BwdWeights)};
 }
 
-/// p, or p with the Winograd algorithm where it pays and oneDNN creates the pass's primitive
-/// with it (make(p) throws otherwise). Each pass decides alone; in the CNNs here all three take
-/// it or none. A node's "algorithm" annotation, "direct" or "winograd", overrides whether it
-/// pays (the benchmarks run both); oneDNN must still have the kernel.
+/// p, or p with the Winograd algorithm where it pays for the pass and oneDNN creates the pass's
+/// primitive with it (make(p) throws otherwise). Each pass decides alone (ResNet-20's second
+/// stage computes its weight gradients directly, its other passes with Winograd). A node's
+/// "algorithm" annotation, "direct" or "winograd", overrides whether it pays (the benchmarks run
+/// both); oneDNN must still have the kernel.
 template <typename Make>
-Problem with_algorithm(Problem p, const ir::Node& n, Make&& make) {
-  bool wanted = winograd_pays(p, n);
+Problem with_algorithm(Problem p, const ir::Node& n, Pass pass, Make&& make) {
+  bool wanted = winograd_pays(p, n, pass);
   if (const ir::AttrValue* a = n.annotations().find("algorithm")) {
     const auto* name = std::get_if<std::string>(a);
     MINIDL_CHECK(name != nullptr && (*name == "direct" || *name == "winograd"), n.describe(),
@@ -215,18 +220,19 @@ Problem forward_problem(const ir::Node& n) {
   Problem p = problem(n, n.input(0)->shape(), n.input(1)->shape(), n.output(0)->shape());
   p.bias = n.inputs().size() > 2;
   p.relu = activation_of(n.attrs()) == Activation::Relu;
-  return with_algorithm(p, n, [](const Problem& q) { return forward_pd(q, Pass::Forward); });
+  return with_algorithm(p, n, Pass::Forward,
+                        [](const Problem& q) { return forward_pd(q, Pass::Forward); });
 }
 // conv2d_bwd_data: dy, w -> dx
 Problem bwd_data_problem(const ir::Node& n) {
   const Problem p = problem(n, n.output(0)->shape(), n.input(1)->shape(), n.input(0)->shape());
-  return with_algorithm(p, n, [](const Problem& q) { return bwd_data_pd(q); });
+  return with_algorithm(p, n, Pass::BwdData, [](const Problem& q) { return bwd_data_pd(q); });
 }
 // conv2d_bwd_weights: dy, x -> dw; conv2d_bwd_weights_bias: dy, x -> dw, dbias
 Problem bwd_weights_problem(const ir::Node& n) {
   Problem p = problem(n, n.input(1)->shape(), n.output(0)->shape(), n.input(0)->shape());
   p.bias = n.outputs().size() > 1;
-  return with_algorithm(p, n, [](const Problem& q) { return bwd_weights_pd(q); });
+  return with_algorithm(p, n, Pass::BwdWeights, [](const Problem& q) { return bwd_weights_pd(q); });
 }
 
 /// A supports function: f32 and non-empty, and oneDNN creates the primitive.
