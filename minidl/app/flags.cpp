@@ -580,9 +580,9 @@ std::vector<Flag> make_table() {
       {.name = "--no-fuse",
        .field = &AppConfig::no_fuse,
        .help = "do not fold bias_add and relu into matmul/conv2d, relu into BatchNorm and "
-               "residual sums (and its backward into theirs), BatchNorm's backward into one "
-               "data pass, a convolution's bias gradient into its weight gradient, nor SGD "
-               "updates into their gradient products",
+               "residual sums (and its backward into theirs), a residual sum into the BatchNorm "
+               "before it, BatchNorm's backward into one data pass, a convolution's bias "
+               "gradient into its weight gradient, nor SGD updates into their gradient products",
        .resume = {"fuse", Rule::Note, "fusion (--no-fuse)",
                   [](C c, F) { return fmt::format("{}", !c.no_fuse); }},
        .metric = {"fuse", [](C c, F) { return Json(!c.no_fuse); }}},

@@ -19,16 +19,16 @@ bool declares_attr(const ir::OpDef& d, std::string_view name) {
                      [&](const ir::AttrDecl& a) { return a.name == name; });
 }
 
-// Whether n's declared inputs end with the optional `name` and n has every input but that one.
-bool lacks_only_last_input(const ir::Node& n, std::string_view name) {
+// Whether n's next input, after those it has, would be its op's optional input `name`.
+bool next_input_is(const ir::Node& n, std::string_view name) {
   const ir::OpDef& d = n.def();
   const auto& names = d.input_names();
-  return !names.empty() && names.back() == name &&
-         d.min_inputs() < static_cast<int>(names.size()) && n.inputs().size() + 1 == names.size();
+  const std::size_t next = n.inputs().size();
+  return next < names.size() && names[next] == name && static_cast<int>(next) >= d.min_inputs();
 }
 
 // Whether a following bias_add can become n's input "bias".
-bool takes_bias(const ir::Node& n) { return lacks_only_last_input(n, "bias"); }
+bool takes_bias(const ir::Node& n) { return next_input_is(n, "bias"); }
 
 // Whether n has an "activation" attribute, still none.
 bool activation_none(const ir::Node& n) {
@@ -53,7 +53,7 @@ bool takes_activation(const ir::Graph& g, const ir::Node& n) {
 }
 
 // Whether n, a reader of relu_bwd's result, can mask its dy itself (its last input "y").
-bool takes_mask(const ir::Node& n) { return activation_none(n) && lacks_only_last_input(n, "y"); }
+bool takes_mask(const ir::Node& n) { return activation_none(n) && next_input_is(n, "y"); }
 
 // Whether n is a max_pool2d_bwd whose argmax, from the max_pool2d with a fused relu that made y,
 // masks its dy already.
@@ -187,6 +187,48 @@ bool FuseUpdateIntoProduct::run(ir::Graph& g) {
     for (std::size_t o = 0; o < update->outputs().size(); ++o)
       g.replace_uses(update->output(static_cast<int>(o)), fused->output(static_cast<int>(o)));
     g.remove({update, mm});
+  }
+  return !matches.empty();
+}
+
+bool FuseResidualIntoBatchNorm::run(ir::Graph& g) {
+  if (!enabled_) return false;
+  auto f32 = [](const ir::Value* v) {
+    return v->dtype() == DType::F32 && v->stored() == DType::F32;
+  };
+  std::vector<std::pair<ir::Node*, int>> matches;  // (add, the operand a batch_norm makes)
+  for (ir::Node* n : g.nodes()) {
+    if (n->op() != "add" || n->inputs().size() != 2) continue;
+    const ir::Value* a = n->input(0);
+    const ir::Value* b = n->input(1);
+    if (a->shape() != b->shape() || a->shape() != n->output()->shape() || !f32(a) || !f32(b) ||
+        !f32(n->output()))
+      continue;
+    for (int k = 0; k < 2; ++k) {
+      const ir::Node* bn = n->input(k)->producer();
+      if (bn->op() == "batch_norm" && bn->inputs().size() == 5 && activation_none(*bn) &&
+          read_once(g, n->input(k)) && n->input(1 - k) != n->input(k)) {
+        matches.emplace_back(n, k);
+        break;
+      }
+    }
+  }
+  for (const auto& [add, k] : matches) {
+    ir::Node* bn = add->input(k)->producer();
+    std::vector<ir::Value*> inputs = bn->inputs();
+    inputs.push_back(add->input(1 - k));
+    ir::Attrs attrs = bn->attrs();
+    const std::string activation = add->attrs().get<std::string>("activation");
+    attrs.set("activation", activation);
+    ir::Node* fused = g.add_node(bn->def(), std::move(inputs), std::move(attrs),
+                                 bn->name() + "+add" + (activation == "relu" ? "+relu" : ""));
+    fused->take_marks(*bn);
+    fused->annotations().set("fused", add->name());
+    // The shortcut and the batch_norm's inputs are defined before the add, and its readers come
+    // after it.
+    g.move_before(fused, add);
+    g.replace_uses(add->output(0), fused->output(0));
+    g.remove({add, bn});
   }
   return !matches.empty();
 }

@@ -138,6 +138,30 @@ class FuseActivationBackward final : public ir::Pass {
   bool enabled_;
 };
 
+/// A residual block's sum, add(batch_norm(x, mean, var, w, b), shortcut) (either order, equal
+/// shapes, no broadcasting; the add's activation, relu when FuseBiasActivation folded one in),
+/// becomes one batch_norm(x, mean, var, w, b, shortcut) with the add's activation: the native
+/// kernel adds the shortcut to each normalised value before the activation, so the normalised
+/// tensor is never written and read back (in ResNet-20, 16 MB per block of the first stage).
+/// Only a batch_norm with weight and bias, activation none, whose output the add alone reads, and
+/// f32 values match; when both operands are such batch_norms (a projection shortcut), the first
+/// absorbs the sum. The fused node takes the add's place, the batch_norm's annotations and the
+/// name "<batch_norm>+add" (plus "+relu"), and records the add in "fused". Its bits are those of
+/// the native batch_norm and add it replaces. Evaluation graphs have no batch_norm left after
+/// FoldBatchNorm where a convolution precedes it.
+class FuseResidualIntoBatchNorm final : public ir::Pass {
+ public:
+  explicit FuseResidualIntoBatchNorm(bool enabled = true) : enabled_(enabled) {}
+  std::string_view name() const override { return "fuse-residual-into-batch-norm"; }
+  /// The add's relu is folded into the add first, and carries over.
+  std::vector<std::string> needs() const override { return {"bias-activation-fused"}; }
+  std::vector<std::string> provides() const override { return {"residual-fused"}; }
+  bool run(ir::Graph& g) override;
+
+ private:
+  bool enabled_;
+};
+
 /// In evaluation graphs: conv2d (activation none) whose only reader is a batch_norm with fixed
 /// statistics (mean, var, weight and bias all bound storage: the running statistics) becomes one
 /// conv2d on folded weights and bias, which a fold_batch_norm node computes from the originals

@@ -27,6 +27,7 @@ Tensor predict(Model& model, const Tensor& samples, const runtime::CompileOption
   pm.add(std::make_unique<ops::ReluAfterMaxPool>());  // no autograd follows: a forward rewrite
   pm.add(std::make_unique<ops::FuseBiasActivation>());
   pm.add(std::make_unique<ops::FoldBatchNorm>());
+  pm.add(std::make_unique<ops::FuseResidualIntoBatchNorm>());
   pm.add(std::make_unique<ops::PropagateLayouts>(options.backend));
   pm.run(g);
   std::unique_ptr<runtime::Executable> exe;

@@ -65,6 +65,7 @@ ir::PassManager pipeline(Job job, const StepOptions& o, parallel::Communicator& 
     pm.add(std::make_unique<ops::FuseBiasIntoWeightGradient>(o.fuse));
   }
   if (job == Job::Evaluate) pm.add(std::make_unique<ops::FoldBatchNorm>(o.fuse));
+  pm.add(std::make_unique<ops::FuseResidualIntoBatchNorm>(o.fuse));
   if (job != Job::Evaluate) pm.add(std::make_unique<parallel::ThreadReplicas>());
   if (job != Job::Evaluate) pm.add(std::make_unique<ops::FuseActivationBackward>(o.fuse));
   if (job != Job::Evaluate && comm.size() > 1)

@@ -43,6 +43,13 @@ static const std::vector<OpCase> kCases = {
         .shapes({{6, 5}, {5}, {5}})
         .attrs({{"activation", std::string("relu")}})
         .prepared(positive_var),
+    // With a residual block's sum folded in (ops::FuseResidualIntoBatchNorm): native only (oneDNN
+    // declines), the residual's gradient dy, through the ReLU's mask with relu.
+    OpCase().shapes({{3, 4, 5, 5}, {4}, {4}, {4}, {4}, {3, 4, 5, 5}}).prepared(positive_var),
+    OpCase()
+        .shapes({{2, 16, 3, 3}, {16}, {16}, {16}, {16}, {2, 16, 3, 3}})
+        .attrs({{"activation", std::string("relu")}})
+        .prepared(positive_var),
 };
 static const std::vector<BadCase> kBad = {
     {{{2, 3, 4, 4}, {4}, {3}}, {}, {}, "mean must be [3] (one per channel of x), got [4]"},
@@ -56,6 +63,14 @@ static const std::vector<BadCase> kBad = {
      {},
      {{"activation", std::string("tanh")}},
      "unknown activation 'tanh' (expected none or relu)"},
+    {{{2, 3}, {3}, {3}, {3}, {3}, {3, 2}},
+     {},
+     {},
+     "residual [3,2] and x [2,3] must have one shape"},
+    {{{2, 3}, {3}, {3}, {3}, {3}, {2, 3}},
+     {DType::F32, DType::F32, DType::F32, DType::F32, DType::F32, DType::I32},
+     {},
+     "expected an f32 residual, got i32"},
 };
 MINIDL_OP_TEST(batch_norm, kCases, kBad)
 

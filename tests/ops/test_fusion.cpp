@@ -13,6 +13,7 @@
 #include "minidl/core/rng.hpp"
 #include "minidl/ir/printer.hpp"
 #include "minidl/ops/fusion.hpp"
+#include "minidl/ops/layouts.hpp"
 #include "minidl/ops/ops.hpp"
 #include "minidl/runtime/executable.hpp"
 #include "minidl/train/optimizer.hpp"
@@ -442,6 +443,80 @@ TEST(Fusion, FusesBatchNormAndResidualReluBothWays) {
       for (std::int64_t i = 0; i < want[k].numel(); ++i)
         ASSERT_EQ(got[k].at(i), want[k].at(i)) << "output " << k << " element " << i;
   }
+}
+
+// The small ResNet's forward sums fold into the BatchNorm before them (FuseResidualIntoBatchNorm):
+// the identity block's add(bn2, x) and the projection block's add(bn2, shortcut BN), each with its
+// ReLU, become batch_norm nodes with a residual input, the shortcut's BatchNorm staying as it is.
+// On the native kernels the loss and gradients are the unfused graph's bits; on oneDNN's (whose
+// unfused BatchNorm and sum are its own) they agree to rounding, in its blocked layouts too.
+// Disabled, the pass changes nothing; a sum whose BatchNorm output has another reader stays.
+TEST(Fusion, FoldsTheResidualSumIntoTheBatchNorm) {
+  const Dataset batch = minidl::testing::blobs(8, 3);
+  auto model = minidl::testing::small_resnet();
+  TrainingGraph plain(*model, batch);
+  TrainingGraph fused(*model, batch);
+  for (TrainingGraph* t : {&plain, &fused}) {
+    ASSERT_TRUE(ops::FuseBiasActivation().run(t->g));
+    ASSERT_TRUE(ops::FuseBatchNormBackward().run(t->g));
+  }
+  EXPECT_FALSE(ops::FuseResidualIntoBatchNorm(false).run(plain.g));
+  ASSERT_TRUE(ops::FuseResidualIntoBatchNorm().run(fused.g));
+  ASSERT_TRUE(ops::FuseActivationBackward().run(plain.g));
+  ASSERT_TRUE(ops::FuseActivationBackward().run(fused.g));
+
+  EXPECT_EQ(count_op(fused.g, "add"), count_op(plain.g, "add") - 2) << ir::to_text(fused.g);
+  EXPECT_EQ(count_op(fused.g, "batch_norm"), count_op(plain.g, "batch_norm"));
+  for (const char* name : {"block1.bn2.batch_norm+add+relu", "block2.bn2.batch_norm+add+relu"}) {
+    const ir::Node* n = fused.g.find(name);
+    ASSERT_NE(n, nullptr) << name << "\n" << ir::to_text(fused.g);
+    EXPECT_EQ(n->inputs().size(), 6u) << n->describe();
+    EXPECT_EQ(n->attrs().get<std::string>("activation"), "relu") << n->describe();
+  }
+  EXPECT_NE(fused.g.find("block2.shortcut.1.batch_norm"), nullptr) << ir::to_text(fused.g);
+
+  const auto want = plain.run(ir::Backend::Native);
+  const auto got = fused.run(ir::Backend::Native);
+  ASSERT_EQ(want.size(), got.size());
+  for (std::size_t k = 0; k < want.size(); ++k)
+    for (std::int64_t i = 0; i < want[k].numel(); ++i)
+      ASSERT_EQ(got[k].at(i), want[k].at(i)) << "output " << k << " element " << i;
+#if MINIDL_WITH_ONEDNN
+  ASSERT_TRUE(ops::PropagateLayouts(ir::Backend::OneDnn).run(fused.g) ||
+              ops::blocked_layout().empty());
+  const auto blocked = fused.run(ir::Backend::OneDnn);
+  for (std::size_t k = 0; k < want.size(); ++k)
+    for (std::int64_t i = 0; i < want[k].numel(); ++i)
+      ASSERT_NEAR(blocked[k].at(i), want[k].at(i), 1e-4f * (1.0f + std::abs(want[k].at(i))))
+          << "output " << k << " element " << i;
+#endif
+
+  // bn2's output read by another node too: that sum stays.
+  ir::Graph g;
+  ir::Value* x = ops::input(g, "x", Shape{2, 3, 4, 4});
+  ir::Value* r = ops::input(g, "r", Shape{2, 3, 4, 4});
+  auto [mean, var] = ops::bn_moments(ops::bn_stats(x));
+  ir::Value* w = ops::input(g, "w", Shape{3});
+  ir::Value* b = ops::input(g, "b", Shape{3});
+  ir::Value* y = ops::batch_norm(x, mean, var, w, b);
+  g.add_output(ops::add(y, r));
+  g.add_output(y);
+  EXPECT_FALSE(ops::FuseResidualIntoBatchNorm().run(g)) << ir::to_text(g);
+
+  // A BatchNorm with weight only takes a following bias_add as its bias (FuseBiasActivation),
+  // and then the sum after it.
+  ir::Graph h;
+  ir::Value* hx = ops::input(h, "x", Shape{2, 3, 4, 4});
+  auto [hmean, hvar] = ops::bn_moments(ops::bn_stats(hx));
+  ir::Value* biased = ops::bias_add(ops::batch_norm(hx, hmean, hvar, ops::input(h, "w", Shape{3})),
+                                    ops::input(h, "b", Shape{3}));
+  h.add_output(ops::add(ops::input(h, "r", Shape{2, 3, 4, 4}), biased));
+  ASSERT_TRUE(ops::FuseBiasActivation().run(h));
+  ASSERT_TRUE(ops::FuseResidualIntoBatchNorm().run(h)) << ir::to_text(h);
+  EXPECT_EQ(count_op(h, "bias_add"), 0u);
+  EXPECT_EQ(count_op(h, "add"), 0u);
+  ASSERT_EQ(h.outputs()[0]->producer()->op(), "batch_norm") << ir::to_text(h);
+  EXPECT_EQ(h.outputs()[0]->producer()->inputs().size(), 6u) << ir::to_text(h);
 }
 
 // A relu_bwd whose result is a graph output, or is read by an op that cannot take the mask (the

@@ -1,7 +1,10 @@
 // batch_norm: y = (x - mean[c]) / sqrt(var[c] + eps) * weight[c] + bias[c] over x [N,C] or
 // [N,C,H,W] (channel = dimension 1); weight and bias are optional (BatchNorm with affine=false).
 // mean and var are inputs: bn_moments' outputs in training (the batch statistics), the running
-// statistics in evaluation.
+// statistics in evaluation. An optional last input `residual` (shaped like x; weight and bias
+// present) is added to the normalised value before the activation: ops::FuseResidualIntoBatchNorm
+// folds a residual block's add(batch_norm(...), shortcut) into the node, so the normalised tensor
+// is never written and read back; its gradient is the (masked) dy.
 //
 // One backward op: batch_norm_bwd(dy, x, mean, var, weight?) -> dx, dweight, dbias, dmean, dvar,
 // where dx holds mean and var constant (dx = dy * w * invstd), dweight = sum dy * xhat, dbias =
@@ -32,6 +35,7 @@
 // The native kernels and oneDNN's (batch_normalization_forward / _backward with
 // use_global_stats) read and write every activation (x, y, dy, dx) in its layout, plain or
 // channel-blocked, so a BatchNorm between convolutions keeps their blocked layout.
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -80,10 +84,15 @@ void check_mask(ir::InferCtx& c, int y_index) {
                     c.input(0), " must have one shape");
 }
 
-// x [N,C(,H,W)], mean [C], var [C], weight [C]?, bias [C]? -> y
+// x [N,C(,H,W)], mean [C], var [C], weight [C]?, bias [C]?, residual (x's shape)? -> y
 void infer(ir::InferCtx& c) {
   const std::int64_t ch = check_activation(c, 0, "x");
   check_channel_vectors(c, 1, ch, {"mean", "var", "weight", "bias"});
+  if (c.num_inputs() > 5) {
+    MINIDL_CHECK_NODE(c, c.dtype(5) == DType::F32, "expected an f32 residual, got ", c.dtype(5));
+    MINIDL_CHECK_NODE(c, c.input(5) == c.input(0), "residual ", c.input(5), " and x ", c.input(0),
+                      " must have one shape");
+  }
   check_eps(c);
   activation_attr(c);
   c.set_output(0, c.input(0));
@@ -156,14 +165,30 @@ void normalize(const ChannelGeom& gx, const ChannelGeom& gy, const float* x, con
   }
 }
 
-// src, mean, variance, scale?, shift? -> dst
+/// y = act(((x - mean) a + b) + r), each value in its layout: the normalised value is rounded to
+/// float before the sum, so the bits are those of batch_norm followed by add.
+template <bool Relu>
+void normalize_add(const ChannelGeom& gx, const ChannelGeom& gr, const ChannelGeom& gy,
+                   const float* x, const float* mean, const float* a, const float* b,
+                   const float* r, float* y) {
+  for_each_element(
+      [=](std::int64_t c, std::int64_t ex, std::int64_t er, std::int64_t ey) {
+        const float t = (x[ex] - mean[c]) * a[c] + b[c];
+        y[ey] = activate<Relu>(t + r[er]);
+      },
+      gx, gr, gy);
+}
+
+// src, mean, variance, scale?, shift?, residual? -> dst
 ir::Kernel make_batch_norm(const ir::Node& node) {
   const ChannelGeom gx = channel_geom(node.input(0)), gy = channel_geom(node.output(0));
   const std::int64_t ch = gx.channels();
   const bool has_w = node.inputs().size() > 3, has_b = node.inputs().size() > 4;
+  const bool has_r = node.inputs().size() > 5;
+  const ChannelGeom gr = has_r ? channel_geom(node.input(5)) : gx;
   const bool relu = activation_of(node.attrs()) == Activation::Relu;
   auto scale = std::make_shared<std::vector<float>>(ch);
-  return [gx, gy, ch, has_w, has_b, relu, scale](const ir::KernelArgs& k) {
+  return [gx, gr, gy, ch, has_w, has_b, has_r, relu, scale](const ir::KernelArgs& k) {
     const float eps = k.attrs().get<float>("eps");
     const float* x = k.in[0].data<float>();
     const float* mean = k.in[1].data<float>();
@@ -173,6 +198,15 @@ ir::Kernel make_batch_norm(const ir::Node& node) {
     float* y = k.out[0].data<float>();
     float* a = scale->data();
     for (std::int64_t c = 0; c < ch; ++c) a[c] = inv_std(var[c], eps) * (w ? w[c] : 1.0f);
+    if (has_r) {
+      const float* r = k.in[5].data<float>();
+      if (relu) {
+        normalize_add<true>(gx, gr, gy, x, mean, a, b, r, y);
+      } else {
+        normalize_add<false>(gx, gr, gy, x, mean, a, b, r, y);
+      }
+      return;
+    }
     if (relu) {
       normalize<true>(gx, gy, x, mean, a, b, y);
     } else {
@@ -436,14 +470,16 @@ void grad(ir::GradCtx& g) {
       g.op(op_batch_norm_bwd, in, {{"eps", double{g.attrs().get<float>("eps")}}})->producer();
   // dx, then mean, var, weight, bias from dmean, dvar, dweight, dbias.
   const int from[] = {0, 3, 4, 1, 2};
-  for (int i = 0; i < g.num_inputs(); ++i)
+  for (int i = 0; i < std::min(g.num_inputs(), 5); ++i)
     if (g.needs_input_grad(i)) g.set_input_grad(i, bwd->output(from[i]));
+  // The residual is added after the normalisation: its gradient is dy (masked by the ReLU).
+  if (g.num_inputs() > 5 && g.needs_input_grad(5)) g.set_input_grad(5, dy);
 }
 
 }  // namespace
 
 MINIDL_OP(batch_norm)
-    .inputs({"x", "mean", "var", "weight?", "bias?"})
+    .inputs({"x", "mean", "var", "weight?", "bias?", "residual?"})
     .attr<float>("eps", 1e-5f)
     .attr<std::string>("activation", "none")
     .infer(infer)

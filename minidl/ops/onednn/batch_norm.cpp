@@ -24,8 +24,9 @@ using dnnl::prop_kind;
 
 float eps_of(const ir::Node& n) { return n.attrs().get<float>("eps"); }
 
-// batch_norm: x, mean, var, weight?, bias? -> y; with activation relu, max(y, 0) in the same
-// pass (fuse_norm_relu, which in inference needs no workspace).
+// batch_norm: x, mean, var, weight?, bias? -> y (a residual input is the native kernel's); with
+// activation relu, max(y, 0) in the same pass (fuse_norm_relu, which in inference needs no
+// workspace).
 dnnl::batch_normalization_forward::primitive_desc forward_pd(const ir::Node& n) {
   normalization_flags flags = normalization_flags::use_global_stats;
   if (activation_of(n.attrs()) == Activation::Relu)
@@ -65,6 +66,11 @@ void constant(Staged& s, int arg, std::int64_t ch, float value) {
 }  // namespace
 
 bool batch_norm_supports(const ir::Node& n, std::string* why) {
+  if (n.inputs().size() > 5) {
+    // oneDNN 2.6's batch normalization has no sum post-op; the native kernel adds the residual.
+    if (why != nullptr) *why = "oneDNN's batch normalization takes no residual input";
+    return false;
+  }
   return supports(n, why, [&] { return forward_pd(n); });
 }
 
