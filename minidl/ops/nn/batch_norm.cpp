@@ -234,7 +234,7 @@ void batch_norm_mean_var_grads(const ir::KernelArgs& k) {
 
 /// dy masked by the ReLU's output y (Mask), or dy itself.
 template <bool Mask>
-inline float masked(float dy, const float* y, std::int64_t ey) {
+[[gnu::always_inline]] inline float masked(float dy, const float* y, std::int64_t ey) {
   if constexpr (Mask) {
     // Branch-free (dy's bits, or +0), so that the loops summing it vectorise.
     const std::uint32_t keep = y[ey] > 0.0f ? 0xffffffffu : 0u;
@@ -247,10 +247,12 @@ inline float masked(float dy, const float* y, std::int64_t ey) {
 /// B channels side by side, added to acc[ci * 2] (sum dy) and acc[ci * 2 + 1] (sum dy (x - mean)),
 /// dy masked by y (same layout) when Mask. The accumulators stay in registers, and each channel's
 /// additions keep their order, so the vectorised clones differ from the scalar loop only where
-/// they contract into an FMA.
+/// they contract into an FMA. Always inlined: GCC left the masked 16-channel body out of line,
+/// compiled for the baseline, so its clones were a jump to SSE2 code.
 template <int B, bool Mask>
-inline void block_bwd_sums(const float* dy, const float* x, const float* y, const float* mean,
-                           std::int64_t count, double* acc) {
+[[gnu::always_inline]] inline void block_bwd_sums(const float* dy, const float* x, const float* y,
+                                                  const float* mean, std::int64_t count,
+                                                  double* acc) {
   double s0[B], s1[B], m[B];
   for (int ci = 0; ci < B; ++ci) {
     s0[ci] = acc[ci * 2];
@@ -288,13 +290,17 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void block8_bwd_sum
   block_bwd_sums<8, false>(dy, x, y, mean, count, acc);
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) void block16_masked_bwd_sums(
+// The masked sums have no AVX-512 clone: GCC turns the mask into a load of dy masked by the
+// compare of y (vmovdqu32 {k}{z}), which waits for y, and on an AMD EPYC (Zen 5, 2 threads, 8 MB
+// activations from memory, a standalone loop) that ran 549-742 us against AVX2's 424-531 and the
+// baseline's 566-729 (the unmasked sums: AVX-512 271-289, AVX2 438-537).
+__attribute__((target_clones("avx2", "default"))) void block16_masked_bwd_sums(
     const float* dy, const float* x, const float* y, const float* mean, std::int64_t count,
     double* acc) {
   block_bwd_sums<16, true>(dy, x, y, mean, count, acc);
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) void block8_masked_bwd_sums(
+__attribute__((target_clones("avx2", "default"))) void block8_masked_bwd_sums(
     const float* dy, const float* x, const float* y, const float* mean, std::int64_t count,
     double* acc) {
   block_bwd_sums<8, true>(dy, x, y, mean, count, acc);
