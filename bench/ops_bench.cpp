@@ -167,10 +167,37 @@ class Table {
   // conv2d x[n,c,h,w] * w[k,c,r,r] (stride 1, zero padding `pad`), both halves of its backward
   // (the weight gradient also with the bias gradient fused), and the forward with bias and ReLU
   // fused (every convolution of the models is followed by ReLU).
-  void conv(int64_t n, int64_t c, int64_t h, int64_t w, int64_t k, int64_t r, int64_t pad) {
+  // With `blocked`, the forward and both backward passes also with the activations in oneDNN's
+  // blocked layout ("_blocked"), as propagate-layouts lays them out between convolutions (the
+  // weights stay plain): the layout in which the native 16-channel kernels run.
+  void conv(int64_t n, int64_t c, int64_t h, int64_t w, int64_t k, int64_t r, int64_t pad,
+            bool blocked = false) {
     const std::string s = fmt::format("N{}_C{}_H{}_W{}_K{}_R{}", n, c, h, w, k, r);
     const int64_t oh = h + 2 * pad - r + 1, ow = w + 2 * pad - r + 1;
     const Ints stride{1, 1}, padding{pad, pad};
+    if (blocked) {
+      add({"conv2d_fwd_blocked",
+           "conv2d",
+           s,
+           {{"stride", stride}, {"pad", padding}},
+           {f32({n, c, h, w}), f32({k, c, r, r})},
+           op_flops,
+           Storage::Blocked});
+      add({"conv2d_bwd_data_blocked",
+           "conv2d_bwd_data",
+           s,
+           {{"stride", stride}, {"pad", padding}, {"in_shape", Ints{n, c, h, w}}},
+           {f32({n, k, oh, ow}), f32({k, c, r, r})},
+           op_flops,
+           Storage::Blocked});
+      add({"conv2d_bwd_weights_blocked",
+           "conv2d_bwd_weights",
+           s,
+           {{"stride", stride}, {"pad", padding}, {"kernel", Ints{r, r}}},
+           {f32({n, k, oh, ow}), f32({n, c, h, w})},
+           op_flops,
+           Storage::Blocked});
+    }
     add({"conv2d_fwd",
          "conv2d",
          s,
@@ -323,9 +350,9 @@ std::vector<Case> model_cases() {
   t.add({"exp_fwd", "exp", "N64_C784", {}, {f32({64, 784})}, nullptr});
   // ResNet-20 (examples/cifar_resnet), batch 128: the 3x3 stride-1 convolutions of its three
   // stages (16, 32 and 64 channels at 32x32, 16x16 and 8x8).
-  t.conv(128, 16, 32, 32, 16, 3, 1);
-  t.conv(128, 32, 16, 16, 32, 3, 1);
-  t.conv(128, 64, 8, 8, 64, 3, 1);
+  t.conv(128, 16, 32, 32, 16, 3, 1, true);
+  t.conv(128, 32, 16, 16, 32, 3, 1, true);
+  t.conv(128, 64, 8, 8, 64, 3, 1, true);
   return std::move(t.cases);
 }
 
@@ -472,8 +499,14 @@ void apply_storage(ir::Node& n, Storage storage) {
                  ? std::vector<ir::Value*>(n.outputs().begin(), n.outputs().end())
                  : std::vector<ir::Value*>(n.inputs().begin(), n.inputs().end());
   }
+  // A convolution's weights "w" and their gradient "dw" stay plain, as in training.
+  std::vector<const ir::Value*> weights;
+  for (std::size_t i = 0; i < n.inputs().size(); ++i)
+    if (n.def().input_names()[i] == "w") weights.push_back(n.input(static_cast<int>(i)));
+  for (std::size_t i = 0; i < n.outputs().size(); ++i)
+    if (n.def().output_names()[i] == "dw") weights.push_back(n.output(static_cast<int>(i)));
   for (ir::Value* v : values) {
-    if (v->shape().rank() != 4) continue;
+    if (v->shape().rank() != 4 || std::count(weights.begin(), weights.end(), v) > 0) continue;
     v->set_layout(layout);
     if (storage == Storage::Bf16 && v->dtype() == DType::F32) v->set_stored(DType::BF16);
   }
@@ -629,7 +662,7 @@ void register_op_benchmarks() {
       flavours.push_back({Backend::OneDnn, Variant::F32, "onednn_winograd", "winograd"});
     }
     // Products and convolutions (the cases with a FLOP count) in mixed precision too.
-    if (c.flops) {
+    if (c.flops && c.storage == Storage::Plain) {
       flavours.push_back({Backend::Native, Variant::Bf16, "native_bf16"});
       flavours.push_back({Backend::OneDnn, Variant::Bf16, "onednn_bf16"});
       if (c.op.starts_with("conv2d"))

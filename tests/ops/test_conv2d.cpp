@@ -8,6 +8,7 @@
 #include "minidl/core/rng.hpp"
 #include "minidl/core/threading.hpp"
 #include "minidl/ops/fusion.hpp"
+#include "minidl/ops/native/conv16.hpp"
 #include "minidl/ops/native/direct_conv.hpp"
 #include "minidl/ops/native/im2col.hpp"
 #include "minidl/ops/ops.hpp"
@@ -581,6 +582,143 @@ TEST(Conv2d, DirectMatchesIm2col) {
         ASSERT_NEAR(a.at(i), b.at(i), 1e-5 * (1.0 + scale)) << names[t] << " " << i;
       }
     }
+  }
+}
+
+namespace {
+
+// [N,16,H,W] between plain NCHW and the channels-innermost order (nChw16c = nhwc for 16).
+void to_channels_last(const Tensor& plain, const Tensor& t) {
+  const Shape& s = plain.shape();
+  const std::int64_t hw = s[2] * s[3];
+  for (std::int64_t n = 0; n < s[0]; ++n)
+    for (std::int64_t c = 0; c < s[1]; ++c)
+      for (std::int64_t p = 0; p < hw; ++p)
+        static_cast<float*>(t.raw())[(n * hw + p) * s[1] + c] =
+            plain.data<float>()[(n * s[1] + c) * hw + p];
+}
+Tensor from_channels_last(const Tensor& t) {
+  const Shape& s = t.shape();
+  const std::int64_t hw = s[2] * s[3];
+  Tensor plain = Tensor::empty(s);
+  for (std::int64_t n = 0; n < s[0]; ++n)
+    for (std::int64_t c = 0; c < s[1]; ++c)
+      for (std::int64_t p = 0; p < hw; ++p)
+        plain.data<float>()[(n * s[1] + c) * hw + p] =
+            static_cast<const float*>(t.raw())[(n * hw + p) * s[1] + c];
+  return plain;
+}
+
+struct Conv16Run {
+  std::vector<Tensor> out;  // y (bias, ReLU), dx, dw; plain
+  std::string kernels;
+};
+
+// The three convolution nodes of x [N,16,H,W] and dy on w [16,16,3,3] (stride 1, padding 1),
+// with x, dy, y and dx in `layout` ("" plain), on the preferred backend `backend`.
+Conv16Run run_conv16(const Tensor& x, const Tensor& dy, const Tensor& w, const Tensor& b,
+                     const std::string& layout, ir::Backend backend) {
+  ir::Graph g;
+  ir::Value* xv = ops::input(g, "x", x.shape());
+  ir::Value* dyv = ops::input(g, "dy", dy.shape());
+  ir::Value* wv = ops::input(g, "w", w.shape());
+  ir::Value* bv = ops::input(g, "b", b.shape());
+  ir::Value* y = ops::apply("conv2d", {xv, wv, bv}, conv_attrs({1, 1}, {1, 1}, "relu"));
+  ir::Value* dx =
+      ops::apply("conv2d_bwd_data", {dyv, wv},
+                 {{"stride", Ints{1, 1}}, {"pad", Ints{1, 1}}, {"in_shape", x.shape().dims()}});
+  ir::Value* dw = ops::apply("conv2d_bwd_weights", {dyv, xv},
+                             {{"stride", Ints{1, 1}}, {"pad", Ints{1, 1}}, {"kernel", Ints{3, 3}}});
+  for (ir::Value* v : {xv, dyv, y, dx}) v->set_layout(layout);
+  for (ir::Value* v : {y, dx, dw}) g.add_output(v);
+  runtime::Executable exe(g, {.backend = backend});
+  const bool blocked = !layout.empty();
+  for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"x", &x}, {"dy", &dy}}) {
+    if (blocked) {
+      to_channels_last(*t, exe.input(name));
+    } else {
+      std::memcpy(exe.input(name).raw(), t->raw(), t->nbytes());
+    }
+  }
+  std::memcpy(exe.input("w").raw(), w.raw(), w.nbytes());
+  std::memcpy(exe.input("b").raw(), b.raw(), b.nbytes());
+  exe.run();
+  Conv16Run r;
+  r.kernels = exe.kernel_table();
+  r.out.push_back(blocked ? from_channels_last(exe.value(y)) : exe.value(y).clone());
+  r.out.push_back(blocked ? from_channels_last(exe.value(dx)) : exe.value(dx).clone());
+  r.out.push_back(exe.value(dw).clone());
+  return r;
+}
+
+}  // namespace
+
+// The 16-channel kernels (native/conv16.hpp) on channels-innermost values against im2col and the
+// GEMM on plain ones: the forward with bias and ReLU, the data and the weight gradient, close
+// (their sums run in another order); a full block of 16 columns with a tail of 3, rows of one,
+// two and 16 columns, one row, 9 samples (two weight-gradient chunks). Each runs the same bits on
+// 1 and 2 threads. They decline other layouts and geometries, saying why.
+TEST(Conv2d, SixteenChannelKernelsMatchIm2col) {
+  const Shape shapes[] = {
+      {3, 16, 5, 19}, {2, 16, 1, 1}, {2, 16, 4, 16}, {9, 16, 7, 2}, {1, 16, 1, 5}};
+  {
+    native::ConvGeom probe;
+    probe.C = 16, probe.H = probe.W = probe.OH = probe.OW = 4;
+    probe.KH = probe.KW = 3, probe.PH = probe.PW = 1;
+    if (!native::conv16_supports(probe, 16)) GTEST_SKIP() << "no 16-channel kernel on this CPU";
+  }
+  const CounterRng rng(47);
+  for (const Shape& s : shapes) {
+    SCOPED_TRACE(fmt::format("x {}", s.str()));
+    Tensor x = Tensor::empty(s), dy = Tensor::empty(s), w = Tensor::empty({16, 16, 3, 3}),
+           b = Tensor::empty({16});
+    rng.fill_normal(x, 1, 0.0f, 1.0f);
+    rng.fill_normal(dy, 2, 0.0f, 1.0f);
+    rng.fill_normal(w, 3, 0.0f, 0.3f);
+    rng.fill_normal(b, 4, 0.0f, 0.3f);
+    const Conv16Run ref = run_conv16(x, dy, w, b, "", ir::Backend::Native);
+    EXPECT_THAT(ref.kernels, ::testing::Not(::testing::HasSubstr("native16")));
+    for (const std::string layout : {"nChw16c", "nhwc"}) {
+      SCOPED_TRACE(layout);
+      const int saved = max_threads();
+      std::vector<Conv16Run> runs;
+      for (const int threads : {1, 2}) {
+        set_num_threads(threads);
+        runs.push_back(run_conv16(x, dy, w, b, layout, ir::Backend::Native));
+      }
+      set_num_threads(saved);
+      const Conv16Run& got = runs[0];
+      for (const char* op : {"conv2d ", "conv2d_bwd_data ", "conv2d_bwd_weights "})
+        EXPECT_THAT(got.kernels, ::testing::ContainsRegex(fmt::format("{}.*native16", op)));
+      const char* names[] = {"y", "dx", "dw"};
+      for (std::size_t t = 0; t < got.out.size(); ++t) {
+        const Tensor& a = got.out[t];
+        const Tensor& e = ref.out[t];
+        ASSERT_EQ(a.shape(), e.shape()) << names[t];
+        ASSERT_EQ(0, std::memcmp(a.raw(), runs[1].out[t].raw(), a.nbytes()))
+            << names[t] << ": 1 and 2 threads differ";
+        double scale = 0.0;
+        for (std::int64_t i = 0; i < e.numel(); ++i)
+          scale = std::max(scale, std::fabs(e.at(i)) + 0.0);
+        for (std::int64_t i = 0; i < a.numel(); ++i)
+          ASSERT_NEAR(a.at(i), e.at(i), 1e-5 * (1.0 + scale)) << names[t] << " " << i;
+      }
+    }
+  }
+  // Refusals: a layout with 8 channels innermost, and a stride of 2.
+  for (const auto& [layout, stride, why] :
+       {std::tuple<const char*, std::int64_t, const char*>{
+            "nChw8c", 1, "with its 16 channels innermost (nChw16c or nhwc), not nChw8c"},
+        {"nChw16c", 2, "takes 3x3 convolutions of stride 1 and padding 1 between 16 channels"}}) {
+    ir::Graph g;
+    ir::Value* xv = ops::input(g, "x", Shape{2, 16, 8, 8});
+    ir::Value* wv = ops::input(g, "w", Shape{16, 16, 3, 3});
+    ir::Value* y = ops::apply("conv2d", {xv, wv}, conv_attrs({stride, stride}, {1, 1}));
+    xv->set_layout(layout);
+    y->set_layout(layout);
+    const ir::KernelChoice c = ir::choose_kernel(*y->producer(), ir::Backend::Native);
+    EXPECT_THAT(c.declined, ::testing::HasSubstr(why));
+    EXPECT_THAT(c.declined, ::testing::HasSubstr("native16 declined"));
   }
 }
 

@@ -12,13 +12,16 @@
 // buffer; with fewer samples than threads the GEMM and im2col are parallel instead. A layer with
 // few input channels (a first layer: C*KH*KW of 9 or 27 is a tiny inner dimension for a GEMM)
 // runs the forward and the weight gradient as direct convolutions instead, without a column
-// matrix (native/direct_conv.hpp), where the CPU has AVX-512.
+// matrix (native/direct_conv.hpp), where the CPU has AVX-512. 3x3 convolutions between 16
+// channels whose values lie channels-innermost run the 16-channel kernels (native/conv16.hpp),
+// preferred over oneDNN's.
 #include <algorithm>
 #include <exception>
 #include <memory>
 
 #include "minidl/core/threading.hpp"
 #include "minidl/ops/common.hpp"
+#include "minidl/ops/native/conv16.hpp"
 #include "minidl/ops/native/direct_conv.hpp"
 #include "minidl/ops/native/gemm.hpp"
 #include "minidl/ops/native/im2col.hpp"
@@ -347,6 +350,117 @@ ir::Kernel make_conv2d_bwd_weights(const ir::Node& node) {
   };
 }
 
+// ---- 16 channels, channels innermost ------------------------------------------------------------
+
+// 3x3 convolutions between 16 channels in the layout where a position's 16 channels lie side by
+// side (native/conv16.hpp). These kernels take no other layout: layout propagation gives the
+// values around such a convolution the blocked layout for oneDNN's kernels (the anchors, chosen
+// first while every value is plain), and then these, tried first (preferred), take the nodes. On
+// plain values, and with --backend native, the other kernels run.
+
+/// Why conv16 cannot take a node whose activations are `acts` and whose weights (or weight
+/// gradient) `w`, or "" when it can.
+std::string conv16_refusal(const ir::Node& n, const ConvGeom& g, int64_t filters,
+                           std::initializer_list<const ir::Value*> acts, const ir::Value* w) {
+  if (!native::conv16_supports(g, filters))
+    return "takes 3x3 convolutions of stride 1 and padding 1 between 16 channels, on a CPU with "
+           "AVX-512";
+  if (ir::node_precision(n) == ir::Precision::BF16) return "computes in f32 only";
+  for (const ir::Value* v : acts) {
+    const bool innermost =
+        v->layout() == "nhwc" || (!v->layout().empty() && ir::channel_block(v->layout()) == 16);
+    if (!innermost)
+      return fmt::format("takes {} only with its 16 channels innermost (nChw16c or nhwc), not {}",
+                         v->ref(), v->layout().empty() ? "plain" : v->layout());
+  }
+  if (!w->layout().empty()) return fmt::format("takes {} plain only", w->ref());
+  return "";
+}
+
+bool decline(const std::string& why, std::string* out) {
+  if (why.empty()) return true;
+  if (out != nullptr) *out = why;
+  return false;
+}
+
+ConvGeom conv16_geom(const ir::Node& n, const Shape& x) { return node_geom(x, 3, 3, n.attrs()); }
+
+bool conv16_fwd_supports(const ir::Node& n, std::string* why) {
+  const Shape& w = n.input(1)->shape();
+  if (w[2] != 3 || w[3] != 3) return decline("takes 3x3 windows only", why);
+  return decline(conv16_refusal(n, conv16_geom(n, n.input(0)->shape()), w[0],
+                                {n.input(0), n.output(0)}, n.input(1)),
+                 why);
+}
+
+bool conv16_bwd_data_supports(const ir::Node& n, std::string* why) {
+  const Shape& w = n.input(1)->shape();
+  if (w[2] != 3 || w[3] != 3) return decline("takes 3x3 windows only", why);
+  return decline(conv16_refusal(n, conv16_geom(n, n.output(0)->shape()), w[0],
+                                {n.input(0), n.output(0)}, n.input(1)),
+                 why);
+}
+
+bool conv16_bwd_weights_supports(const ir::Node& n, std::string* why) {
+  if (n.outputs().size() > 1) return decline("computes no bias gradient", why);
+  const ir::Ints& kernel = n.attrs().get<ir::Ints>("kernel");
+  if (kernel[0] != 3 || kernel[1] != 3) return decline("takes 3x3 windows only", why);
+  return decline(conv16_refusal(n, conv16_geom(n, n.input(1)->shape()), n.input(0)->shape()[1],
+                                {n.input(0), n.input(1)}, n.output(0)),
+                 why);
+}
+
+/// y = x (*) w (+ bias, ReLU), or dx = dy (*) w turned (`transposed`): the weights packed every
+/// step (SGD changes them), then the output rows of all samples spread over the threads.
+ir::Kernel make_conv16_rows(const ir::Node& node, bool transposed) {
+  const bool has_bias = !transposed && node.inputs().size() > 2;
+  const bool relu = !transposed && activation_of(node.attrs()) == Activation::Relu;
+  const Tensor packed = Tensor::empty(Shape{native::kConv16PackedSize});
+  return [packed, transposed, has_bias, relu](const ir::KernelArgs& k) {
+    const Shape& s = k.out[0].shape();
+    const int64_t h = s[2], w = s[3];
+    float* p = packed.data<float>();
+    native::conv16_pack(k.in[1].data<float>(), transposed, p);
+    const float* bias = has_bias ? k.in[2].data<float>() : nullptr;
+    const float* x = k.in[0].data<float>();
+    float* y = k.out[0].data<float>();
+    parallel_for(s[0] * h, w * native::kConv16PackedSize * 2, [&](int64_t r0, int64_t r1) {
+      native::conv16_rows(p, bias, relu, x, y, h, w, r0, r1);
+    });
+  };
+}
+
+ir::Kernel make_conv16_fwd(const ir::Node& node) { return make_conv16_rows(node, false); }
+ir::Kernel make_conv16_bwd_data(const ir::Node& node) { return make_conv16_rows(node, true); }
+
+/// dw: samples summed in a fixed number of contiguous chunks (8 samples each, at most 16
+/// chunks), each in sample order into its own accumulator, then the chunks in chunk order: the
+/// bits depend on the shapes only, not on the threads.
+ir::Kernel make_conv16_bwd_weights(const ir::Node& node) {
+  const int64_t n = node.input(1)->shape()[0];
+  const int64_t chunks = std::min<int64_t>(16, (n + 7) / 8);
+  const Tensor acc = Tensor::empty(Shape{chunks, native::kConv16PackedSize});
+  return [n, chunks, acc](const ir::KernelArgs& k) {
+    const Shape& s = k.in[1].shape();
+    const int64_t h = s[2], w = s[3], plane = h * w * native::kConv16Channels;
+    const float* dy = k.in[0].data<float>();
+    const float* x = k.in[1].data<float>();
+    float* a = acc.data<float>();
+    for_each_item(chunks, [&](int64_t ci, bool) {
+      float* part = a + ci * native::kConv16PackedSize;
+      std::fill_n(part, native::kConv16PackedSize, 0.0f);
+      for (int64_t i = n * ci / chunks; i < n * (ci + 1) / chunks; ++i)
+        native::conv16_bwd_weights_sample(dy + i * plane, x + i * plane, h, w, part);
+    });
+    for (int64_t ci = 1; ci < chunks; ++ci) {
+      const float* part = a + ci * native::kConv16PackedSize;
+#pragma omp simd
+      for (int64_t j = 0; j < native::kConv16PackedSize; ++j) a[j] += part[j];
+    }
+    native::conv16_unpack_weights(a, k.out[0].data<float>());
+  };
+}
+
 // ---- gradient -------------------------------------------------------------------------------
 
 // With bias and ReLU: dz = relu_bwd(dy, y), dbias = bias_add_bwd(dz), then the plain rule on dz.
@@ -390,6 +504,9 @@ MINIDL_OP(conv2d)
     .mixed_precision()
     .bf16_values()
 #endif
+    .kernel_factory(ir::Backend::Native, "native16", make_conv16_fwd, conv16_fwd_supports)
+    .layout_aware()
+    .preferred()
     .kernel_factory(ir::Backend::Native, "native", make_conv2d_fwd)
     .grad(grad);
 
@@ -408,6 +525,9 @@ MINIDL_OP(conv2d_bwd_data)
     .mixed_precision()
     .bf16_values()
 #endif
+    .kernel_factory(ir::Backend::Native, "native16", make_conv16_bwd_data, conv16_bwd_data_supports)
+    .layout_aware()
+    .preferred()
     .kernel(ir::Backend::Native, conv2d_bwd_data)
     .no_grad("backward-only op; second derivatives are not supported");
 
@@ -426,6 +546,10 @@ MINIDL_OP(conv2d_bwd_weights)
     .mixed_precision()
     .bf16_values()
 #endif
+    .kernel_factory(ir::Backend::Native, "native16", make_conv16_bwd_weights,
+                    conv16_bwd_weights_supports)
+    .layout_aware()
+    .preferred()
     .kernel_factory(ir::Backend::Native, "native", make_conv2d_bwd_weights)
     .no_grad("backward-only op; second derivatives are not supported");
 
