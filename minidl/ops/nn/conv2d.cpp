@@ -385,20 +385,22 @@ bool decline(const std::string& why, std::string* out) {
 
 ConvGeom conv16_geom(const ir::Node& n, const Shape& x) { return node_geom(x, 3, 3, n.attrs()); }
 
-bool conv16_fwd_supports(const ir::Node& n, std::string* why) {
+/// The forward and the data gradient: x and y, or dy and dx, around w [16,16,3,3]; `x_side` is
+/// the one shaped as the convolution's input (x, or dx).
+bool conv16_rows_supports(const ir::Node& n, const ir::Value* x_side, std::string* why) {
   const Shape& w = n.input(1)->shape();
   if (w[2] != 3 || w[3] != 3) return decline("takes 3x3 windows only", why);
-  return decline(conv16_refusal(n, conv16_geom(n, n.input(0)->shape()), w[0],
-                                {n.input(0), n.output(0)}, n.input(1)),
+  return decline(conv16_refusal(n, conv16_geom(n, x_side->shape()), w[0], {n.input(0), n.output(0)},
+                                n.input(1)),
                  why);
 }
 
+bool conv16_fwd_supports(const ir::Node& n, std::string* why) {
+  return conv16_rows_supports(n, n.input(0), why);
+}
+
 bool conv16_bwd_data_supports(const ir::Node& n, std::string* why) {
-  const Shape& w = n.input(1)->shape();
-  if (w[2] != 3 || w[3] != 3) return decline("takes 3x3 windows only", why);
-  return decline(conv16_refusal(n, conv16_geom(n, n.output(0)->shape()), w[0],
-                                {n.input(0), n.output(0)}, n.input(1)),
-                 why);
+  return conv16_rows_supports(n, n.output(0), why);
 }
 
 bool conv16_bwd_weights_supports(const ir::Node& n, std::string* why) {
@@ -433,9 +435,9 @@ ir::Kernel make_conv16_rows(const ir::Node& node, bool transposed) {
 ir::Kernel make_conv16_fwd(const ir::Node& node) { return make_conv16_rows(node, false); }
 ir::Kernel make_conv16_bwd_data(const ir::Node& node) { return make_conv16_rows(node, true); }
 
-/// dw: samples summed in a fixed number of contiguous chunks (8 samples each, at most 16
-/// chunks), each in sample order into its own accumulator, then the chunks in chunk order: the
-/// bits depend on the shapes only, not on the threads.
+/// dw: samples summed in ceil(N / 8) contiguous chunks (at most 16), each in sample order into
+/// its own accumulator, then the chunks in chunk order: the bits depend on the shapes only, not
+/// on the threads.
 ir::Kernel make_conv16_bwd_weights(const ir::Node& node) {
   const int64_t n = node.input(1)->shape()[0];
   const int64_t chunks = std::min<int64_t>(16, (n + 7) / 8);
