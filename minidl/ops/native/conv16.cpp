@@ -3,10 +3,9 @@
 #include <immintrin.h>
 
 #include <array>
-#include <atomic>
 #include <utility>
 
-#include "minidl/core/log.hpp"
+#include "minidl/ops/native/direct_conv.hpp"
 
 // Compiled for AVX-512 and chosen at run time (conv16_supports); the library is built for
 // baseline x86-64.
@@ -20,13 +19,6 @@ using std::int64_t;
 constexpr int kC = static_cast<int>(kConv16Channels);
 constexpr int kCols = 16;  // output columns a row block holds in registers
 constexpr int kGroup = 8;  // filters per weight-gradient pass
-
-std::atomic<bool> g_force_off{false};
-
-bool enabled() {
-  static const bool yes = env_switch("MINIDL_DIRECT_CONV") && __builtin_cpu_supports("avx512f");
-  return yes;
-}
 
 /// Output columns [w0, w0 + WB) of one output row: WB accumulators over the 16 filters. For each
 /// window row and input channel the window's three weight vectors stay in registers while the
@@ -100,46 +92,13 @@ MINIDL_TARGET_AVX512 inline void wgrad_position(__m512 (&acc)[3][kGroup], const 
   }
 }
 
-/// acc's order: [window row][filter group][window column][filter in group][channel].
-MINIDL_TARGET_AVX512 void bwd_weights_sample(const float* dy, const float* x, int64_t H, int64_t W,
-                                             float* acc) {
-  for (int64_t r = 0; r < 3; ++r) {
-    for (int64_t grp = 0; grp < kC / kGroup; ++grp) {
-      __m512 a[3][kGroup];
-      for (auto& col : a)
-        for (__m512& v : col) v = _mm512_setzero_ps();
-      for (int64_t h = 0; h < H; ++h) {
-        const int64_t ih = h + r - 1;
-        if (ih < 0 || ih >= H) continue;
-        const float* xr = x + ih * W * kC;
-        const float* dyr = dy + h * W * kC + grp * kGroup;
-        if (W == 1) {
-          wgrad_position<false, false>(a, xr, dyr, 0);
-          continue;
-        }
-        wgrad_position<false, true>(a, xr, dyr, 0);
-        for (int64_t w = 1; w + 1 < W; ++w) wgrad_position<true, true>(a, xr, dyr + w * kC, w);
-        wgrad_position<true, false>(a, xr, dyr + (W - 1) * kC, W - 1);
-      }
-      float* p = acc + (r * (kC / kGroup) + grp) * 3 * kGroup * kC;
-      for (int s = 0; s < 3; ++s)
-        for (int k = 0; k < kGroup; ++k) {
-          float* q = p + (s * kGroup + k) * kC;
-          _mm512_storeu_ps(q, _mm512_add_ps(_mm512_loadu_ps(q), a[s][k]));
-        }
-    }
-  }
-}
-
 }  // namespace
 
 bool conv16_supports(const ConvGeom& g, int64_t K) {
   return K == kConv16Channels && g.C == kConv16Channels && g.KH == 3 && g.KW == 3 && g.SH == 1 &&
          g.SW == 1 && g.PH == 1 && g.PW == 1 && g.OH == g.H && g.OW == g.W && g.H > 0 && g.W > 0 &&
-         enabled() && !g_force_off.load(std::memory_order_relaxed);
+         direct_kernels_enabled();
 }
-
-void conv16_force_off(bool off) { g_force_off.store(off); }
 
 void conv16_pack(const float* w, bool transposed, float* packed) {
   for (int o = 0; o < kC; ++o)
@@ -169,8 +128,35 @@ void conv16_rows(const float* packed, const float* bias, bool relu, const float*
   }
 }
 
-void conv16_bwd_weights_sample(const float* dy, const float* x, int64_t H, int64_t W, float* acc) {
-  bwd_weights_sample(dy, x, H, W, acc);
+/// acc's order: [window row][filter group][window column][filter in group][channel].
+MINIDL_TARGET_AVX512 void conv16_bwd_weights_sample(const float* dy, const float* x, int64_t H,
+                                                    int64_t W, float* acc) {
+  for (int64_t r = 0; r < 3; ++r) {
+    for (int64_t grp = 0; grp < kC / kGroup; ++grp) {
+      __m512 a[3][kGroup];
+      for (auto& col : a)
+        for (__m512& v : col) v = _mm512_setzero_ps();
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t ih = h + r - 1;
+        if (ih < 0 || ih >= H) continue;
+        const float* xr = x + ih * W * kC;
+        const float* dyr = dy + h * W * kC + grp * kGroup;
+        if (W == 1) {
+          wgrad_position<false, false>(a, xr, dyr, 0);
+          continue;
+        }
+        wgrad_position<false, true>(a, xr, dyr, 0);
+        for (int64_t w = 1; w + 1 < W; ++w) wgrad_position<true, true>(a, xr, dyr + w * kC, w);
+        wgrad_position<true, false>(a, xr, dyr + (W - 1) * kC, W - 1);
+      }
+      float* p = acc + (r * (kC / kGroup) + grp) * 3 * kGroup * kC;
+      for (int s = 0; s < 3; ++s)
+        for (int k = 0; k < kGroup; ++k) {
+          float* q = p + (s * kGroup + k) * kC;
+          _mm512_storeu_ps(q, _mm512_add_ps(_mm512_loadu_ps(q), a[s][k]));
+        }
+    }
+  }
 }
 
 void conv16_unpack_weights(const float* acc, float* dw) {

@@ -24,12 +24,9 @@ constexpr std::int64_t kConv16Channels = 16;
 constexpr std::int64_t kConv16PackedSize = kConv16Channels * kConv16Channels * 9;
 
 /// Whether the kernels take a convolution of `g` with K filters: C = K = 16, a 3x3 window,
-/// stride 1 and padding 1, on a CPU with AVX-512, unless MINIDL_DIRECT_CONV=off (as for the
-/// few-channel direct kernels, native/direct_conv.hpp) or conv16_force_off. Values must lie in
-/// the channels-innermost layout; the kernels' users check that.
+/// stride 1 and padding 1, where direct_kernels_enabled() (native/direct_conv.hpp). Values must
+/// lie in the channels-innermost layout; the kernels' users check that.
 bool conv16_supports(const ConvGeom& g, std::int64_t K);
-/// Switches the kernels off (true) or back on (false), for tests comparing them with others.
-void conv16_force_off(bool off);
 
 /// Packs w [16,16,3,3] as the row kernel reads it, [3][16][3][16] (window row, input channel,
 /// window column, output channel); for the data gradient (`transposed`) the filters and channels

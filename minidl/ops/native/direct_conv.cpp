@@ -22,14 +22,6 @@ constexpr int kBlock = 8;  // filters per block: 8 x (1 or 2) or 8 x 3 accumulat
 
 std::atomic<bool> g_force_off{false};
 
-/// Whether the CPU runs the kernels and MINIDL_DIRECT_CONV (read once) does not switch them off:
-/// "off" (or "0") leaves every convolution to im2col and the GEMM, "on" (or "1", or unset) lets
-/// the shapes decide. For comparing the two paths on whole models.
-bool enabled() {
-  static const bool yes = env_switch("MINIDL_DIRECT_CONV") && __builtin_cpu_supports("avx512f");
-  return yes;
-}
-
 /// Lanes j of [0, 16) with lo <= base + j < hi.
 std::uint16_t range_mask(int64_t base, int64_t lo, int64_t hi) {
   std::uint32_t m = 0;
@@ -204,9 +196,14 @@ MINIDL_TARGET_AVX512 void bwd_bias_item(const DirectConv& d, const float* dy, in
 
 }  // namespace
 
+bool direct_kernels_enabled() {
+  static const bool yes = env_switch("MINIDL_DIRECT_CONV") && __builtin_cpu_supports("avx512f");
+  return yes;
+}
+
 bool direct_conv_supports(const ConvGeom& g, int64_t K) {
   return K > 0 && g.C >= 1 && g.C <= kDirectConvMaxChannels && g.SW == 1 &&
-         g.KW <= kDirectConvMaxWindow && g.OH > 0 && g.OW > 0 && enabled() &&
+         g.KW <= kDirectConvMaxWindow && g.OH > 0 && g.OW > 0 && direct_kernels_enabled() &&
          !g_force_off.load(std::memory_order_relaxed);
 }
 

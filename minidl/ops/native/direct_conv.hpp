@@ -21,6 +21,12 @@ namespace minidl::native {
 /// switches them off. The choice depends on the shapes, the CPU and that setting only.
 bool direct_conv_supports(const ConvGeom& g, std::int64_t K);
 
+/// Whether the CPU runs minidl's own AVX-512 convolution kernels (these, and the 16-channel ones
+/// of native/conv16.hpp) and MINIDL_DIRECT_CONV (read once) does not switch them off: "off" (or
+/// "0") leaves every convolution to the other kernels, "on" (or "1", or unset) lets the shapes
+/// decide. For comparing the paths on whole models.
+bool direct_kernels_enabled();
+
 constexpr std::int64_t kDirectConvMaxChannels = 4;
 constexpr std::int64_t kDirectConvMaxWindow = 16;
 
