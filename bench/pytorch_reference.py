@@ -18,7 +18,8 @@ usage: pytorch_reference.py MODEL --data DIR [--epochs N] [--threads T] [--seed 
                             [--lr-schedule constant|step|cosine] [--lr-step-epochs N]
                             [--lr-gamma X] [--warmup-steps W] [--clip-grad-norm X]
                             [--augment crop,flip|none] [--float64]
-MODEL: mnist_mlp, mnist_cnn, cifar_cnn, cifar_resnet (softmax cross-entropy) or mnist_autoencoder
+MODEL: mnist_mlp, mnist_cnn, cifar_cnn, cifar_resnet, cifar_bn_cnn (softmax cross-entropy) or
+mnist_autoencoder
 (784-128-32-128-784 with a sigmoid output; mean squared error against the input pixels in
 [0, 1]).
 
@@ -29,6 +30,10 @@ plus the shortcut, -> ReLU; the shortcut is the identity, or where the shape cha
 convolution with stride 2 and BN (option B); global average pooling, linear 64 -> 10.
 Convolutions have no bias. Its state_dict names (conv1, bn1, layer1.0.conv1, layer2.0.shortcut.0,
 ..., fc) are minidl's.
+
+cifar_bn_cnn is examples/cifar_bn_cnn.cpp's small BatchNorm CNN: conv 3x3 32 -> BN -> ReLU ->
+max-pool 2, conv 3x3 64 -> BN -> ReLU -> max-pool 2, global average pooling, linear 64 -> 10;
+its state_dict names (conv1, bn1, conv2, bn2, fc) are minidl's too.
 
 Training (the flags of minidl's examples, with their semantics and defaults; a flag left out
 takes the model's default from SETTINGS, else the one below):
@@ -89,10 +94,13 @@ SETTINGS = {
     "cifar_resnet": {"batch": 128, "lr": 0.1, "momentum": 0.9, "epochs": 15, "nesterov": True,
                      "weight_decay": 5e-4, "lr_schedule": "cosine", "warmup_steps": 391,
                      "augment": "crop,flip"},
+    "cifar_bn_cnn": {"batch": 32, "lr": 0.01, "momentum": 0.9, "epochs": 10},
 }
 TRAINING_DEFAULTS = {"optimizer": "sgd", "nesterov": False, "weight_decay": 0.0,
                      "lr_schedule": "constant", "warmup_steps": 0, "augment": "none"}
-CIFAR_MODELS = ("cifar_cnn", "cifar_resnet")
+CIFAR_MODELS = ("cifar_cnn", "cifar_resnet", "cifar_bn_cnn")
+# The models whose state_dict has minidl's names (BatchNorm's buffers included).
+STATE_DICT_MODELS = ("cifar_resnet", "cifar_bn_cnn")
 
 
 def read_maybe_gzip(path):
@@ -144,10 +152,10 @@ PARAMETER_NAMES = {
 
 
 def named_parameters(net, name):
-    """The model's state under minidl's names: for cifar_resnet its state_dict, whose names are
-    minidl's already (BatchNorm's buffers included); for the others the parameters, in minidl's
-    order."""
-    if name == "cifar_resnet":
+    """The model's state under minidl's names: for cifar_resnet and cifar_bn_cnn its state_dict,
+    whose names are minidl's already (BatchNorm's buffers included); for the others the
+    parameters, in minidl's order."""
+    if name in STATE_DICT_MODELS:
         return net.state_dict()
     weighted = [m for m in net if isinstance(m, (nn.Linear, nn.Conv2d))]
     return {f"{n}.{p}": getattr(m, p) for n, m in zip(PARAMETER_NAMES[name], weighted)
@@ -257,9 +265,33 @@ class ResNet20(nn.Module):
         return self.fc(torch.flatten(self.pool(x), 1))
 
 
+class BatchNormCNN(nn.Module):
+    """examples/cifar_bn_cnn.cpp's model: conv 3x3 32 -> BN -> ReLU -> max-pool 2, conv 3x3 64 ->
+    BN -> ReLU -> max-pool 2, global average pooling, linear 64 -> 10."""
+
+    def __init__(self, classes=10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 32, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(32)
+        self.conv2 = nn.Conv2d(32, 64, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(64)
+        self.fc = nn.Linear(64, classes)
+        for conv in (self.conv1, self.conv2):
+            nn.init.kaiming_normal_(conv.weight, mode="fan_in", nonlinearity="relu")
+        nn.init.xavier_uniform_(self.fc.weight)
+        nn.init.zeros_(self.fc.bias)
+
+    def forward(self, x):
+        x = nn.functional.max_pool2d(torch.relu(self.bn1(self.conv1(x))), 2)
+        x = nn.functional.max_pool2d(torch.relu(self.bn2(self.conv2(x))), 2)
+        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
 def model(name):
     if name == "cifar_resnet":
         return ResNet20()
+    if name == "cifar_bn_cnn":
+        return BatchNormCNN()
     if name == "mnist_mlp":
         layers = [nn.Flatten(), nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(),
                   nn.Linear(128, 10)]

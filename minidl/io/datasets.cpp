@@ -534,12 +534,18 @@ void normalize_channels(Dataset& d, const ChannelStats& stats) {
   float* x = d.images.data<float>();
   parallel_for(s[0] * channels, plane, [&](std::int64_t p0, std::int64_t p1) {
     for (std::int64_t p = p0; p < p1; ++p) {
-      const auto mean = static_cast<float>(stats.mean[p % channels]);
+      // In double, rounded once: the standardised pixel is the float nearest (x - mean) / sd.
+      // In float, the subtraction and the product would each round, the same way for every
+      // pixel of the same value (a picture has 256 levels), so their error would not average
+      // out: it moved the first BatchNorm's batch means by 1e-5 of their size against PyTorch.
+      const double mean = stats.mean[p % channels];
       const double sd = stats.stddev[p % channels];
-      const auto inv = static_cast<float>(sd > 0.0 ? 1.0 / sd : 1.0);
+      const double inv = sd > 0.0 ? 1.0 / sd : 1.0;
       float* xp = x + p * plane;
 #pragma omp simd
-      for (std::int64_t i = 0; i < plane; ++i) xp[i] = (xp[i] - mean) * inv;
+      for (std::int64_t i = 0; i < plane; ++i) {
+        xp[i] = static_cast<float>((static_cast<double>(xp[i]) - mean) * inv);
+      }
     }
   });
 }
