@@ -537,7 +537,8 @@ void normalize_channels(Dataset& d, const ChannelStats& stats) {
       // In double, rounded once: the standardised pixel is the float nearest (x - mean) / sd.
       // In float, the subtraction and the product would each round, the same way for every
       // pixel of the same value (a picture has 256 levels), so their error would not average
-      // out: it moved the first BatchNorm's batch means by 1e-5 of their size against PyTorch.
+      // out: it moved a BatchNorm's running means 8.8e-6 of their size from PyTorch's in ten
+      // steps (docs/results.md, cifar_bn_cnn).
       const double mean = stats.mean[p % channels];
       const double sd = stats.stddev[p % channels];
       const double inv = sd > 0.0 ? 1.0 / sd : 1.0;

@@ -8,51 +8,25 @@
 # ($MINIDL_DATA_DIR).
 # Usage: cifar_resnet.sh path/to/cifar_resnet
 set -u
-bin=$1
 # shellcheck source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
-data=${MINIDL_DATA_DIR:-}
-if [ -z "$data" ] || ! ls "$data"/data_batch_1.bin* >/dev/null 2>&1; then
-  echo "skipped: no CIFAR-10 files in MINIDL_DATA_DIR='$data' (scripts/fetch-data cifar10)"
-  exit 77
-fi
-
-if ! "$bin" --data "$data" --epochs 1 --train-limit 320 --test-limit 200 --threads 1 \
-  --metrics "$tmp/metrics.jsonl" --save "$tmp/resnet.safetensors" >"$tmp/out" 2>&1; then
-  cat "$tmp/out"
-  echo "FAIL: the run failed"
-  exit 1
-fi
-cat "$tmp/out"
+cifar_one_epoch "$1"
 root=$(cd "$here/../.." && pwd)
-/usr/bin/python3 - "$tmp/metrics.jsonl" "$tmp/resnet.safetensors" "$root" <<'PY' || fail "the run's metrics or saved state"
-import json, math, struct, subprocess, sys
-metrics, saved, root = sys.argv[1:]
-records = [json.loads(line) for line in open(metrics)]
-config = records[0]["config"]
-for key, want in (("batch_size", 128), ("nesterov", True), ("weight_decay", 5e-4),
-                  ("momentum", 0.9), ("lr", 0.1), ("parameters", 272474)):
-    if config.get(key) != want:
-        sys.exit(f"config {key} is {config.get(key)!r}, expected {want!r}")
-epochs = [r for r in records if "epoch" in r]
-if len(epochs) != 1:
-    sys.exit(f"{len(epochs)} epoch records, expected 1")
-for key in ("train_loss", "test_loss"):
-    if not math.isfinite(epochs[0][key]):
-        sys.exit(f"{key} is {epochs[0][key]}")
-
-with open(saved, "rb") as f:
-    blob = f.read()
-n = struct.unpack("<Q", blob[:8])[0]
-header = {k: v for k, v in json.loads(blob[8:8 + n]).items() if k != "__metadata__"}
-ours = {k: (v["dtype"], v["shape"]) for k, v in header.items()}
-want = {"conv1.weight": ("F32", [16, 3, 3, 3]), "bn1.running_var": ("F32", [16]),
-        "layer1.0.conv1.weight": ("F32", [16, 16, 3, 3]),
-        "layer2.0.conv1.weight": ("F32", [32, 16, 3, 3]),
-        "layer2.0.shortcut.0.weight": ("F32", [32, 16, 1, 1]),
-        "layer2.0.shortcut.1.running_mean": ("F32", [32]),
-        "layer3.2.bn2.bias": ("F32", [64]), "fc.weight": ("F32", [10, 64]),
-        "fc.bias": ("F32", [10])}
+/usr/bin/python3 - "$tmp/metrics.jsonl" "$tmp/model.safetensors" "$root" "$here" <<'PY' || fail "the run's metrics or saved state"
+import sys
+metrics, saved, root, here = sys.argv[1:]
+sys.path.insert(0, here)
+import model_checks as mc
+mc.check_one_epoch(metrics, (("batch_size", 128), ("nesterov", True), ("weight_decay", 5e-4),
+                             ("momentum", 0.9), ("lr", 0.1), ("parameters", 272474)))
+ours = mc.saved_tensors(saved)
+want = {"conv1.weight": ("F32", (16, 3, 3, 3)), "bn1.running_var": ("F32", (16,)),
+        "layer1.0.conv1.weight": ("F32", (16, 16, 3, 3)),
+        "layer2.0.conv1.weight": ("F32", (32, 16, 3, 3)),
+        "layer2.0.shortcut.0.weight": ("F32", (32, 16, 1, 1)),
+        "layer2.0.shortcut.1.running_mean": ("F32", (32,)),
+        "layer3.2.bn2.bias": ("F32", (64,)), "fc.weight": ("F32", (10, 64)),
+        "fc.bias": ("F32", (10,))}
 for name, spec in want.items():
     if ours.get(name) != spec:
         sys.exit(f"'{name}' is {ours.get(name)}, expected {spec}")
@@ -61,26 +35,7 @@ for name in ours:
         sys.exit(f"'{name}': only the first block of stages 2 and 3 has a shortcut of its own")
 if any(".bias" in k and "conv" in k for k in ours):
     sys.exit("a convolution has a bias")
-
-# The PyTorch twin's state_dict: the same names, shapes and dtypes.
-code = f"""
-import json, sys
-sys.path.insert(0, {root + '/bench'!r})
-import pytorch_reference as r
-dtypes = {{'torch.float32': 'F32', 'torch.int64': 'I64'}}
-print(json.dumps({{k: (dtypes[str(t.dtype)], list(t.shape))
-                  for k, t in r.ResNet20().state_dict().items()}}))
-"""
-if subprocess.run(["/usr/bin/python3", "-c", "import torch"], capture_output=True).returncode:
-    print("note: no PyTorch, the twin's names are not compared")
-else:
-    out = subprocess.run(["/usr/bin/python3", "-c", code], capture_output=True, text=True,
-                         check=True).stdout
-    theirs = {k: tuple(v) for k, v in json.loads(out).items()}
-    if theirs != ours:
-        diff = sorted(set(theirs.items()) ^ set(ours.items()))
-        sys.exit(f"the PyTorch twin's state_dict differs: {diff[:6]}")
-    print(f"the PyTorch twin has the same {len(ours)} tensors")
+mc.check_twin(root, "cifar_resnet", ours)
 PY
 
 [ "$fails" -eq 0 ] && echo "cifar_resnet ok"
