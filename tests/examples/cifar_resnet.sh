@@ -11,10 +11,9 @@ set -u
 # shellcheck source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 cifar_one_epoch "$1"
-root=$(cd "$here/../.." && pwd)
-/usr/bin/python3 - "$tmp/metrics.jsonl" "$tmp/model.safetensors" "$root" "$here" <<'PY' || fail "the run's metrics or saved state"
+/usr/bin/python3 - "$tmp/metrics.jsonl" "$tmp/model.safetensors" "$here" <<'PY' || fail "the run's metrics or saved state"
 import sys
-metrics, saved, root, here = sys.argv[1:]
+metrics, saved, here = sys.argv[1:]
 sys.path.insert(0, here)
 import model_checks as mc
 mc.check_one_epoch(metrics, (("batch_size", 128), ("nesterov", True), ("weight_decay", 5e-4),
@@ -35,7 +34,7 @@ for name in ours:
         sys.exit(f"'{name}': only the first block of stages 2 and 3 has a shortcut of its own")
 if any(".bias" in k and "conv" in k for k in ours):
     sys.exit("a convolution has a bias")
-mc.check_twin(root, "cifar_resnet", ours)
+mc.check_twin("cifar_resnet", ours)
 PY
 
 [ "$fails" -eq 0 ] && echo "cifar_resnet ok"
