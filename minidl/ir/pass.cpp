@@ -5,6 +5,7 @@
 #include <unordered_set>
 
 #include "minidl/core/log.hpp"
+#include "minidl/ir/order.hpp"
 #include "minidl/ir/printer.hpp"
 #include "minidl/ir/verifier.hpp"
 
@@ -74,6 +75,33 @@ bool DeadCodeElimination::run(Graph& g) {
     if (!live.count(n) && !n->def().is_source()) dead.push_back(n);
   if (dead.empty()) return false;
   g.remove(dead);
+  return true;
+}
+
+bool UpdatesWhenReady::run(Graph& g) {
+  // An update: a node of the update phase that writes a value in place (an optimizer op, or a
+  // product fused with one) and moves no data between ranks.
+  auto update = [](const Node* n) {
+    if (n->phase() != Phase::Update || n->def().comm_role() != CommRole::None) return false;
+    for (std::size_t o = 0; o < n->outputs().size(); ++o)
+      if (n->def().shares_input(static_cast<int>(o)) >= 0 && !n->def().is_alias()) return true;
+    return false;
+  };
+  bool any = false;
+  for (const Node* n : g.nodes()) {
+    if (n->replica() >= 0) return false;
+    any = any || update(n);
+  }
+  if (!any) return false;
+  // Sources first (an update's state is one), then each update as soon as it may run.
+  std::vector<Node*> order = ordered_by(
+      g,
+      [&](const Node* n) -> std::int64_t {
+        return n->def().is_source() ? -1 : update(n) ? 0 : 1;
+      },
+      {}, "updates-when-ready");
+  if (order == g.nodes()) return false;
+  g.reorder(std::move(order));
   return true;
 }
 

@@ -55,4 +55,18 @@ class DeadCodeElimination final : public Pass {
   bool run(Graph& g) override;
 };
 
+/// Runs each optimizer update as soon as its inputs allow: right after its gradient is made and
+/// the last reader of the parameter's old value ran, instead of after the whole backward. The
+/// update then reads a gradient still in the caches, and the gradient's buffer is free for the
+/// rest of the backward. No value changes: an update reads only its parameter, gradient, state
+/// and the step's scalars, and every other node keeps its order (collectives included). Graphs
+/// of thread replicas keep their updates last (their parallel sections would split around
+/// them).
+class UpdatesWhenReady final : public Pass {
+ public:
+  std::string_view name() const override { return "updates-when-ready"; }
+  std::vector<std::string> needs() const override { return {"updates-fused"}; }
+  bool run(Graph& g) override;
+};
+
 }  // namespace minidl::ir

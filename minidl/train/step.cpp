@@ -89,6 +89,7 @@ ir::PassManager pipeline(Job job, const StepOptions& o, parallel::Communicator& 
     pm.add(std::move(c));
     // Deterministic mode keeps its updates elementwise, whatever the number of micro-shards.
     pm.add(std::make_unique<ops::FuseUpdateIntoProduct>(o.fuse && !layout.deterministic()));
+    pm.add(std::make_unique<ir::UpdatesWhenReady>());
   }
   // It reads the kernels the runtime will pick, which the passes above may change.
   pm.add(std::make_unique<ops::PropagateLayouts>(o.compile.backend));
