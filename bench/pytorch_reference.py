@@ -68,6 +68,10 @@ train on the same batches, so their losses and accuracies differ only by fp32 ro
 (bench/compare-pytorch runs them so, and compares ten steps' parameters through --save).
 --float64 trains in double precision from the same float32 initial weights (saved as float32):
 the nearly rounding-free run that float32 runs of both frameworks are measured against.
+--autocast-bf16 runs the forward (training and evaluation) under PyTorch's CPU autocast to
+bfloat16 (its convolutions and linear layers on bf16 factors through oneDNN, the parameters,
+their gradients and the optimizer in float32) and the loss in float32 on the output: the
+reference for minidl's --precision bf16.
 """
 import argparse
 import gzip
@@ -395,6 +399,8 @@ def main():
     ap.add_argument("--warmup-steps", type=int)
     ap.add_argument("--clip-grad-norm", type=float, default=0.0)
     ap.add_argument("--augment", help="crop,flip, a part of it, or none")
+    ap.add_argument("--autocast-bf16", action="store_true",
+                    help="forward under CPU autocast to bfloat16, the loss in float32")
     ap.add_argument("--float64", action="store_true",
                     help="train in double precision (from the same float32 initial weights): "
                          "the rounding-free reference the float32 runs are measured against")
@@ -426,8 +432,17 @@ def main():
         ap.error(str(e))
     if transforms and a.model not in CIFAR_MODELS:
         ap.error(f"--augment is for the CIFAR-10 models, not {a.model}")
+    if a.autocast_bf16 and a.float64:
+        ap.error("--autocast-bf16 and --float64 exclude each other")
     autoencoder = a.model == "mnist_autoencoder"
     torch.set_num_threads(a.threads)
+
+    def forward(x):
+        """The model's output in the run's precision: float32 (float64) unless autocast."""
+        if not a.autocast_bf16:
+            return net(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return net(x).float()
     torch.manual_seed(a.seed)
     xtr, ytr, xte, yte = (load_cifar if a.model in CIFAR_MODELS else load_mnist)(a.data)
     if a.train_limit:
@@ -481,7 +496,7 @@ def main():
             if transforms:
                 x = augment(x, transforms, draws)
             opt.zero_grad(set_to_none=True)
-            loss = loss_fn(net(x), y)
+            loss = loss_fn(forward(x), y)
             loss.backward()
             if a.clip_grad_norm:
                 grad_norm = float(clip_grad_norm(net.parameters(), a.clip_grad_norm))
@@ -496,7 +511,7 @@ def main():
         test_loss, correct = 0.0, 0
         with torch.no_grad():
             for i in range(0, len(xte), 1000):
-                out = net(xte[i:i + 1000])
+                out = forward(xte[i:i + 1000])
                 test_loss += test_loss_fn(out, yte[i:i + 1000]).item()
                 if not autoencoder:
                     correct += int((out.argmax(1) == yte[i:i + 1000]).sum())
