@@ -436,13 +436,6 @@ def main():
         ap.error("--autocast-bf16 and --float64 exclude each other")
     autoencoder = a.model == "mnist_autoencoder"
     torch.set_num_threads(a.threads)
-
-    def forward(x):
-        """The model's output in the run's precision: float32 (float64) unless autocast."""
-        if not a.autocast_bf16:
-            return net(x)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            return net(x).float()
     torch.manual_seed(a.seed)
     xtr, ytr, xte, yte = (load_cifar if a.model in CIFAR_MODELS else load_mnist)(a.data)
     if a.train_limit:
@@ -456,6 +449,14 @@ def main():
     if autoencoder:  # the target is the input image, flattened
         ytr, yte = xtr.reshape(len(xtr), -1), xte.reshape(len(xte), -1)
     net = model(a.model)
+
+    def forward(x):
+        """The model's output: under autocast to bfloat16 with --autocast-bf16 (returned as
+        float32, for a float32 loss), else in the parameters' type."""
+        if not a.autocast_bf16:
+            return net(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return net(x).float()
     if a.save_init:
         save_safetensors(a.save_init, named_parameters(net, a.model))
     if a.float64:

@@ -57,11 +57,11 @@ class DeadCodeElimination final : public Pass {
 
 /// Runs each optimizer update as soon as its inputs allow: right after its gradient is made and
 /// the last reader of the parameter's old value ran, instead of after the whole backward. The
-/// update then reads a gradient still in the caches, and the gradient's buffer is free for the
-/// rest of the backward. No value changes: an update reads only its parameter, gradient, state
-/// and the step's scalars, and every other node keeps its order (collectives included). Graphs
-/// of thread replicas keep their updates last (their parallel sections would split around
-/// them).
+/// gradient's buffer (and a fused update's factors) is then free for the rest of the backward.
+/// No value changes: an update reads only its parameter, gradient, state and the step's
+/// scalars. The sources move to the front; every other node keeps its order (collectives
+/// included). Graphs of thread replicas keep their updates last (their parallel sections would
+/// split around them).
 class UpdatesWhenReady final : public Pass {
  public:
   std::string_view name() const override { return "updates-when-ready"; }
