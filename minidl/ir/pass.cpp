@@ -94,12 +94,11 @@ bool UpdatesWhenReady::run(Graph& g) {
   }
   if (!any) return false;
   // Sources first (an update's state is one), then each update as soon as it may run.
-  std::vector<Node*> order = ordered_by(
-      g,
-      [&](const Node* n) -> std::int64_t {
-        return n->def().is_source() ? -1 : update(n) ? 0 : 1;
-      },
-      {}, "updates-when-ready");
+  auto key = [&](const Node* n) -> std::int64_t {
+    if (n->def().is_source()) return -1;
+    return update(n) ? 0 : 1;
+  };
+  std::vector<Node*> order = ordered_by(g, key, {}, "updates-when-ready");
   if (order == g.nodes()) return false;
   g.reorder(std::move(order));
   return true;

@@ -2,39 +2,19 @@
 // that training is unchanged to the bit.
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <unordered_map>
 
 #include "../support/modules.hpp"
+#include "../support/same_bits.hpp"
 #include "../support/synthetic.hpp"
-#include "minidl/autograd/autograd.hpp"
+#include "../support/training_graph.hpp"
 #include "minidl/ir/pass.hpp"
 #include "minidl/ir/printer.hpp"
-#include "minidl/ops/ops.hpp"
-#include "minidl/runtime/executable.hpp"
-#include "minidl/train/optimizer.hpp"
 
 using namespace minidl;
+using minidl::testing::SgdStep;
 
 namespace {
-
-// A model's training step with SGD and momentum (the updates last, as the optimizer appends them).
-struct MomentumStep {
-  ir::Graph g;
-  Tensor lr = Tensor::full({}, 0.05f);
-  MomentumStep(nn::Module& model, const Dataset& batch) {
-    ir::Value* x = ops::parameter(g, "x", batch.images);
-    ir::Value* labels = ops::parameter(g, "labels", batch.labels);
-    ir::Value* loss = ops::softmax_cross_entropy(model.forward(x), labels).first;
-    std::vector<ir::Value*> params;
-    for (ir::Node* n : g.nodes())
-      if (n->op() == "parameter" && n->name() != "x" && n->name() != "labels")
-        params.push_back(n->output());
-    optim::Sgd sgd({.lr = 0.05, .momentum = 0.9});
-    sgd.apply(g, params, autograd::differentiate(g, loss, params), {.lr = ops::state(g, "lr", lr)});
-    g.add_output(loss);
-  }
-};
 
 bool is_update(const ir::Node* n) { return n->op() == "sgd_momentum"; }
 
@@ -43,7 +23,7 @@ bool is_update(const ir::Node* n) { return n->op() == "sgd_momentum"; }
 TEST(UpdatesWhenReady, RunsEachUpdateOnceItsGradientAndTheParameterReadersAreDone) {
   auto model = minidl::testing::small_mlp();
   model->reset(3);
-  MomentumStep step(*model, minidl::testing::blobs(16, 3));
+  SgdStep step(*model, minidl::testing::blobs(16, 3), 0.0, 0.9);
   const std::size_t nodes = step.g.nodes().size();
   ASSERT_TRUE(ir::UpdatesWhenReady().run(step.g));
   ASSERT_EQ(step.g.nodes().size(), nodes);
@@ -87,16 +67,12 @@ TEST(UpdatesWhenReady, TrainsToTheSameBits) {
   auto early_model = minidl::testing::small_mlp();
   plain_model->reset(5);
   early_model->reset(5);
-  MomentumStep plain(*plain_model, batch), early(*early_model, batch);
+  SgdStep plain(*plain_model, batch, 0.0, 0.9), early(*early_model, batch, 0.0, 0.9);
   ASSERT_TRUE(ir::UpdatesWhenReady().run(early.g));
   runtime::Executable plain_exe(plain.g), early_exe(early.g);
   for (int s = 0; s < 5; ++s) {
     plain_exe.run();
     early_exe.run();
   }
-  const NamedTensors want = plain_model->parameters(), got = early_model->parameters();
-  ASSERT_EQ(want.size(), got.size());
-  for (std::size_t p = 0; p < want.size(); ++p)
-    EXPECT_EQ(std::memcmp(want[p].second.raw(), got[p].second.raw(), want[p].second.nbytes()), 0)
-        << want[p].first;
+  EXPECT_TRUE(minidl::testing::same_bits(plain_model->parameters(), early_model->parameters()));
 }

@@ -19,6 +19,7 @@
 #include "minidl/train/optimizer.hpp"
 
 using namespace minidl;
+using minidl::testing::SgdStep;
 using minidl::testing::TrainingGraph;
 
 namespace {
@@ -92,29 +93,6 @@ TEST(Fusion, LeavesSharedIntermediatesAlone) {
 }
 
 namespace {
-
-// A model's training step with plain SGD updates: the loss is the output, the updates write
-// the model's parameters in place.
-struct SgdStep {
-  ir::Graph g;
-  Tensor lr = Tensor::full({}, 0.1f);
-  SgdStep(nn::Module& model, const Dataset& batch, double weight_decay = 0.0,
-          double momentum = 0.0) {
-    ir::Value* x = ops::parameter(g, "x", batch.images);
-    ir::Value* labels = ops::parameter(g, "labels", batch.labels);
-    ir::Value* loss = ops::softmax_cross_entropy(model.forward(x), labels).first;
-    std::vector<ir::Value*> params;
-    for (ir::Node* n : g.nodes())
-      if (n->op() == "parameter" && n->name() != "x" && n->name() != "labels")
-        params.push_back(n->output());
-    optim::Sgd sgd({.lr = 0.1,
-                    .momentum = momentum,
-                    .nesterov = momentum > 0.0,
-                    .weight_decay = weight_decay});
-    sgd.apply(g, params, autograd::differentiate(g, loss, params), {.lr = ops::state(g, "lr", lr)});
-    g.add_output(loss);
-  }
-};
 
 /// Five steps of each graph leave the two models' parameters equal up to rounding.
 void expect_same_training(SgdStep& plain, nn::Module& plain_model, SgdStep& fused,
