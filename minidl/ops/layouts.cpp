@@ -272,14 +272,16 @@ bool PropagateLayouts::run(ir::Graph& g) {
 
   // Match: what each node's kernel takes, and the values that could be blocked at all: f32
   // activations and i32 indices (max pooling's argmax).
-  // A kernel with a bf16 value runs in the bf16 layout: its f32 values gain nothing from the
-  // blocked one, and max pooling's argmax must then stay plain (the pooling converts its
-  // workspace to a plain argmax, or to one in the primitive's own layout).
+  // A kernel with a bf16 activation runs in the bf16 layout: its f32 values gain nothing from
+  // the blocked one, and max pooling's argmax must then stay plain (the pooling converts its
+  // workspace to a plain argmax, or to one in the primitive's own layout). A plain bf16 value is
+  // a factor's shared copy (ops::share_bf16_factors), which leaves the layouts alone.
   Choices choices;
   for (const ir::Node* n : g.nodes()) {
     const std::vector<ir::Value*> vals = values_of(*n);
-    const bool bf16 = std::any_of(vals.begin(), vals.end(),
-                                  [](const ir::Value* v) { return v->stored() == DType::BF16; });
+    const bool bf16 = std::any_of(vals.begin(), vals.end(), [](const ir::Value* v) {
+      return v->stored() == DType::BF16 && !v->layout().empty();
+    });
     choices[n] = bf16 ? Choice{} : choice(*n, preferred_);
   }
   auto blocked = candidates(g, ir::channel_block(layout),

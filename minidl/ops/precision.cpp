@@ -14,14 +14,26 @@ namespace minidl::ops {
 
 namespace {
 
+// The bf16 products: inputs 0 and 1 are the two factors their bf16 kernels round to bf16.
 bool bf16_product(const ir::Node& n) {
-  return &n.def() == &op_matmul && ir::node_precision(n) == ir::Precision::BF16;
+  if (ir::node_precision(n) != ir::Precision::BF16) return false;
+  const ir::OpDef* d = &n.def();
+  return d == &op_matmul || d == &op_conv2d || d == &op_conv2d_bwd_data ||
+         d == &op_conv2d_bwd_weights || d == &op_conv2d_bwd_weights_bias;
+}
+
+// Whether a copy may stand in for factor v of product n. A matmul's factors are always plain.
+// A convolution's are plain only when supplied from outside (a graph input, a parameter: bound
+// plain); its activations take the layouts PropagateLayouts chooses later, which a copy would
+// not follow.
+bool shareable(const ir::Node& n, const ir::Value& v) {
+  return &n.def() == &op_matmul || v.producer()->def().is_source();
 }
 
 }  // namespace
 
 int share_bf16_factors(ir::Graph& g) {
-  // The factors (inputs 0 and 1) of the bf16 matmuls, each with its readers in graph order.
+  // The factors (inputs 0 and 1) of the bf16 products, each with its readers in graph order.
   // Readers in different thread replicas get a copy each (a replica's nodes read only their own
   // and shared values).
   using Key = std::pair<ir::Value*, int>;
@@ -32,7 +44,7 @@ int share_bf16_factors(ir::Graph& g) {
     for (int i = 0; i < 2; ++i) {
       ir::Value* v = n->input(i);
       if (v->dtype() != DType::F32 || v->stored() != DType::F32 ||
-          &v->producer()->def() == &op_bf16_copy)
+          &v->producer()->def() == &op_bf16_copy || !shareable(*n, *v))
         continue;
       auto& r = readers[Key{v, n->replica()}];
       if (r.empty()) order.emplace_back(v, n->replica());

@@ -33,12 +33,15 @@ class MixedPrecision final : public ir::Pass {
   bool share_factors_;
 };
 
-/// Every f32 value that two or more bf16 matmuls read as a factor (a linear layer's weight, read
+/// Every f32 value that two or more bf16 products read as a factor (a linear layer's weight, read
 /// by its forward and its data gradient; its input, read by the forward and the weight gradient;
-/// the output gradient, read by both gradients) gets one bf16_copy node, placed before its first
-/// reader, whose output is stored as bf16; the matmuls read that instead. The value is then
-/// rounded to bf16 once per step, and the products read it as it is stored, instead of each
-/// converting it in a reorder of its own. Returns how many copies it made.
+/// the output gradient, read by both gradients; a convolution's input image, read by its forward
+/// and its weight gradient, and its weight, read by its forward and its data gradient) gets one
+/// bf16_copy node, placed before its first reader, whose output is stored as bf16; the products
+/// read that instead. The value is then rounded to bf16 once per step, and the products read it
+/// as it is stored, instead of each converting it in a reorder of its own. A convolution's factor
+/// is shared only when it comes from outside the graph (an input or a parameter, always plain):
+/// its activations take the layouts chosen later. Returns how many copies it made.
 int share_bf16_factors(ir::Graph& g);
 
 /// Why kernels cannot compute in bf16 here, or "" when they can: oneDNN must be built in and the

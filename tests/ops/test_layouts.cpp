@@ -706,6 +706,38 @@ TEST(Layouts, BatchNormKeepsTheBlockedLayoutBetweenConvolutions) {
   expect_same_outputs(plain.run(ir::Backend::Native), propagated.run(ir::Backend::OneDnn));
 }
 
+// Under bf16 the network's activations stay f32 (BatchNorm between the convolutions reads and
+// writes f32), so they keep the blocked f32 layout: the bf16 copies of the input and of the
+// weights two convolutions share, and of the linear layer's factors (ops::share_bf16_factors),
+// are plain values stored as bf16, not bf16 activations, and leave the layouts alone (counted as
+// bf16 activations, they would keep every node reading one, and so the whole network, plain).
+TEST(Layouts, SharedBf16CopiesLeaveTheBlockedLayoutAlone) {
+  const std::string& blocked = ops::blocked_layout();
+  if (blocked.empty()) GTEST_SKIP() << "oneDNN uses no channel-blocked layout on this CPU";
+  if (const std::string why = ops::bf16_unavailable(); !why.empty()) GTEST_SKIP() << why;
+  const Dataset batch = minidl::testing::blobs(8, 3);
+  const std::unique_ptr<nn::Sequential> model = batch_norm_network();
+  TrainingGraph mixed(*model, batch);
+  ir::Graph& g = mixed.g;
+  ops::MixedPrecision(ir::Precision::BF16).run(g);
+  ops::FuseBiasActivation().run(g);
+  ops::PropagateLayouts(ir::Backend::OneDnn).run(g);
+  std::vector<std::string> copied;
+  for (const ir::Node* n : g.nodes()) {
+    if (n->op() != "bf16_copy") continue;
+    EXPECT_EQ(n->output()->stored(), DType::BF16) << n->describe();
+    EXPECT_EQ(n->output()->layout(), "") << n->describe();
+    copied.push_back(n->input(0)->producer()->name());
+  }
+  EXPECT_THAT(copied, ::testing::Contains("x")) << ir::to_text(g);
+  EXPECT_THAT(copied, ::testing::Contains("conv2.weight")) << ir::to_text(g);
+  for (const char* node : {"conv1.conv2d+bias", "bn1.batch_norm+relu", "conv2.conv2d+bias",
+                           "bn2.batch_norm+relu", "bn2.batch_norm.bwd", "conv2.conv2d.bwd"}) {
+    EXPECT_EQ(layout_of(g, node), blocked) << node << "\n" << ir::to_text(g);
+    EXPECT_EQ(g.find(node)->output(0)->stored(), DType::F32) << node;
+  }
+}
+
 // The same network with BatchNorm's backward fused (ops::FuseBatchNormBackward): the fused data
 // op's values stay blocked, and the loss and gradients are the plain unfused graph's.
 TEST(Layouts, FusedBatchNormBackwardKeepsTheBlockedLayout) {

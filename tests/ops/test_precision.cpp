@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <string>
 
 #include "minidl/core/rng.hpp"
@@ -349,6 +350,75 @@ TEST(Precision, SharedBf16FactorsGiveTheProductsOfTheirOwnConversions) {
   ASSERT_EQ(results[0].size(), 3u);
   for (std::size_t i = 0; i < 3; ++i)
     EXPECT_LT(relative_difference(results[1][i], results[0][i]), 1e-5) << "output " << i;
+}
+
+namespace {
+
+/// A convolution's three passes on an image x [2,3,8,8] and a weight w [4,3,3,3] (inputs from
+/// outside the graph), with dy [2,4,8,8]: y = x (*) w, dx = dy (*)^T w, dw = dy (*) x. Each of
+/// x, w and dy is a factor of two of them. Then the forward and the weight gradient again on an
+/// activation a = relu(x): a factor made inside the graph.
+void conv_passes(ir::Graph& g) {
+  ir::Value* x = ops::input(g, "x", {2, 3, 8, 8});
+  ir::Value* w = ops::input(g, "w", {4, 3, 3, 3});
+  ir::Value* dy = ops::input(g, "dy", {2, 4, 8, 8});
+  const ir::Attrs pad{{"stride", ir::Ints{1, 1}}, {"pad", ir::Ints{1, 1}}};
+  g.add_output(ops::apply("conv2d", {x, w}, pad));
+  g.add_output(ops::apply(
+      "conv2d_bwd_data", {dy, w},
+      {{"stride", ir::Ints{1, 1}}, {"pad", ir::Ints{1, 1}}, {"in_shape", ir::Ints{2, 3, 8, 8}}}));
+  const ir::Attrs kernel{
+      {"stride", ir::Ints{1, 1}}, {"pad", ir::Ints{1, 1}}, {"kernel", ir::Ints{3, 3}}};
+  g.add_output(ops::apply("conv2d_bwd_weights", {dy, x}, kernel));
+  ir::Value* a = ops::relu(x);
+  g.add_output(ops::apply("conv2d", {a, w}, pad));
+  g.add_output(ops::apply("conv2d_bwd_weights", {dy, a}, kernel));
+}
+
+}  // namespace
+
+TEST(Precision, ConvolutionsShareTheFactorsGivenFromOutside) {
+  if (!MINIDL_WITH_ONEDNN) GTEST_SKIP() << "no kernel computes in bf16 without oneDNN";
+  ir::Graph g;
+  conv_passes(g);
+  ops::MixedPrecision(ir::Precision::BF16).run(g);
+  // One copy each of x, w and dy (graph inputs, plain), read by all their bf16 passes; none of
+  // the activation relu(x), whose layout the layouts pass chooses later.
+  std::map<std::string, std::size_t> readers;
+  for (const ir::Node* n : g.nodes()) {
+    if (n->op() != "bf16_copy") continue;
+    EXPECT_EQ(n->output()->stored(), DType::BF16);
+    readers[n->input(0)->producer()->name()] = n->output()->users().size();
+  }
+  EXPECT_EQ(readers, (std::map<std::string, std::size_t>{{"x", 2}, {"w", 3}, {"dy", 3}}))
+      << ir::to_text(g);
+  for (const ir::Node* n : g.nodes())
+    if (n->op() == "relu") EXPECT_EQ(n->output()->users().size(), 2u) << ir::to_text(g);
+}
+
+TEST(Precision, SharedBf16FactorsGiveTheConvolutionsTheSameResults) {
+  if (std::string why = ops::bf16_unavailable(); !why.empty()) GTEST_SKIP() << "bf16 " << why;
+  std::vector<Tensor> results[2];
+  for (const bool share : {false, true}) {
+    ir::Graph g;
+    conv_passes(g);
+    ops::MixedPrecision(ir::Precision::BF16, share).run(g);
+    runtime::Executable exe(g, {.backend = ir::Backend::OneDnn});
+    const std::string table = exe.kernel_table();
+    if (share) EXPECT_NE(table.find("bf16_copy"), std::string::npos) << table;
+    std::uint64_t seed = 50;
+    for (const char* name : {"x", "w", "dy"}) {
+      Tensor in = exe.input(name);
+      CounterRng(seed++).fill_normal(in, 0, 0.0f, 1.0f);
+    }
+    exe.run();
+    for (ir::Value* out : g.outputs()) results[share].push_back(exe.value(out).clone());
+  }
+  // The copy rounds as oneDNN's reorders do, and the passes run the same primitives on the same
+  // bf16 factors: the same bits.
+  ASSERT_EQ(results[0].size(), 5u);
+  for (std::size_t i = 0; i < 5; ++i)
+    EXPECT_EQ(relative_difference(results[1][i], results[0][i]), 0.0) << "output " << i;
 }
 
 TEST(Precision, AnF32ProductDeclinesAFactorStoredAsBf16) {

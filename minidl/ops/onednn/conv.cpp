@@ -30,7 +30,8 @@ struct Problem {
   // The result (y forward, dx backward) is a value stored as bf16 (ir::Value::stored): the
   // primitive writes bf16, so the next bf16 kernel reads it without a conversion.
   bool bf16_result = false;
-  // Some activation of the node is stored as bf16 (in the bf16 convolutions' layout).
+  // Some activation of the node is stored as bf16 in the bf16 convolutions' layout (a plain
+  // bf16 value is a factor's shared copy, ops::share_bf16_factors, and sets no layout).
   bool bf16_values = false;
   algorithm alg = algorithm::convolution_direct;
 };
@@ -66,7 +67,8 @@ Problem problem(const ir::Node& n, Shape x, Shape w, Shape y) {
   Problem p{std::move(x), std::move(w), std::move(y), {}, {}, {}};
   p.bf16 = ir::node_precision(n) == ir::Precision::BF16;
   p.bf16_result = n.output(0)->stored() == DType::BF16;
-  for (const ir::Value* v : n.inputs()) p.bf16_values |= v->stored() == DType::BF16;
+  for (const ir::Value* v : n.inputs())
+    p.bf16_values |= v->stored() == DType::BF16 && !v->layout().empty();
   p.bf16_values |= p.bf16_result;
   const auto& stride = n.attrs().get<ir::Ints>("stride");
   const auto& pad = n.attrs().get<ir::Ints>("pad");
@@ -277,7 +279,7 @@ ir::Kernel conv2d_kernel(const ir::Node& n) {
     log_dispatch(n, p, pd);
     Staged s{dnnl::convolution_forward(pd), n};
     s.add(DNNL_ARG_SRC, value_desc(n.input(0)), pd.src_desc(), Args::Side::In, 0);
-    s.add(DNNL_ARG_WEIGHTS, plain_desc(p.w), pd.weights_desc(), Args::Side::In, 1);
+    s.add(DNNL_ARG_WEIGHTS, value_desc(n.input(1)), pd.weights_desc(), Args::Side::In, 1);
     if (p.bias) s.add(DNNL_ARG_BIAS, plain_desc(Shape{p.w[0]}), pd.bias_desc(), Args::Side::In, 2);
     s.add(DNNL_ARG_DST, value_desc(n.output(0)), pd.dst_desc(), Args::Side::Out, 0);
     s.buffer(DNNL_ARG_SCRATCHPAD, pd.scratchpad_desc());
@@ -292,7 +294,7 @@ ir::Kernel conv2d_bwd_data_kernel(const ir::Node& n) {
     log_dispatch(n, p, pd);
     Staged s{dnnl::convolution_backward_data(pd), n};
     s.add(DNNL_ARG_DIFF_DST, value_desc(n.input(0)), pd.diff_dst_desc(), Args::Side::In, 0);
-    s.add(DNNL_ARG_WEIGHTS, plain_desc(p.w), pd.weights_desc(), Args::Side::In, 1);
+    s.add(DNNL_ARG_WEIGHTS, value_desc(n.input(1)), pd.weights_desc(), Args::Side::In, 1);
     s.add(DNNL_ARG_DIFF_SRC, value_desc(n.output(0)), pd.diff_src_desc(), Args::Side::Out, 0);
     s.buffer(DNNL_ARG_SCRATCHPAD, pd.scratchpad_desc());
     return staged_kernel(std::move(s));
