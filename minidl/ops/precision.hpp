@@ -15,7 +15,10 @@
 namespace minidl::ops {
 
 /// precision BF16: every node whose op has a kernel with a bf16 path gets the annotation
-/// precision=bf16 (a node that already carries one keeps it); F32 changes nothing. Such a node
+/// precision=bf16 (a node that already carries one keeps it), but for a convolution whose input
+/// and output channels both fill no block of the bf16 convolutions' layout (bf16_layout(): fewer
+/// than 16 each in nChw16c), which gets precision=f32: its bf16 kernel converts its values and
+/// runs mostly on padding, measured far slower than an f32 one. F32 changes nothing. Such a node
 /// tries its bf16 kernels before those of the preferred backend (ir::kernel_order), so a graph
 /// of native kernels runs its products in oneDNN's bf16 ones. Then, unless share_factors is
 /// false, share_bf16_factors. It runs first in a pipeline: fused and replicated nodes take the

@@ -10,10 +10,12 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <tuple>
 
 #include "minidl/core/rng.hpp"
 #include "minidl/ir/printer.hpp"
 #include "minidl/ops/fusion.hpp"
+#include "minidl/ops/layouts.hpp"
 #include "minidl/ops/ops.hpp"
 #include "minidl/ops/precision.hpp"
 #include "minidl/ops/registry.hpp"
@@ -148,6 +150,36 @@ TEST(Precision, MixedPrecisionMarksTheOpsWithABf16Kernel) {
   EXPECT_NE(
       error_of([&] { (void)ir::node_precision(*m->producer()); }).find("unknown precision 'fp16'"),
       std::string::npos);
+}
+
+TEST(Precision, ConvolutionsThatFillNoChannelBlockStayF32) {
+  // Input and output channels: only where both are under the bf16 layout's channel block (16 in
+  // nChw16c, AVX512-BF16 without AMX; AMX's nhwc has none) do all three passes stay f32; a first
+  // layer with 16 or more filters (3 -> 16) and a layer into few filters from 16 channels
+  // (16 -> 4) are marked bf16 everywhere.
+  const int block = ir::channel_block(ops::bf16_layout());
+  for (const auto& [c, k, fills] : {std::tuple{1, 8, false}, std::tuple{15, 15, false},
+                                    std::tuple{3, 16, true}, std::tuple{16, 4, true}}) {
+    const bool bf16 = fills || block == 1;
+    SCOPED_TRACE(std::to_string(c) + " -> " + std::to_string(k));
+    ir::Graph g;
+    ir::Value* x = ops::input(g, "x", {2, c, 8, 8});
+    ir::Value* w = ops::input(g, "w", {k, c, 3, 3});
+    ir::Value* dy = ops::input(g, "dy", {2, k, 8, 8});
+    const ir::Ints s{1, 1}, p{1, 1};
+    g.add_output(ops::apply("conv2d", {x, w}, {{"stride", s}, {"pad", p}}));
+    g.add_output(ops::apply("conv2d_bwd_data", {dy, w},
+                            {{"stride", s}, {"pad", p}, {"in_shape", ir::Ints{2, c, 8, 8}}}));
+    g.add_output(ops::apply("conv2d_bwd_weights", {dy, x},
+                            {{"stride", s}, {"pad", p}, {"kernel", ir::Ints{3, 3}}}));
+    ops::MixedPrecision(ir::Precision::BF16, /*share_factors=*/false).run(g);
+    for (const ir::Value* y : g.outputs()) {
+      const ir::Node& n = *y->producer();
+      EXPECT_EQ(ir::node_precision(n),
+                bf16 && MINIDL_WITH_ONEDNN ? ir::Precision::BF16 : ir::Precision::F32)
+          << n.describe();
+    }
+  }
 }
 
 TEST(Precision, Bf16KernelsMultiplyRoundedFactorsAndAccumulateInF32) {
@@ -354,14 +386,14 @@ TEST(Precision, SharedBf16FactorsGiveTheProductsOfTheirOwnConversions) {
 
 namespace {
 
-/// A convolution's three passes on an image x [2,3,8,8] and a weight w [4,3,3,3] (inputs from
-/// outside the graph), with dy [2,4,8,8]: y = x (*) w, dx = dy (*)^T w, dw = dy (*) x. Each of
+/// A convolution's three passes on an image x [2,3,8,8] and a weight w [16,3,3,3] (inputs from
+/// outside the graph), with dy [2,16,8,8]: y = x (*) w, dx = dy (*)^T w, dw = dy (*) x. Each of
 /// x, w and dy is a factor of two of them. Then the forward and the weight gradient again on an
 /// activation a = relu(x): a factor made inside the graph.
 void conv_passes(ir::Graph& g) {
   ir::Value* x = ops::input(g, "x", {2, 3, 8, 8});
-  ir::Value* w = ops::input(g, "w", {4, 3, 3, 3});
-  ir::Value* dy = ops::input(g, "dy", {2, 4, 8, 8});
+  ir::Value* w = ops::input(g, "w", {16, 3, 3, 3});
+  ir::Value* dy = ops::input(g, "dy", {2, 16, 8, 8});
   const ir::Attrs pad{{"stride", ir::Ints{1, 1}}, {"pad", ir::Ints{1, 1}}};
   g.add_output(ops::apply("conv2d", {x, w}, pad));
   g.add_output(ops::apply(
