@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -358,12 +359,17 @@ TEST(Precision, SharedFactorsAreConvertedOncePerStep) {
   EXPECT_EQ(f32.nodes().size(), 6u);
 }
 
-TEST(Precision, SharedBf16FactorsGiveTheProductsOfTheirOwnConversions) {
-  if (std::string why = ops::bf16_unavailable(); !why.empty()) GTEST_SKIP() << "bf16 " << why;
-  std::vector<Tensor> results[2];
+namespace {
+
+/// The outputs of the graph `build` makes, run on oneDNN's kernels under bf16 without shared
+/// factors ([0]) and with them ([1]), from the same inputs x, w and dy. No node of either runs
+/// a native kernel but the copies.
+std::array<std::vector<Tensor>, 2> unshared_and_shared(
+    const std::function<void(ir::Graph&)>& build) {
+  std::array<std::vector<Tensor>, 2> results;
   for (const bool share : {false, true}) {
     ir::Graph g;
-    linear_products(g);
+    build(g);
     ops::MixedPrecision(ir::Precision::BF16, share).run(g);
     runtime::Executable exe(g, {.backend = ir::Backend::OneDnn});
     const std::string table = exe.kernel_table();
@@ -377,6 +383,14 @@ TEST(Precision, SharedBf16FactorsGiveTheProductsOfTheirOwnConversions) {
     exe.run();
     for (ir::Value* out : g.outputs()) results[share].push_back(exe.value(out).clone());
   }
+  return results;
+}
+
+}  // namespace
+
+TEST(Precision, SharedBf16FactorsGiveTheProductsOfTheirOwnConversions) {
+  if (std::string why = ops::bf16_unavailable(); !why.empty()) GTEST_SKIP() << "bf16 " << why;
+  const auto results = unshared_and_shared(linear_products);
   // The same bf16 factors (the copy rounds as the reorders do), f32 sums: only the order of the
   // sums may differ between the kernels oneDNN picks for the two layouts.
   ASSERT_EQ(results[0].size(), 3u);
@@ -430,22 +444,7 @@ TEST(Precision, ConvolutionsShareTheFactorsGivenFromOutside) {
 
 TEST(Precision, SharedBf16FactorsGiveTheConvolutionsTheSameResults) {
   if (std::string why = ops::bf16_unavailable(); !why.empty()) GTEST_SKIP() << "bf16 " << why;
-  std::vector<Tensor> results[2];
-  for (const bool share : {false, true}) {
-    ir::Graph g;
-    conv_passes(g);
-    ops::MixedPrecision(ir::Precision::BF16, share).run(g);
-    runtime::Executable exe(g, {.backend = ir::Backend::OneDnn});
-    const std::string table = exe.kernel_table();
-    if (share) EXPECT_NE(table.find("bf16_copy"), std::string::npos) << table;
-    std::uint64_t seed = 50;
-    for (const char* name : {"x", "w", "dy"}) {
-      Tensor in = exe.input(name);
-      CounterRng(seed++).fill_normal(in, 0, 0.0f, 1.0f);
-    }
-    exe.run();
-    for (ir::Value* out : g.outputs()) results[share].push_back(exe.value(out).clone());
-  }
+  const auto results = unshared_and_shared(conv_passes);
   // The copy rounds as oneDNN's reorders do, and the passes run the same primitives on the same
   // bf16 factors: the same bits.
   ASSERT_EQ(results[0].size(), 5u);
