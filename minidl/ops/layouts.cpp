@@ -245,6 +245,10 @@ const std::string& blocked_layout() {
   return layout;
 }
 
+bool bf16_activation(const ir::Value& v) {
+  return v.stored() == DType::BF16 && !v.layout().empty();
+}
+
 const std::string& bf16_layout() {
 #if MINIDL_WITH_ONEDNN
   static const std::string layout = onednn::bf16_conv_layout();
@@ -274,14 +278,13 @@ bool PropagateLayouts::run(ir::Graph& g) {
   // activations and i32 indices (max pooling's argmax).
   // A kernel with a bf16 activation runs in the bf16 layout: its f32 values gain nothing from
   // the blocked one, and max pooling's argmax must then stay plain (the pooling converts its
-  // workspace to a plain argmax, or to one in the primitive's own layout). A plain bf16 value is
-  // a factor's shared copy (ops::share_bf16_factors), which leaves the layouts alone.
+  // workspace to a plain argmax, or to one in the primitive's own layout). A shared bf16 copy
+  // is no activation (bf16_activation) and leaves the layouts alone.
   Choices choices;
   for (const ir::Node* n : g.nodes()) {
     const std::vector<ir::Value*> vals = values_of(*n);
-    const bool bf16 = std::any_of(vals.begin(), vals.end(), [](const ir::Value* v) {
-      return v->stored() == DType::BF16 && !v->layout().empty();
-    });
+    const bool bf16 = std::any_of(vals.begin(), vals.end(),
+                                  [](const ir::Value* v) { return bf16_activation(*v); });
     choices[n] = bf16 ? Choice{} : choice(*n, preferred_);
   }
   auto blocked = candidates(g, ir::channel_block(layout),

@@ -16,6 +16,7 @@
 // parameters and their gradients, which stay f32).
 #pragma once
 
+#include "minidl/ir/graph.hpp"
 #include "minidl/ir/op_def.hpp"
 #include "minidl/ir/pass.hpp"
 
@@ -46,5 +47,8 @@ const std::string& blocked_layout();
 /// The layout oneDNN's bf16 convolutions use for bf16 activations on this machine ("nhwc" with
 /// AMX, "nChw16c" with AVX512-BF16 alone), or "" without oneDNN or bf16 units.
 const std::string& bf16_layout();
+/// Whether v is a bf16 activation: stored as bf16 in a layout (the bf16 convolutions'). A plain
+/// bf16 value is a factor's shared copy (share_bf16_factors), which constrains no layout.
+bool bf16_activation(const ir::Value& v);
 
 }  // namespace minidl::ops

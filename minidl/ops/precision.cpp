@@ -15,12 +15,16 @@ namespace minidl::ops {
 
 namespace {
 
+// A convolution's passes: the forward, its data gradient, its weight gradient (with the bias's).
+bool conv_pass(const ir::OpDef& d) {
+  return &d == &op_conv2d || &d == &op_conv2d_bwd_data || &d == &op_conv2d_bwd_weights ||
+         &d == &op_conv2d_bwd_weights_bias;
+}
+
 // The bf16 products: inputs 0 and 1 are the two factors their bf16 kernels round to bf16.
 bool bf16_product(const ir::Node& n) {
-  if (ir::node_precision(n) != ir::Precision::BF16) return false;
-  const ir::OpDef* d = &n.def();
-  return d == &op_matmul || d == &op_conv2d || d == &op_conv2d_bwd_data ||
-         d == &op_conv2d_bwd_weights || d == &op_conv2d_bwd_weights_bias;
+  return ir::node_precision(n) == ir::Precision::BF16 &&
+         (&n.def() == &op_matmul || conv_pass(n.def()));
 }
 
 // Whether a copy may stand in for factor v of product n. A matmul's factors are always plain.
@@ -34,14 +38,12 @@ bool shareable(const ir::Node& n, const ir::Value& v) {
 // The input and output channels of a convolution pass (conv2d, its data or weight gradient), or
 // {0, 0} for another op.
 std::pair<std::int64_t, std::int64_t> conv_channels(const ir::Node& n) {
-  const ir::OpDef* d = &n.def();
-  if (d == &op_conv2d || d == &op_conv2d_bwd_data) {
-    const Shape& w = n.input(1)->shape();  // [K, C, KH, KW]
-    return {w[1], w[0]};
-  }
-  if (d == &op_conv2d_bwd_weights || d == &op_conv2d_bwd_weights_bias)
-    return {n.input(1)->shape()[1], n.input(0)->shape()[1]};  // x [N, C, ...], dy [N, K, ...]
-  return {0, 0};
+  if (!conv_pass(n.def())) return {0, 0};
+  // The forward and the data gradient read w [K, C, KH, KW]; the weight gradients dy [N, K, ...]
+  // and x [N, C, ...].
+  if (&n.def() == &op_conv2d || &n.def() == &op_conv2d_bwd_data)
+    return {n.input(1)->shape()[1], n.input(1)->shape()[0]};
+  return {n.input(1)->shape()[1], n.input(0)->shape()[1]};
 }
 
 // Where oneDNN's bf16 convolutions run in a channel-blocked layout (nChw16c on CPUs with

@@ -10,6 +10,7 @@
 // ones.
 #include "minidl/core/log.hpp"
 #include "minidl/ops/common.hpp"
+#include "minidl/ops/layouts.hpp"
 #include "minidl/ops/onednn/kernels.hpp"
 #include "minidl/ops/onednn/onednn.hpp"
 
@@ -30,8 +31,7 @@ struct Problem {
   // The result (y forward, dx backward) is a value stored as bf16 (ir::Value::stored): the
   // primitive writes bf16, so the next bf16 kernel reads it without a conversion.
   bool bf16_result = false;
-  // Some activation of the node is stored as bf16 in the bf16 convolutions' layout (a plain
-  // bf16 value is a factor's shared copy, ops::share_bf16_factors, and sets no layout).
+  // Some value of the node is a bf16 activation (ops::bf16_activation: not a shared copy).
   bool bf16_values = false;
   algorithm alg = algorithm::convolution_direct;
 };
@@ -67,8 +67,7 @@ Problem problem(const ir::Node& n, Shape x, Shape w, Shape y) {
   Problem p{std::move(x), std::move(w), std::move(y), {}, {}, {}};
   p.bf16 = ir::node_precision(n) == ir::Precision::BF16;
   p.bf16_result = n.output(0)->stored() == DType::BF16;
-  for (const ir::Value* v : n.inputs())
-    p.bf16_values |= v->stored() == DType::BF16 && !v->layout().empty();
+  for (const ir::Value* v : n.inputs()) p.bf16_values |= bf16_activation(*v);
   p.bf16_values |= p.bf16_result;
   const auto& stride = n.attrs().get<ir::Ints>("stride");
   const auto& pad = n.attrs().get<ir::Ints>("pad");
