@@ -403,6 +403,10 @@ void fwd_planes_to_plain_impl(const FwdArgs& a, const TX* src, TY* dst, std::int
         _mm512_storeu_si512(ta + pos * 16, i);
       });
     }
+    TY* yj[16];
+    std::int32_t* aj[16];
+    for (int j = 0; j < nl; ++j)
+      yj[j] = dst + a.y.base(n, c + j), aj[j] = argmax + a.am.base(n, c + j);
     for (int64_t p0 = 0; p0 < plane; p0 += 16) {
       const __mmask16 pm = first_lanes(plane - p0);
       __m512 r[16], q[16];
@@ -413,8 +417,8 @@ void fwd_planes_to_plain_impl(const FwdArgs& a, const TX* src, TY* dst, std::int
       transpose16(r);
       transpose16(q);
       for (int j = 0; j < nl; ++j) {
-        store16(dst + a.y.base(n, c + j) + p0, pm, r[j]);
-        _mm512_mask_storeu_epi32(argmax + a.am.base(n, c + j) + p0, pm, _mm512_castps_si512(q[j]));
+        store16(yj[j] + p0, pm, r[j]);
+        _mm512_mask_storeu_epi32(aj[j] + p0, pm, _mm512_castps_si512(q[j]));
       }
     }
   });
@@ -563,14 +567,17 @@ void bwd_planes_from_plain_impl(const BwdArgs& a, TD* dst, const float* src,
   float* td = tiles.values;
   std::int32_t* ta = tiles.argmax;
   for_each_lane_run(a.groups_per_n, lanes, g0, g1, [&](int64_t n, int64_t c, __mmask16 m, int nl) {
+    const float* yj[16];
+    const std::int32_t* aj[16];
+    for (int j = 0; j < nl; ++j)
+      yj[j] = src + a.dy.base(n, c + j), aj[j] = argmax + a.am.base(n, c + j);
     for (int64_t p0 = 0; p0 < plane; p0 += 16) {
       const __mmask16 pm = first_lanes(plane - p0);
       __m512 r[16], q[16];
       for (int j = 0; j < 16; ++j) {
         if (j < nl) {
-          r[j] = _mm512_maskz_loadu_ps(pm, src + a.dy.base(n, c + j) + p0);
-          q[j] =
-              _mm512_castsi512_ps(_mm512_maskz_loadu_epi32(pm, argmax + a.am.base(n, c + j) + p0));
+          r[j] = _mm512_maskz_loadu_ps(pm, yj[j] + p0);
+          q[j] = _mm512_castsi512_ps(_mm512_maskz_loadu_epi32(pm, aj[j] + p0));
         } else {
           r[j] = q[j] = _mm512_setzero_ps();
         }

@@ -30,7 +30,9 @@ struct Addr {
   std::int64_t step() const { return nhwc ? channels : block; }
   std::int64_t base(std::int64_t n, std::int64_t c) const {
     if (nhwc) return n * channels * plane + c;
-    return (n * channels + c - c % block) * plane + c % block;  // plain: block 1
+    // Plain without a division: kernels that address a lane at a time call this in their loops.
+    if (block == 1) return (n * channels + c) * plane;
+    return (n * channels + c - c % block) * plane + c % block;
   }
 };
 
