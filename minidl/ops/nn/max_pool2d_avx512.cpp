@@ -237,6 +237,13 @@ MINIDL_AVX512_INLINE void fwd_row_2x2(const FwdArgs& a, const TX* xg, int64_t xs
   const __m512i two = _mm512_set1_epi32(2);
   __m512i at = _mm512_set1_epi32(static_cast<std::int32_t>(2 * oh * g.W));
   for (int64_t ow = 0; ow < g.OW; ++ow) {
+    // Both input rows a few windows ahead: in training x was written a while before, or past
+    // the caches (oneDNN's Winograd convolutions), and comes from memory (performance.md).
+    constexpr int64_t kAhead = 8;
+    __builtin_prefetch(r0 + (2 * ow + kAhead) * xs, 0, 3);
+    __builtin_prefetch(r0 + (2 * ow + kAhead + 1) * xs, 0, 3);
+    __builtin_prefetch(r1 + (2 * ow + kAhead) * xs, 0, 3);
+    __builtin_prefetch(r1 + (2 * ow + kAhead + 1) * xs, 0, 3);
     __m512 acc;
     __m512i idx;
     const __mmask16 nan =
@@ -473,6 +480,13 @@ MINIDL_AVX512_INLINE void bwd_rows_2x2(const BwdArgs& a, TD* d, int64_t xs, cons
   const TY* dyr = dy + oh * g.OW * ys;
   const std::int32_t* amr = am + oh * g.OW * as;
   for (int64_t ow = 0; ow < g.OW; ++ow) {
+    // dy and argmax a few windows ahead, and the line of each dx row written there (both lines
+    // of an f32 row slowed the f32 backward down).
+    constexpr int64_t kAhead = 8;
+    __builtin_prefetch(dyr + (ow + kAhead) * ys, 0, 3);
+    __builtin_prefetch(amr + (ow + kAhead) * as, 0, 3);
+    __builtin_prefetch(r0 + (2 * ow + kAhead) * xs, 1, 3);
+    __builtin_prefetch(r1 + (2 * ow + kAhead) * xs, 1, 3);
     const __m512i v = grad_bits<TD>(dyr + ow * ys, m);
     const __m512i i = _mm512_maskz_loadu_epi32(m, amr + ow * as);
     // Each of the window's four positions gets dy where the argmax names it, +0 elsewhere.
