@@ -35,10 +35,8 @@ bool shareable(const ir::Node& n, const ir::Value& v) {
   return &n.def() == &op_matmul || v.producer()->def().is_source();
 }
 
-// The input and output channels of a convolution pass (conv2d, its data or weight gradient), or
-// {0, 0} for another op.
+// The input and output channels of a convolution pass (conv2d, its data or weight gradient).
 std::pair<std::int64_t, std::int64_t> conv_channels(const ir::Node& n) {
-  if (!conv_pass(n.def())) return {0, 0};
   // The forward and the data gradient read w [K, C, KH, KW]; the weight gradients dy [N, K, ...]
   // and x [N, C, ...].
   if (&n.def() == &op_conv2d || &n.def() == &op_conv2d_bwd_data)
@@ -55,8 +53,9 @@ std::pair<std::int64_t, std::int64_t> conv_channels(const ir::Node& n) {
 // f32 one. Such a convolution stays f32. (AMX's bf16 layout, nhwc, has no block.)
 int bf16_block() { return ir::channel_block(bf16_layout()); }
 bool bf16_pays(const ir::Node& n) {
+  if (!conv_pass(n.def())) return true;
   const auto [c, k] = conv_channels(n);
-  return c == 0 || c >= bf16_block() || k >= bf16_block();
+  return c >= bf16_block() || k >= bf16_block();
 }
 
 }  // namespace
