@@ -115,11 +115,15 @@ void round_to_bf16(const float* src, std::uint16_t* dst, std::int64_t n) {
 // Rows [r0, r1) (multiples of 16) of x [rows, cols] f32 into both packs at once, "BA16a64b2a"
 // into ba and "AB16b64a2b" into ab, each element rounded once: 16 rows by 32 columns at a time,
 // held as bf16 in 16 registers (a row's 32 in one), whose pairs of rows interleaved make lines of
-// ba and whose transpose makes lines of ab.
+// ba and whose transpose makes lines of ab. A linear layer's data gradient reads ba only in the
+// backward, its forward ab right away: ba goes past the caches (non-temporal stores, where its
+// lines are aligned), which made the copy 60-70 us faster per step on the CIFAR CNN's fc1 (two
+// packs of 2 MiB) for 5-15 us more in the data gradient.
 [[gnu::target("avx512f,avx512bw")]] void pack_both(const float* x, std::uint16_t* ba,
                                                    std::uint16_t* ab, std::int64_t rows,
                                                    std::int64_t cols, std::int64_t r0,
                                                    std::int64_t r1) {
+  const bool stream = reinterpret_cast<std::uintptr_t>(ba) % 64 == 0;
   // The high halves of two registers' 32-bit lanes, in order (a row's 32 rounded columns); the
   // 16-bit elements of two rows interleaved, columns 0-15 and 16-31.
   alignas(64) std::uint16_t high[32], first[32], second[32];
@@ -147,13 +151,21 @@ void round_to_bf16(const float* src, std::uint16_t* dst, std::int64_t n) {
       for (int p = 0; p < 8; ++p) {
         std::uint16_t* line = ba_dst + ((g0 % 32) / 2 + p) * 128;
         const __m512i a = _mm512_castps_si512(r[2 * p]), b = _mm512_castps_si512(r[2 * p + 1]);
-        _mm512_storeu_si512(line, _mm512_permutex2var_epi16(a, lo_pairs, b));
-        _mm512_storeu_si512(line + 32, _mm512_permutex2var_epi16(a, hi_pairs, b));
+        const __m512i lo = _mm512_permutex2var_epi16(a, lo_pairs, b);
+        const __m512i hi = _mm512_permutex2var_epi16(a, hi_pairs, b);
+        if (stream) {
+          _mm512_stream_si512(reinterpret_cast<__m512i*>(line), lo);
+          _mm512_stream_si512(reinterpret_cast<__m512i*>(line + 32), hi);
+        } else {
+          _mm512_storeu_si512(line, lo);
+          _mm512_storeu_si512(line + 32, hi);
+        }
       }
       transpose16(r);
       for (int q = 0; q < 16; ++q) _mm512_storeu_ps(ab_dst + q * 128, r[q]);
     }
   }
+  if (stream) _mm_sfence();
 }
 #endif
 
