@@ -64,66 +64,27 @@ void round_to_bf16(const float* src, std::uint16_t* dst, std::int64_t n) {
 }
 
 #if defined(__x86_64__)
-// 16 floats rounded to bf16, in a 256-bit register.
-[[gnu::always_inline, gnu::target("avx512f")]] inline __m256i bf16x16(const float* p) {
-  return _mm512_maskz_cvtepi32_epi16(0xffff, bf16_round16(_mm512_loadu_ps(p)));
+bool avx512bw() {
+  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+  return yes;
 }
 
-// Rows [r0, r1) (a multiple of 2) of x [rows, cols] f32 into y, the pack "BA16a64b2a": for each
-// strip of 64 columns, blocks of 32 rows, each pair of rows interleaved (row 2p's element c, then
-// row 2p + 1's) over the strip's 64 columns. A pair of rows at a time, read from start to end.
-[[gnu::target("avx512f")]] void pack_row_pairs(const float* x, std::uint16_t* y, std::int64_t rows,
-                                               std::int64_t cols, std::int64_t r0,
-                                               std::int64_t r1) {
-  for (std::int64_t r = r0; r < r1; r += 2) {
-    const float* src = x + r * cols;
-    std::uint16_t* dst = y + r / 32 * 2048 + r % 32 / 2 * 128;
-    for (std::int64_t strip = 0; strip < cols / 64; ++strip, src += 64, dst += rows / 32 * 2048) {
-      for (int q = 0; q < 4; ++q) {
-        const __m512i lo = _mm512_maskz_cvtepu16_epi32(0xffff, bf16x16(src + 16 * q));
-        const __m512i hi = _mm512_maskz_cvtepu16_epi32(0xffff, bf16x16(src + cols + 16 * q));
-        _mm512_storeu_si512(dst + 32 * q,
-                            _mm512_or_si512(lo, _mm512_maskz_slli_epi32(0xffff, hi, 16)));
-      }
-    }
-  }
-}
-
-// The same into the pack "AB16b64a2b", the transpose of the one above (rows r0 to r1 in multiples
-// of 16): for each strip of 64 rows, blocks of 32 columns, each pair of columns (one 32-bit
-// element of two bf16) for the strip's 64 rows. Sixteen rows at a time, read side by side from
-// start to end, a 16 x 16 transpose making whole lines of the pack.
-[[gnu::target("avx512f")]] void pack_column_pairs(const float* x, std::uint16_t* y,
-                                                  std::int64_t rows, std::int64_t cols,
-                                                  std::int64_t r0, std::int64_t r1) {
-  __m512 r[16];
-  for (std::int64_t g0 = r0; g0 < r1; g0 += 16) {
-    const float* src = x + g0 * cols;
-    std::uint16_t* dst = y + g0 / 64 * (cols / 32) * 2048 + g0 % 64 / 16 * 32;
-    for (std::int64_t cb = 0; cb < cols / 32; ++cb, src += 32, dst += 2048) {
-      for (int i = 0; i < 16; ++i) {
-        const float* row = src + i * cols;
-        r[i] = _mm512_castsi512_ps(_mm512_maskz_inserti64x4(
-            0xff, _mm512_castsi256_si512(bf16x16(row)), bf16x16(row + 16), 1));
-      }
-      transpose16(r);
-      for (int q = 0; q < 16; ++q) _mm512_storeu_ps(dst + q * 128, r[q]);
-    }
-  }
-}
-
-// Rows [r0, r1) (multiples of 16) of x [rows, cols] f32 into both packs at once, "BA16a64b2a"
-// into ba and "AB16b64a2b" into ab, each element rounded once: 16 rows by 32 columns at a time,
-// held as bf16 in 16 registers (a row's 32 in one), whose pairs of rows interleaved make lines of
-// ba and whose transpose makes lines of ab. A linear layer's data gradient reads ba only in the
-// backward, its forward ab right away: ba goes past the caches (non-temporal stores, where its
-// lines are aligned), which made the copy 60-70 us faster per step on the CIFAR CNN's fc1 (two
-// packs of 2 MiB) for 5-15 us more in the data gradient.
-[[gnu::target("avx512f,avx512bw")]] void pack_both(const float* x, std::uint16_t* ba,
+// Rows [r0, r1) (multiples of 16) of x [rows, cols] f32 into the packs "BA16a64b2a" ba and
+// "AB16b64a2b" ab (either may be null), each element rounded once: 16 rows by 32 columns at a
+// time, held as bf16 in 16 registers (a row's 32 in one), whose pairs of rows interleaved make
+// lines of ba and whose transpose makes lines of ab. In ba, for each strip of 64 columns, blocks of
+// 32 rows, each pair of rows interleaved (row 2p's element c, then row 2p + 1's); in ab, for each
+// strip of 64 rows, blocks of 32 columns, each pair of columns (one 32-bit element of two bf16)
+// for the strip's 64 rows. With `stream`, ba goes past the caches (non-temporal stores, where its
+// lines are aligned): a weight's ba is read only in the backward (by the data gradient) and its
+// ab right away (by the forward), and streaming ba made the copy of the CIFAR CNN's fc1 weight
+// 60-70 us faster per step for 5-15 us more in the data gradient; an activation's ba alone (the
+// weight gradient's factor, 256 KiB there) streamed cost that product 40-80 us.
+[[gnu::target("avx512f,avx512bw")]] void pack_rows(const float* x, std::uint16_t* ba,
                                                    std::uint16_t* ab, std::int64_t rows,
                                                    std::int64_t cols, std::int64_t r0,
-                                                   std::int64_t r1) {
-  const bool stream = reinterpret_cast<std::uintptr_t>(ba) % 64 == 0;
+                                                   std::int64_t r1, bool stream) {
+  stream = stream && reinterpret_cast<std::uintptr_t>(ba) % 64 == 0;
   // The high halves of two registers' 32-bit lanes, in order (a row's 32 rounded columns); the
   // 16-bit elements of two rows interleaved, columns 0-15 and 16-31.
   alignas(64) std::uint16_t high[32], first[32], second[32];
@@ -137,32 +98,35 @@ void round_to_bf16(const float* src, std::uint16_t* dst, std::int64_t n) {
   __m512 r[16];
   for (std::int64_t g0 = r0; g0 < r1; g0 += 16) {
     const float* src = x + g0 * cols;
-    std::uint16_t* ab_dst = ab + g0 / 64 * (cols / 32) * 2048 + g0 % 64 / 16 * 32;
-    for (std::int64_t cb = 0; cb < cols / 32; ++cb, src += 32, ab_dst += 2048) {
+    for (std::int64_t cb = 0; cb < cols / 32; ++cb, src += 32) {
       for (int i = 0; i < 16; ++i) {
         const float* row = src + i * cols;
         r[i] = _mm512_castsi512_ps(
             _mm512_permutex2var_epi16(bf16_round16_high(_mm512_loadu_ps(row)), take_high,
                                       bf16_round16_high(_mm512_loadu_ps(row + 16))));
       }
-      // ba: the 16 rows' pairs, columns 32 cb .. 32 cb + 31 of their 64-column strip.
-      const std::int64_t c = cb * 32;
-      std::uint16_t* ba_dst = ba + (c / 64 * (rows / 32) + g0 / 32) * 2048 + c % 64 * 2;
-      for (int p = 0; p < 8; ++p) {
-        std::uint16_t* line = ba_dst + ((g0 % 32) / 2 + p) * 128;
-        const __m512i a = _mm512_castps_si512(r[2 * p]), b = _mm512_castps_si512(r[2 * p + 1]);
-        const __m512i lo = _mm512_permutex2var_epi16(a, lo_pairs, b);
-        const __m512i hi = _mm512_permutex2var_epi16(a, hi_pairs, b);
-        if (stream) {
-          _mm512_stream_si512(reinterpret_cast<__m512i*>(line), lo);
-          _mm512_stream_si512(reinterpret_cast<__m512i*>(line + 32), hi);
-        } else {
-          _mm512_storeu_si512(line, lo);
-          _mm512_storeu_si512(line + 32, hi);
+      if (ba != nullptr) {  // the 16 rows' pairs, columns 32 cb .. 32 cb + 31 of their strip
+        const std::int64_t c = cb * 32;
+        std::uint16_t* dst = ba + (c / 64 * (rows / 32) + g0 / 32) * 2048 + c % 64 * 2;
+        for (int p = 0; p < 8; ++p) {
+          std::uint16_t* line = dst + ((g0 % 32) / 2 + p) * 128;
+          const __m512i a = _mm512_castps_si512(r[2 * p]), b = _mm512_castps_si512(r[2 * p + 1]);
+          const __m512i lo = _mm512_permutex2var_epi16(a, lo_pairs, b);
+          const __m512i hi = _mm512_permutex2var_epi16(a, hi_pairs, b);
+          if (stream) {
+            _mm512_stream_si512(reinterpret_cast<__m512i*>(line), lo);
+            _mm512_stream_si512(reinterpret_cast<__m512i*>(line + 32), hi);
+          } else {
+            _mm512_storeu_si512(line, lo);
+            _mm512_storeu_si512(line + 32, hi);
+          }
         }
       }
-      transpose16(r);
-      for (int q = 0; q < 16; ++q) _mm512_storeu_ps(ab_dst + q * 128, r[q]);
+      if (ab != nullptr) {
+        std::uint16_t* dst = ab + (g0 / 64 * (cols / 32) + cb) * 2048 + g0 % 64 / 16 * 32;
+        transpose16(r);
+        for (int q = 0; q < 16; ++q) _mm512_storeu_ps(dst + q * 128, r[q]);
+      }
     }
   }
   if (stream) _mm_sfence();
@@ -201,13 +165,11 @@ void copy_rows(const float* x, std::int64_t rows, std::int64_t cols, const Targe
   auto* y = static_cast<std::uint16_t*>(t.data);
   const bool row_pairs = t.layout == "BA16a64b2a";
 #if defined(__x86_64__)
-  static const bool avx512 = __builtin_cpu_supports("avx512f");
-  if (avx512) {
-    if (row_pairs) return pack_row_pairs(x, y, rows, cols, r0, r1);
-    return pack_column_pairs(x, y, rows, cols, r0, r1);
-  }
+  if (avx512bw())
+    return pack_rows(x, row_pairs ? y : nullptr, row_pairs ? nullptr : y, rows, cols, r0, r1,
+                     /*stream=*/false);
 #endif
-  // Element by element (CPUs without AVX-512).
+  // Element by element (CPUs without AVX-512 BW).
   for (std::int64_t r = r0; r < r1; ++r)
     for (std::int64_t c = 0; c < cols; ++c)
       y[pack_offset(row_pairs, rows, cols, r, c)] = bf16_round(x[r * cols + c]);
@@ -225,14 +187,13 @@ void copy_matrix(const Tensor& x, const std::vector<Target>& targets) {
   const float* src = static_cast<const float*>(x.raw());
 #if defined(__x86_64__)
   // Both packs: one pass (the linear layers' weights).
-  static const bool bw = __builtin_cpu_supports("avx512bw");
-  if (bw && targets.size() == 2 && ir::matrix_pack(targets[0].layout) &&
+  if (avx512bw() && targets.size() == 2 && ir::matrix_pack(targets[0].layout) &&
       ir::matrix_pack(targets[1].layout) && targets[0].layout != targets[1].layout) {
     const bool ba_first = targets[0].layout == "BA16a64b2a";
     auto* ba = static_cast<std::uint16_t*>(targets[ba_first ? 0 : 1].data);
     auto* ab = static_cast<std::uint16_t*>(targets[ba_first ? 1 : 0].data);
     parallel_for(rows / 16, 32 * cols, [&](std::int64_t b, std::int64_t e) {
-      pack_both(src, ba, ab, rows, cols, b * 16, e * 16);
+      pack_rows(src, ba, ab, rows, cols, b * 16, e * 16, /*stream=*/true);
     });
     return;
   }
