@@ -68,13 +68,7 @@ using FlopFn = std::function<double(const ir::Node&)>;
 /// convolutions' layout (as --precision bf16 keeps them); i32 values (argmax) take the layout only.
 /// BlockedToPlain: the input side (x, or dx of a backward) blocked and the rest plain, as pool2
 /// before the flatten leaves them.
-enum class Storage {
-  Plain,
-  Blocked,
-  Bf16,
-  BlockedToPlain,
-  Bf16Copies,  // a copy's outputs stored as bf16: bf16_copy's plain, bf16_copies' two packs
-};
+enum class Storage { Plain, Blocked, Bf16, BlockedToPlain };
 
 struct Case {
   std::string bench;  // "conv2d_fwd"
@@ -138,23 +132,6 @@ class Table {
          {{"trans_a", true}, {"momentum", 0.9f}},
          {f32({m, n}), f32({m, k}), f32({n, k}), f32({n, k}), f32(Shape{})},
          op_flops});
-    // The weight's bf16 copies under --precision bf16: plain (bf16_copy), and the two packs
-    // oneDNN's bf16 forward and data gradient read it in (bf16_copies, one pass over it). Both
-    // cost the bytes of the f32 weight read once and of each copy written once.
-    add({"weight_bf16_copy",
-         "bf16_copy",
-         fmt::format("P{}_{}", n, k),
-         {},
-         {f32({n, k})},
-         nullptr,
-         Storage::Bf16Copies});
-    add({"weight_bf16_copies",
-         "bf16_copies",
-         fmt::format("P{}_{}", n, k),
-         {},
-         {f32({n, k})},
-         nullptr,
-         Storage::Bf16Copies});
     add({"sgd_momentum",
          "sgd_momentum",
          fmt::format("P{}_{}", n, k),
@@ -514,16 +491,6 @@ std::string storage_layout(Storage storage, int64_t channels) {
 /// take the layout only.
 void apply_storage(ir::Node& n, Storage storage) {
   if (storage == Storage::Plain) return;
-  if (storage == Storage::Bf16Copies) {
-    // As share_bf16_factors packs a linear layer's weight: for the forward (which reads it
-    // transposed), then for the data gradient.
-    const char* packs[] = {"AB16b64a2b", "BA16a64b2a"};
-    for (std::size_t i = 0; i < n.outputs().size(); ++i) {
-      n.output(static_cast<int>(i))->set_stored(DType::BF16);
-      if (n.outputs().size() == 2) n.output(static_cast<int>(i))->set_layout(packs[i]);
-    }
-    return;
-  }
   const std::string layout = storage_layout(storage, n.input(0)->shape()[1]);
   std::vector<ir::Value*> values(n.inputs().begin(), n.inputs().end());
   values.insert(values.end(), n.outputs().begin(), n.outputs().end());
@@ -547,12 +514,6 @@ void apply_storage(ir::Node& n, Storage storage) {
 
 /// Why the case's storage cannot be had here, or "".
 std::string storage_missing(Storage storage, const Case& c) {
-  if (storage == Storage::Bf16Copies) {
-    const Shape& w = c.inputs[0].shape;
-    if (c.op == "bf16_copies" && (w[0] % 64 != 0 || w[1] % 64 != 0))
-      return fmt::format("{} fills no whole blocks of the matrix packs", w.str());
-    return {};
-  }
   if (storage != Storage::Plain) {
     const std::string layout = storage_layout(storage, c.inputs[0].shape[1]);
     const int64_t channels = c.inputs[0].shape[1];

@@ -15,32 +15,13 @@ int channel_block(std::string_view layout) {
   MINIDL_FAIL("unknown layout '", layout, "' (expected plain, nChw16c, nChw8c or nhwc)");
 }
 
-bool matrix_pack(std::string_view layout) {
-  return layout == "BA16a64b2a" || layout == "AB16b64a2b";
-}
-
-std::pair<std::int64_t, std::int64_t> matrix_pack_block(std::string_view layout) {
-  MINIDL_CHECK(matrix_pack(layout), "'", layout, "' is no matrix pack");
-  return layout == "BA16a64b2a" ? std::pair<std::int64_t, std::int64_t>{32, 64}
-                                : std::pair<std::int64_t, std::int64_t>{64, 32};
-}
-
 void Value::set_layout(std::string layout) {
-  if (matrix_pack(layout)) {
-    const auto [rows, cols] = matrix_pack_block(layout);
-    MINIDL_CHECK(shape_.rank() == 2 && dtype_ == DType::F32 && stored_ == DType::BF16 &&
-                     shape_[0] % rows == 0 && shape_[1] % cols == 0,
-                 "value ", ref(), " of ", producer_->describe(), " cannot take layout ", layout,
-                 ": it needs a 2-D f32 value stored as bf16 whose rows are a multiple of ", rows,
-                 " and columns of ", cols, ", got ", shape_, " ", dtype_, " stored as ", stored_);
-  } else {
-    const int block = channel_block(layout);
-    MINIDL_CHECK(
-        layout.empty() || (shape_.rank() == 4 && dtype_size(dtype_) == 4 && shape_[1] % block == 0),
-        "value ", ref(), " of ", producer_->describe(), " cannot take layout ", layout,
-        ": it needs a 4-D f32 or i32 value whose channels are a multiple of ", block, ", got ",
-        shape_, " ", dtype_);
-  }
+  const int block = channel_block(layout);
+  MINIDL_CHECK(
+      layout.empty() || (shape_.rank() == 4 && dtype_size(dtype_) == 4 && shape_[1] % block == 0),
+      "value ", ref(), " of ", producer_->describe(), " cannot take layout ", layout,
+      ": it needs a 4-D f32 or i32 value whose channels are a multiple of ", block, ", got ",
+      shape_, " ", dtype_);
   if (layout == layout_) return;
   layout_ = std::move(layout);
   // Whether a kernel takes a value depends on its layout: the choices around it no longer hold.
@@ -51,9 +32,6 @@ void Value::set_layout(std::string layout) {
 void Value::set_stored(DType t) {
   MINIDL_CHECK(t == dtype_ || (dtype_ == DType::F32 && t == DType::BF16), "value ", ref(), " of ",
                producer_->describe(), " is ", dtype_, " and cannot be stored as ", t);
-  MINIDL_CHECK(!matrix_pack(layout_) || t == DType::BF16, "value ", ref(), " of ",
-               producer_->describe(), " is in the bf16 matrix pack ", layout_,
-               " and cannot be stored as ", t);
   if (t == stored_) return;
   stored_ = t;
   producer_->kernel_.reset();

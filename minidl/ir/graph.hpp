@@ -7,7 +7,6 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
-#include <utility>
 #include <vector>
 
 #include "minidl/core/tensor.hpp"
@@ -32,13 +31,10 @@ class Value {
   /// innermost dimension; see channel_block), or "nhwc" (channels innermost, oneDNN's acdb: what
   /// its AMX bf16 convolutions run in). The shape stays the logical one. Set by
   /// ops::PropagateLayouts on values that only layout-aware kernels read and write; the runtime
-  /// gives a node with such a value only kernels that can take it. A [rows, cols] f32 value
-  /// stored as bf16 may instead be a packed matrix (matrix_pack): a bf16 copy of a weight in the
-  /// layout oneDNN's bf16 products read their second factor in (ops::share_bf16_factors).
+  /// gives a node with such a value only kernels that can take it.
   const std::string& layout() const { return layout_; }
   /// Sets the layout; throws minidl::Error unless the value is a 4-D f32 or i32 value whose
-  /// channels divide into whole blocks, or a 2-D f32 value stored as bf16 whose rows and columns
-  /// divide into a matrix pack's blocks (no padding either way: the buffer keeps the plain size).
+  /// channels divide into whole blocks (no padding: the buffer keeps the plain size).
   void set_layout(std::string layout);
   /// The element type the buffer holds: dtype(), or BF16 for an f32 value that
   /// ops::PropagateLayouts keeps in bf16 between kernels that read and write bf16
@@ -77,16 +73,6 @@ enum class Role : std::uint8_t { None, RngKey, LearningRate, OptimizerStep };
 /// The channel block of a layout: 1 for plain ("") and "nhwc", 16 for "nChw16c", 8 for
 /// "nChw8c"; throws minidl::Error for any other name.
 int channel_block(std::string_view layout);
-
-/// Whether a layout is a packed bf16 matrix, in oneDNN's names for a [rows, cols] value:
-/// "BA16a64b2a" (blocks of 32 rows x 64 columns, the blocks of a column strip together, inside a
-/// block pairs of rows innermost: (r, c) at (r % 32 / 2) * 128 + (c % 64) * 2 + r % 2) or its
-/// transpose "AB16b64a2b" (blocks of 64 rows x 32 columns, pairs of columns innermost). The first
-/// is how oneDNN's bf16 matmul reads its second factor b [k, n] on AVX-512 CPUs, the second how
-/// it reads that factor when it is stored transposed, as [n, k].
-bool matrix_pack(std::string_view layout);
-/// The rows and columns one block of a matrix pack spans: {32, 64} or {64, 32}.
-std::pair<std::int64_t, std::int64_t> matrix_pack_block(std::string_view layout);
 
 class Node {
  public:

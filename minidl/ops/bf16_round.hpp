@@ -23,18 +23,14 @@ namespace minidl::ops {
 #if defined(__x86_64__)
 /// The bf16 bits of each lane of v, in the low half of the lane (bf16_round, 16 at a time). The
 /// masked forms with every lane selected: GCC 12's plain ones trip -Wmaybe-uninitialized.
-/// The same in the high half of each lane (the low half is left over from the rounding).
-[[gnu::always_inline, gnu::target("avx512f")]] inline __m512i bf16_round16_high(__m512 v) {
+[[gnu::always_inline, gnu::target("avx512f")]] inline __m512i bf16_round16(__m512 v) {
   const __m512i u = _mm512_castps_si512(v);
   const __m512i lsb =
       _mm512_and_si512(_mm512_maskz_srli_epi32(0xffff, u, 16), _mm512_set1_epi32(1));
   const __m512i rounded = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb);
   const __m512i quiet = _mm512_or_si512(u, _mm512_set1_epi32(0x400000));
   const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-  return _mm512_mask_mov_epi32(rounded, nan, quiet);
-}
-[[gnu::always_inline, gnu::target("avx512f")]] inline __m512i bf16_round16(__m512 v) {
-  return _mm512_maskz_srli_epi32(0xffff, bf16_round16_high(v), 16);
+  return _mm512_maskz_srli_epi32(0xffff, _mm512_mask_mov_epi32(rounded, nan, quiet), 16);
 }
 #endif
 

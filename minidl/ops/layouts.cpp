@@ -246,7 +246,7 @@ const std::string& blocked_layout() {
 }
 
 bool bf16_activation(const ir::Value& v) {
-  return v.stored() == DType::BF16 && !v.layout().empty() && !ir::matrix_pack(v.layout());
+  return v.stored() == DType::BF16 && !v.layout().empty();
 }
 
 const std::string& bf16_layout() {

@@ -48,8 +48,7 @@ const std::string& blocked_layout();
 /// AMX, "nChw16c" with AVX512-BF16 alone), or "" without oneDNN or bf16 units.
 const std::string& bf16_layout();
 /// Whether v is a bf16 activation: stored as bf16 in a layout (the bf16 convolutions'). A plain
-/// or matrix-packed bf16 value is a factor's shared copy (share_bf16_factors), which constrains
-/// no layout.
+/// bf16 value is a factor's shared copy (share_bf16_factors), which constrains no layout.
 bool bf16_activation(const ir::Value& v);
 
 }  // namespace minidl::ops

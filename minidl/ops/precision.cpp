@@ -1,6 +1,5 @@
 #include "minidl/ops/precision.hpp"
 
-#include <algorithm>
 #include <map>
 #include <unordered_map>
 #include <utility>
@@ -59,15 +58,6 @@ bool bf16_pays(const ir::Node& n) {
   return c >= bf16_block() || k >= bf16_block();
 }
 
-// The layout in which reader n takes its copy of input i: the matrix pack oneDNN's bf16 product
-// reads its second factor in where the copy can write it, else plain.
-std::string packed_layout(const ir::Node& n, int i) {
-#if MINIDL_WITH_ONEDNN
-  if (i == 1 && &n.def() == &op_matmul) return onednn::matmul_b_pack(n);
-#endif
-  return {};
-}
-
 }  // namespace
 
 int share_bf16_factors(ir::Graph& g) {
@@ -98,47 +88,23 @@ int share_bf16_factors(ir::Graph& g) {
     if (r.size() < 2) continue;
     ir::Value* v = key.first;
     ir::Node* first = r.front().first;
-    // One copy per layout its readers read it in (in the order of their first reader): plain,
-    // or the matrix pack a product reads its second factor in. The copies go together before
-    // the first reader, so that all but the first read v from the caches.
-    std::vector<std::pair<std::string, std::vector<std::pair<ir::Node*, int>>>> by_layout;
+    ir::Node* copy = g.add_node(op_bf16_copy, {v}, {}, v->producer()->name() + ".bf16");
+    // The reader's phase, replica and placement annotations (a stage, a backend), not its
+    // precision: the copy computes nothing.
+    copy->set_phase(first->phase());
+    copy->set_replica(first->replica());
+    for (const auto& [name, value] : first->annotations().items())
+      if (name != "precision") copy->annotations().set(name, value);
+    g.move_before(copy, first);
+    copy->output()->set_stored(DType::BF16);
     for (const auto& [user, i] : r) {
-      const std::string layout = packed_layout(*user, i);
-      auto it = std::find_if(by_layout.begin(), by_layout.end(),
-                             [&](const auto& e) { return e.first == layout; });
-      if (it == by_layout.end()) it = by_layout.insert(by_layout.end(), {layout, {}});
-      it->second.emplace_back(user, i);
+      auto& inputs = replaced[user];
+      if (inputs.empty()) rebuilt.push_back(user);
+      inputs.emplace_back(i, copy->output());
     }
-    // Two layouts come from one bf16_copies node (one pass over v), one from a bf16_copy.
-    for (std::size_t c = 0; c < by_layout.size(); c += 2) {
-      const std::size_t outputs = std::min<std::size_t>(2, by_layout.size() - c);
-      std::string name = v->producer()->name() + ".bf16";
-      for (std::size_t o = 0; o < outputs; ++o)
-        if (!by_layout[c + o].first.empty()) name += "." + by_layout[c + o].first;
-      ir::Node* copy =
-          g.add_node(outputs == 2 ? op_bf16_copies : op_bf16_copy, {v}, {}, std::move(name));
-      // The reader's phase, replica and placement annotations (a stage, a backend), not its
-      // precision: the copy computes nothing.
-      copy->set_phase(first->phase());
-      copy->set_replica(first->replica());
-      for (const auto& [key_name, value] : first->annotations().items())
-        if (key_name != "precision") copy->annotations().set(key_name, value);
-      g.move_before(copy, first);
-      for (std::size_t o = 0; o < outputs; ++o) {
-        const auto& [layout, users] = by_layout[c + o];
-        ir::Value* out = copy->output(static_cast<int>(o));
-        out->set_stored(DType::BF16);
-        out->set_layout(layout);
-        for (const auto& [user, i] : users) {
-          auto& inputs = replaced[user];
-          if (inputs.empty()) rebuilt.push_back(user);
-          inputs.emplace_back(i, out);
-        }
-        log_verbose("dispatch", "{}: a bf16 copy of {}{} for {} bf16 products", copy->describe(),
-                    v->ref(), layout.empty() ? "" : " in " + layout, users.size());
-      }
-      ++copies;
-    }
+    log_verbose("dispatch", "{}: one bf16 copy of {} for {} bf16 products", copy->describe(),
+                v->ref(), r.size());
+    ++copies;
   }
   // A reader becomes the same node on the copies (the graph replaces a value's uses only all at
   // once, and the value's other readers, an update among them, keep reading the f32 value).

@@ -188,7 +188,6 @@ MINIDL_OP(matmul)
     .flops(flops)
 #if MINIDL_WITH_ONEDNN
     .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::matmul_kernel, onednn::matmul_supports)
-    .layout_aware()  // b as a bf16 matrix pack (bf16_copy); the rest plain
     .mixed_precision()
     .bf16_values()  // factors shared as bf16 (bf16_copy); the result stays f32
 #endif

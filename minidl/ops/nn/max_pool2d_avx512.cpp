@@ -17,7 +17,6 @@
 
 #include "minidl/ops/bf16_round.hpp"
 #include "minidl/ops/nn/max_pool2d_lanes.hpp"
-#include "minidl/ops/transpose16.hpp"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -114,6 +113,35 @@ MINIDL_AVX512_INLINE void relu_clamp(__m512& acc, __m512i& idx) {
   const __mmask16 pass = _mm512_cmp_ps_mask(acc, _mm512_setzero_ps(), _CMP_GT_OQ);
   acc = _mm512_maskz_mov_ps(pass, acc);
   idx = _mm512_mask_mov_epi32(_mm512_set1_epi32(kClamped), pass, idx);
+}
+
+// r[i] = column i of the 16x16 matrix of 32-bit values whose row i was r[i].
+MINIDL_AVX512_INLINE void transpose16(__m512 r[16]) {
+  const __m512 z = _mm512_setzero_ps();
+  __m512 t[16];
+  for (int k = 0; k < 8; ++k) {
+    t[2 * k] = _mm512_mask_unpacklo_ps(z, 0xffff, r[2 * k], r[2 * k + 1]);
+    t[2 * k + 1] = _mm512_mask_unpackhi_ps(z, 0xffff, r[2 * k], r[2 * k + 1]);
+  }
+  // r[4q + k]: in each 128-bit lane L, column 4L + k of rows 4q .. 4q + 3.
+  for (int q = 0; q < 4; ++q) {
+    r[4 * q] = _mm512_mask_shuffle_ps(z, 0xffff, t[4 * q], t[4 * q + 2], 0x44);
+    r[4 * q + 1] = _mm512_mask_shuffle_ps(z, 0xffff, t[4 * q], t[4 * q + 2], 0xee);
+    r[4 * q + 2] = _mm512_mask_shuffle_ps(z, 0xffff, t[4 * q + 1], t[4 * q + 3], 0x44);
+    r[4 * q + 3] = _mm512_mask_shuffle_ps(z, 0xffff, t[4 * q + 1], t[4 * q + 3], 0xee);
+  }
+  for (int k = 0; k < 4; ++k) {
+    t[k] = _mm512_mask_shuffle_f32x4(z, 0xffff, r[k], r[4 + k], 0x88);
+    t[4 + k] = _mm512_mask_shuffle_f32x4(z, 0xffff, r[k], r[4 + k], 0xdd);
+    t[8 + k] = _mm512_mask_shuffle_f32x4(z, 0xffff, r[8 + k], r[12 + k], 0x88);
+    t[12 + k] = _mm512_mask_shuffle_f32x4(z, 0xffff, r[8 + k], r[12 + k], 0xdd);
+  }
+  for (int k = 0; k < 4; ++k) {
+    r[k] = _mm512_mask_shuffle_f32x4(z, 0xffff, t[k], t[8 + k], 0x88);
+    r[8 + k] = _mm512_mask_shuffle_f32x4(z, 0xffff, t[k], t[8 + k], 0xdd);
+    r[4 + k] = _mm512_mask_shuffle_f32x4(z, 0xffff, t[4 + k], t[12 + k], 0x88);
+    r[12 + k] = _mm512_mask_shuffle_f32x4(z, 0xffff, t[4 + k], t[12 + k], 0xdd);
+  }
 }
 
 // 2x2 windows of stride 2 without padding: the CNNs' poolings, which have paths of their own.

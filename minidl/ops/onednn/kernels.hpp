@@ -21,10 +21,6 @@ namespace minidl::ops::onednn {
 /// [M,N]; the transposes are strides of the memory descriptors.
 ir::Kernel matmul_kernel(const ir::Node& n);
 bool matmul_supports(const ir::Node& n, std::string* why);
-/// The matrix pack (ir::matrix_pack) oneDNN's bf16 kernel for n reads b in, named in b's own
-/// dimensions as stored ("BA16a64b2a", or "AB16b64a2b" when transposed), where it picks the one
-/// ops::bf16_copy writes and b's dimensions fill its blocks; "" otherwise (an f32 node too).
-std::string matmul_b_pack(const ir::Node& n);
 
 /// Elementwise forward: src x -> dst y, any shape.
 ir::Kernel relu_kernel(const ir::Node& n);

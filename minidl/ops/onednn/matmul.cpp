@@ -18,15 +18,8 @@ namespace {
 /// Factor i (0: a, 1: b) of n as stored: [rows, cols] of its stored type, over the stored
 /// transpose when `trans`.
 dnnl::memory::desc factor_desc(const ir::Node& n, int i) {
-  const ir::Value* v = n.input(i);
-  const Shape& s = v->shape();
+  const Shape& s = n.input(i)->shape();
   const bool t = n.attrs().get<bool>(i == 0 ? "trans_a" : "trans_b");
-  // A bf16 matrix pack (a shared copy in the layout the product reads b in): b [k, n] as the
-  // value is stored, or its transpose.
-  if (ir::matrix_pack(v->layout())) {
-    const dnnl::memory::desc d = value_desc(v);
-    return t ? d.permute_axes({1, 0}) : d;
-  }
   dnnl::memory::desc d = matrix_desc(t ? s[1] : s[0], t ? s[0] : s[1], t);
   if (n.input(i)->stored() != DType::BF16) return d;
   const dnnl::memory::dims dims = d.dims();
@@ -82,52 +75,10 @@ dnnl::matmul::primitive_desc matmul_pd(const ir::Node& n) {
   return pd;
 }
 
-/// The matrix pack (ir::matrix_pack) b of a bf16 matmul is read in when stored (un)transposed.
-std::string_view b_pack(bool transposed) { return transposed ? "AB16b64a2b" : "BA16a64b2a"; }
-
-/// Why a value of n in a layout cannot be read, or "": only b may be a matrix pack, the one its
-/// transpose asks for, of a node computing in bf16.
-std::string check_layouts(const ir::Node& n) {
-  for (std::size_t i = 0; i < n.inputs().size(); ++i) {
-    const ir::Value* v = n.input(static_cast<int>(i));
-    if (v->layout().empty()) continue;
-    const std::string_view want = b_pack(n.attrs().get<bool>("trans_b"));
-    if (i != 1 || v->layout() != want || ir::node_precision(n) != ir::Precision::BF16)
-      return fmt::format(
-          "{} is in layout {}; the matmul reads its factors plain, or b in {} "
-          "when it computes in bf16",
-          v->ref(), v->layout(), want);
-  }
-  if (!n.output()->layout().empty())
-    return fmt::format("{} is in layout {}; the matmul writes plain", n.output()->ref(),
-                       n.output()->layout());
-  return {};
-}
-
 }  // namespace
 
-std::string matmul_b_pack(const ir::Node& n) {
-  if (ir::node_precision(n) != ir::Precision::BF16) return {};
-  const bool tb = n.attrs().get<bool>("trans_b");
-  const std::string_view pack = b_pack(tb);
-  const auto [rows, cols] = ir::matrix_pack_block(pack);
-  const Shape& s = n.input(1)->shape();
-  if (s[0] % rows != 0 || s[1] % cols != 0) return {};
-  try {
-    const dnnl::matmul::primitive_desc pd = matmul_pd(n, false);
-    const dnnl::memory::dims kn = pd.weights_desc().dims();
-    if (pd.weights_desc() !=
-        dnnl::memory::desc(kn, dnnl::memory::data_type::bf16, dnnl::memory::format_tag::BA16a64b2a))
-      return {};
-  } catch (const dnnl::error&) {
-    return {};
-  }
-  return std::string(pack);
-}
-
 bool matmul_supports(const ir::Node& n, std::string* why) {
-  std::string reason = check_layouts(n);
-  if (reason.empty()) reason = check_f32_nonempty(n);
+  std::string reason = check_f32_nonempty(n);
   if (reason.empty() && ir::node_precision(n) != ir::Precision::BF16) {
     for (int i = 0; i < 2; ++i)
       if (n.input(i)->stored() == DType::BF16)

@@ -54,8 +54,6 @@ memory::data_type data_type_of(DType t) {
 memory::desc layout_desc(const Shape& s, const std::string& layout, DType stored) {
   const memory::data_type t = data_type_of(stored);
   if (layout == "nhwc") return memory::desc(dims_of(s), t, memory::format_tag::nhwc);
-  if (layout == "BA16a64b2a") return memory::desc(dims_of(s), t, memory::format_tag::BA16a64b2a);
-  if (layout == "AB16b64a2b") return memory::desc(dims_of(s), t, memory::format_tag::AB16b64a2b);
   switch (ir::channel_block(layout)) {
     case 16:
       return memory::desc(dims_of(s), t, memory::format_tag::nChw16c);

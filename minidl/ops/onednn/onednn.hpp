@@ -29,7 +29,7 @@ dnnl::memory::desc plain_desc(const Shape& s,
 /// oneDNN's data type for a stored element type (f32, bf16, s32).
 dnnl::memory::data_type data_type_of(DType t);
 /// Descriptor of a value in its layout (ir::Value::layout) and stored type (ir::Value::stored):
-/// plain_desc, a channel-blocked nChw16c / nChw8c one, nhwc, or a bf16 matrix pack.
+/// plain_desc, a channel-blocked nChw16c / nChw8c one, or nhwc.
 dnnl::memory::desc value_desc(const ir::Value* v);
 /// Descriptor of s in the named layout ("" plain) holding elements of type `stored`.
 dnnl::memory::desc layout_desc(const Shape& s, const std::string& layout,
