@@ -222,6 +222,9 @@ MINIDL_AVX512_INLINE void fwd_row(const FwdArgs& a, const TX* xg, int64_t xs, __
   }
 }
 
+// How many windows ahead the 2x2 row kernels prefetch what they read and write.
+constexpr int64_t kAhead = 8;
+
 // One output row oh of a group's 16 channels (masked by m) under 2x2 windows of stride 2 (no
 // padding), each value stored where it lies (x, y and argmax at their group's bases, steps xs, ys
 // and as). Between bf16 values the maximum of a window without NaNs is a bf16 value already, stored
@@ -239,7 +242,6 @@ MINIDL_AVX512_INLINE void fwd_row_2x2(const FwdArgs& a, const TX* xg, int64_t xs
   for (int64_t ow = 0; ow < g.OW; ++ow) {
     // Both input rows a few windows ahead: in training x was written a while before, or past
     // the caches (oneDNN's Winograd convolutions), and comes from memory (performance.md).
-    constexpr int64_t kAhead = 8;
     __builtin_prefetch(r0 + (2 * ow + kAhead) * xs, 0, 3);
     __builtin_prefetch(r0 + (2 * ow + kAhead + 1) * xs, 0, 3);
     __builtin_prefetch(r1 + (2 * ow + kAhead) * xs, 0, 3);
@@ -482,7 +484,6 @@ MINIDL_AVX512_INLINE void bwd_rows_2x2(const BwdArgs& a, TD* d, int64_t xs, cons
   for (int64_t ow = 0; ow < g.OW; ++ow) {
     // dy and argmax a few windows ahead, and the line of each dx row written there (both lines
     // of an f32 row slowed the f32 backward down).
-    constexpr int64_t kAhead = 8;
     __builtin_prefetch(dyr + (ow + kAhead) * ys, 0, 3);
     __builtin_prefetch(amr + (ow + kAhead) * as, 0, 3);
     __builtin_prefetch(r0 + (2 * ow + kAhead) * xs, 1, 3);
