@@ -806,6 +806,12 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
             s.seconds - s.comm_seconds - s.wait_seconds - s.data_wait_seconds, s.comm_seconds,
             s.wait_seconds, s.data_wait_seconds, s.data_prepare_seconds,
             topt.prefetch ? "on the prefetch thread" : "on the main thread");
+        if (s.flops > 0 && s.timed_samples > 0) {
+          fmt::print(
+              "           {:.1f} GFLOP/s in the products and convolutions ({:.2f} MFLOP per "
+              "sample, forward and backward)\n",
+              s.flops / s.seconds / 1e9, s.flops / static_cast<double>(s.timed_samples) / 1e6);
+        }
         if (staged)
           fmt::print("{}", format_stage_times(stages, steps_counted, stage_micro, "           "));
       }
@@ -817,6 +823,10 @@ int run_training(const std::string& program, AppConfig& c, const ModelBuilder& b
         {"test_loss", e.loss},
         {"epoch_seconds", s.seconds},
         {"samples_per_second", sps},
+        {"flops", s.flops},
+        {"flops_per_sample",
+         s.timed_samples > 0 ? s.flops / static_cast<double>(s.timed_samples) : 0.0},
+        {"gflops_per_second", s.flops / s.seconds / 1e9},
         {"comm_seconds", s.comm_seconds},
         {"wait_seconds", s.wait_seconds},
         {"steps", steps_counted},

@@ -324,11 +324,13 @@ struct Trainer::Sums {
   double correct = 0.0;
   double norm = 0.0;  // gradient norms summed over steps (the same on every rank)
   std::int64_t norms = 0;
+  double flops = 0.0;  // of the training steps
   void reduce(parallel::Communicator& comm) {
-    double v[2] = {loss, correct};
-    comm.allreduce_sum(v, 2);
+    double v[3] = {loss, correct, flops};
+    comm.allreduce_sum(v, 3);
     loss = v[0];
     correct = v[1];
+    flops = v[2];
   }
 };
 
@@ -523,6 +525,9 @@ EpochStats Trainer::train_epoch(const Dataset& d, int epoch, const StepCallback&
   const std::int64_t samples = pos.samples;
   // Stopped inside the epoch, the position stays there (a checkpoint resumes from it).
   if (!stopped) position_ = TrainerPosition{.epoch = epoch + 1, .step = steps_};
+  const double flops = training_flops();
+  sums.flops = flops - flops_;
+  flops_ = flops;
   sums.reduce(comm_);
   gather_stages();
   const auto [comm, wait] = comm_wait_seconds();
@@ -535,6 +540,7 @@ EpochStats Trainer::train_epoch(const Dataset& d, int epoch, const StepCallback&
   s.accuracy = loss_->classification() ? sums.correct / static_cast<double>(samples)
                                        : std::numeric_limits<double>::quiet_NaN();
   if (sums.norms > 0) s.grad_norm = sums.norm / static_cast<double>(sums.norms);
+  s.flops = sums.flops;
   s.seconds = seconds_since(t0);
   return s;
 }
@@ -578,6 +584,13 @@ std::vector<const runtime::Executable*> Trainer::training_executables() const {
     for (const runtime::Executable* exe : p->executables()) out.push_back(exe);
   }
   return out;
+}
+
+double Trainer::training_flops() const {
+  double flops = 0.0;
+  for (const runtime::Executable* exe : training_executables())
+    flops += static_cast<double>(exe->flops_per_run()) * static_cast<double>(exe->counted_runs());
+  return flops;
 }
 
 std::pair<double, double> Trainer::comm_wait_seconds() const {

@@ -116,6 +116,11 @@ struct EpochStats {
   // was hidden behind the steps.
   double data_wait_seconds = 0.0;
   double data_prepare_seconds = 0.0;
+  // The floating-point operations of the epoch's training steps on all ranks, as the ops count
+  // them (runtime::Executable::flops_per_run: the products and the convolutions, forward and
+  // backward): flops / seconds is the rate the model trained at, flops / timed_samples its
+  // training FLOPs per sample.
+  double flops = 0.0;
   double lr = 0.0;  // the learning rate of the epoch's last step
   double grad_norm = std::numeric_limits<double>::quiet_NaN();  // mean over the epoch's steps,
                                                                 // with clipping; else NaN
@@ -246,6 +251,8 @@ class Trainer {
   const train::Loss* loss_ = nullptr;
   /// Seconds in communication and waiting kernels of all training programs so far (profiling).
   std::pair<double, double> comm_wait_seconds() const;
+  /// The floating-point operations of this rank's training steps so far.
+  double training_flops() const;
 
   // The batches the prefetch thread prepares, in turn: kept, so that their buffers serve every
   // epoch.
@@ -253,6 +260,7 @@ class Trainer {
   bool preflight_done_ = false;
   bool stop_ = false;
   std::pair<double, double> comm_wait_ = {0.0, 0.0};  // at the end of the previous epoch
+  double flops_ = 0.0;                                // training_flops() then
   std::int64_t steps_ = 0;    // training steps since training began: dropout's key step
   TrainerPosition position_;  // the statistics of which are this rank's own
   std::optional<TrainerPosition> resume_;  // where the next train_epoch starts

@@ -358,7 +358,10 @@ void Executable::make_steps(const ir::Graph& g) {
     steps_.push_back(std::move(s));
   }
   // Spans into the steps' own vectors, taken once the steps no longer move.
-  for (Step& s : steps_) s.args = ir::KernelArgs{s.node, s.in, s.out};
+  for (Step& s : steps_) {
+    s.args = ir::KernelArgs{s.node, s.in, s.out};
+    if (const ir::FlopsFn flops = s.node->def().flops_fn()) flops_per_run_ += flops(*s.node);
+  }
   find_sections();
   if (options_.profile || options_.trace) {
     for (const Step& s : steps_) {

@@ -143,8 +143,11 @@ class Executable {
 
   /// Per node output, its subnormal counts (CompileOptions::count_denormals; empty otherwise).
   std::vector<SubnormalCount> subnormals() const;
-  /// Runs counted by subnormals().
+  /// How many times run() ran (the runs subnormals() counts).
   std::int64_t counted_runs() const { return runs_; }
+  /// The floating-point operations of one run as the ops count them (ir::OpDef::flops: the
+  /// products and the convolutions, forward and backward; the memory-bound nodes count none).
+  std::int64_t flops_per_run() const { return flops_per_run_; }
   /// A table of the outputs that held subnormals, most first, and a total line.
   std::string subnormal_report() const;
 
@@ -198,6 +201,7 @@ class Executable {
   // the thread that runs it.
   std::vector<std::vector<SubnormalCount>> subnormals_;
   std::int64_t runs_ = 0;
+  std::int64_t flops_per_run_ = 0;
   MemoryPlan plan_;
 };
 

@@ -291,3 +291,26 @@ TEST(Training, BatchNormStatisticsOverReplicas) {
   EXPECT_FALSE(same_bits(one, local));
   set_num_threads(threads);
 }
+
+// EpochStats::flops counts the products of the training steps the epoch ran, as the ops count
+// them: small_mlp (64 -> 32 -> 10) computes fc1's forward and weight gradient (its input needs
+// no gradient) and fc2's forward, weight and data gradients, 2 x 4096 + 3 x 640 FLOPs per
+// sample, whatever the batches (three of 32 and a ragged one of 4 here), the fusion of the
+// updates into the products, the thread replicas; evaluation counts nothing.
+TEST(Training, EpochFlopsCountTheProductsOfEverySample) {
+  constexpr double kPerSample = 2 * (2 * 64 * 32) + 3 * (2 * 32 * 10);
+  Dataset train = blobs(100, 21), test = blobs(50, 22);
+  for (const int replicas : {1, 2}) {
+    for (const bool fuse : {true, false}) {
+      auto model = mlp();
+      model->reset(5);
+      optim::Sgd sgd({.lr = 0.05, .momentum = 0.9});
+      Trainer t(*model, sgd, {.batch_size = 32, .fuse = fuse, .replicas = replicas});
+      const EpochStats e1 = t.train_epoch(train, 1);
+      t.evaluate(test);
+      const EpochStats e2 = t.train_epoch(train, 2);
+      EXPECT_EQ(e1.flops, 100 * kPerSample) << replicas << " replicas, fuse " << fuse;
+      EXPECT_EQ(e2.flops, 100 * kPerSample) << replicas << " replicas, fuse " << fuse;
+    }
+  }
+}
