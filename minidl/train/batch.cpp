@@ -38,10 +38,14 @@ std::int64_t below(std::uint32_t bits, std::int64_t n) {
 }
 
 // gather()'s work for one micro-step whose share is `share` and whose inputs are `parts`
-// (the step's, or a staged batch's).
+// (the step's, or a staged batch's). The indices are checked first; then, with `threads`, the
+// samples are copied on the OpenMP threads (each sample's copy and transform is its own: the
+// same bytes whoever makes it). The rows come from a data set far larger than the caches, in
+// random order: two threads keep twice the reads in flight (the MLP's 64 rows of 3 KiB per step
+// took 49 us on one thread).
 void gather_parts(parallel::Slice share, std::span<const CompiledStep::Part> parts,
                   const Tensor& samples, const Tensor& targets, std::span<const std::int64_t> batch,
-                  const Augment& augment, const AugmentKey& key) {
+                  const Augment& augment, const AugmentKey& key, bool threads) {
   MINIDL_CHECK(static_cast<std::int64_t>(batch.size()) >= share.end,
                "gather: this rank takes samples [", share.begin, ", ", share.end,
                ") of the batch, but the batch has ", batch.size(), " indices");
@@ -61,14 +65,23 @@ void gather_parts(parallel::Slice share, std::span<const CompiledStep::Part> par
     const std::int64_t n = part.end - part.begin;
     const std::size_t x_row = row_bytes(samples, count, "samples", part.x, n);
     const std::size_t t_row = row_bytes(targets, count, "targets", part.target, n);
+    const std::int64_t first = share.begin + part.begin;
+    constexpr std::int64_t kAhead = 4;
+    for (std::int64_t j = 0; j < n; ++j) {
+      const std::int64_t i = batch[static_cast<std::size_t>(first + j)];
+      MINIDL_CHECK(i >= 0 && i < count, "gather: index ", i, " at position ", first + j,
+                   " of the batch is outside the ", count, " samples");
+    }
     // Tensors are handles: the part's are the inputs' storage.
     auto* x = static_cast<char*>(part.x.raw());
     auto* t = static_cast<char*>(part.target.raw());
+#pragma omp parallel for schedule(static) if (threads && n > 1)
     for (std::int64_t j = 0; j < n; ++j) {
-      const std::int64_t at = share.begin + part.begin + j;
-      const std::int64_t i = batch[static_cast<std::size_t>(at)];
-      MINIDL_CHECK(i >= 0 && i < count, "gather: index ", i, " at position ", at,
-                   " of the batch is outside the ", count, " samples");
+      const std::int64_t i = batch[static_cast<std::size_t>(first + j)];
+      if (j + kAhead < n) {
+        const char* next = src + batch[static_cast<std::size_t>(first + j + kAhead)] * x_row;
+        for (std::size_t b = 0; b < x_row; b += 64) __builtin_prefetch(next + b, 0, 0);
+      }
       if (augment.any()) {
         const SampleTransform tr = draw_transform(augment, key, i);
         apply_transform(tr, reinterpret_cast<const float*>(src + i * x_row),
@@ -153,7 +166,8 @@ void check_augmentable(const Augment& augment, const Tensor& samples, std::strin
 void gather(CompiledStep& step, const Tensor& samples, const Tensor& targets,
             std::span<const std::int64_t> batch, std::size_t micro, const Augment& augment,
             const AugmentKey& key) {
-  gather_parts(step.share(micro), step.parts(micro), samples, targets, batch, augment, key);
+  gather_parts(step.share(micro), step.parts(micro), samples, targets, batch, augment, key,
+               /*threads=*/true);
 }
 
 void StagedBatch::shape_for(const CompiledStep& step) {
@@ -196,7 +210,7 @@ void StagedBatch::prepare(const Tensor& samples, const Tensor& targets,
                           const AugmentKey& key) {
   MINIDL_CHECK(step_ != nullptr, "StagedBatch::prepare before shape_for");
   for (const Micro& m : micro_)
-    gather_parts(m.share, m.parts, samples, targets, batch, augment, key);
+    gather_parts(m.share, m.parts, samples, targets, batch, augment, key, /*threads=*/false);
 }
 
 void StagedBatch::feed(CompiledStep& step, std::size_t micro) const {
