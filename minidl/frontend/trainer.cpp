@@ -529,6 +529,8 @@ EpochStats Trainer::train_epoch(const Dataset& d, int epoch, const StepCallback&
   sums.flops = flops - flops_;
   flops_ = flops;
   sums.reduce(comm_);
+  // With tensor parallelism comm_ holds this shard's replicas: the other shards' products too.
+  if (options_.tensor_comm != nullptr) options_.tensor_comm->allreduce_sum(&sums.flops, 1);
   gather_stages();
   const auto [comm, wait] = comm_wait_seconds();
   s.comm_seconds = comm - comm_wait_.first;

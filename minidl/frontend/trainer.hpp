@@ -118,8 +118,9 @@ struct EpochStats {
   double data_prepare_seconds = 0.0;
   // The floating-point operations of the epoch's training steps on all ranks, as the ops count
   // them (runtime::Executable::flops_per_run: the products and the convolutions, forward and
-  // backward): flops / seconds is the rate the model trained at, flops / timed_samples its
-  // training FLOPs per sample.
+  // backward; work a layout repeats, such as the layers tensor parallelism leaves whole on every
+  // shard, counts on each rank): flops / seconds is the rate the model trained at,
+  // flops / timed_samples its training FLOPs per sample.
   double flops = 0.0;
   double lr = 0.0;  // the learning rate of the epoch's last step
   double grad_norm = std::numeric_limits<double>::quiet_NaN();  // mean over the epoch's steps,

@@ -178,9 +178,14 @@ e0, e2 = epoch("mem0"), epoch("mem2")
 assert e0["steps"] == e2["steps"] == 1 and e0["comm_bytes_per_step"] == 0, (e0, e2)
 want = 4 * 64 * 32
 assert e2["comm_bytes_per_step"] == want, (e2, want)
+# The step's FLOPs over all ranks: each shard computes its half of the split pair, and both the
+# unsplit classifier (fc3); the first layer has no data gradient.
+per = 2 * (2 * pixels * 64) + 3 * (2 * 64 * 32) + 3 * (2 * 32 * 10)
+assert e0["flops"] == 64 * per, (e0["flops"], 64 * per)
+assert e2["flops"] == 64 * (per + 3 * 2 * 32 * 10), (e2["flops"], 64 * per)
 PY
   echo "ok   memory per rank: each shard keeps its half of the split parameters, gradients and state;" \
-    "bytes per step to collectives"
+    "bytes per step to collectives; the step's FLOPs over both shards"
 else
   fail "memory per rank with --tensor-parallel 2"
 fi
