@@ -358,16 +358,18 @@ void Executable::make_steps(const ir::Graph& g) {
     steps_.push_back(std::move(s));
   }
   // Spans into the steps' own vectors, taken once the steps no longer move.
+  std::vector<std::int64_t> flops;  // per step, from the op's count (0: none)
   for (Step& s : steps_) {
     s.args = ir::KernelArgs{s.node, s.in, s.out};
-    if (const ir::FlopsFn flops = s.node->def().flops_fn()) flops_per_run_ += flops(*s.node);
+    const ir::FlopsFn count = s.node->def().flops_fn();
+    flops.push_back(count ? count(*s.node) : 0);
+    flops_per_run_ += flops.back();
   }
   find_sections();
   if (options_.profile || options_.trace) {
-    for (const Step& s : steps_) {
-      const ir::FlopsFn flops = s.node->def().flops_fn();
-      profile_.push_back(
-          {s.node, s.kernel_name, 0, 0.0, flops ? flops(*s.node) : 0, node_elements(*s.node)});
+    for (std::size_t i = 0; i < steps_.size(); ++i) {
+      const Step& s = steps_[i];
+      profile_.push_back({s.node, s.kernel_name, 0, 0.0, flops[i], node_elements(*s.node)});
     }
   }
   if (options_.trace) {

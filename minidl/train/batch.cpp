@@ -37,6 +37,9 @@ std::int64_t below(std::uint32_t bits, std::int64_t n) {
       (static_cast<std::uint64_t>(bits) * static_cast<std::uint64_t>(n)) >> 32);
 }
 
+// How many rows ahead each thread of gather_parts prefetches.
+constexpr std::int64_t kAhead = 4;
+
 // gather()'s work for one micro-step whose share is `share` and whose inputs are `parts`
 // (the step's, or a staged batch's). The indices are checked first; then, with `threads`, the
 // samples are copied on the OpenMP threads (each sample's copy and transform is its own: the
@@ -66,7 +69,6 @@ void gather_parts(parallel::Slice share, std::span<const CompiledStep::Part> par
     const std::size_t x_row = row_bytes(samples, count, "samples", part.x, n);
     const std::size_t t_row = row_bytes(targets, count, "targets", part.target, n);
     const std::int64_t first = share.begin + part.begin;
-    constexpr std::int64_t kAhead = 4;
     for (std::int64_t j = 0; j < n; ++j) {
       const std::int64_t i = batch[static_cast<std::size_t>(first + j)];
       MINIDL_CHECK(i >= 0 && i < count, "gather: index ", i, " at position ", first + j,
