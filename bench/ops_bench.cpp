@@ -7,7 +7,7 @@
 //
 // Products and convolutions also run in mixed precision: "<backend>_bf16" marks the node bf16
 // (f32 tensors, bf16 factors, as --precision bf16 runs a product whose neighbours are f32), and
-// for convolutions "onednn_bf16act" also stores its activations (not the weights or their
+// for convolutions "<backend>_bf16act" also stores its activations (not the weights or their
 // gradient) as bf16 in the bf16 convolutions' layout, as --precision bf16 keeps them between bf16
 // kernels. A variant whose kernel would not compute in bf16 is skipped with the reason.
 #include <benchmark/benchmark.h>
@@ -665,8 +665,10 @@ void register_op_benchmarks() {
     if (c.flops && c.storage == Storage::Plain) {
       flavours.push_back({Backend::Native, Variant::Bf16, "native_bf16"});
       flavours.push_back({Backend::OneDnn, Variant::Bf16, "onednn_bf16"});
-      if (c.op.starts_with("conv2d"))
+      if (c.op.starts_with("conv2d")) {
+        flavours.push_back({Backend::Native, Variant::Bf16Activations, "native_bf16act"});
         flavours.push_back({Backend::OneDnn, Variant::Bf16Activations, "onednn_bf16act"});
+      }
     }
     for (const Flavour& f : flavours) {
       const std::string name = bench_name(c.bench, f.name, c.shape);

@@ -9,6 +9,7 @@
 #include "minidl/core/threading.hpp"
 #include "minidl/ops/fusion.hpp"
 #include "minidl/ops/native/conv16.hpp"
+#include "minidl/ops/native/conv_bf16.hpp"
 #include "minidl/ops/native/direct_conv.hpp"
 #include "minidl/ops/native/im2col.hpp"
 #include "minidl/ops/ops.hpp"
@@ -782,3 +783,176 @@ TEST(Conv2d, OneDnnTakesWinogradFrom32Channels) {
   }
 }
 #endif
+
+namespace {
+
+/// bf16 bits of v, rounded to nearest even (the kernels' rule).
+std::uint16_t bf16_bits(float v) {
+  std::uint32_t u = 0;
+  std::memcpy(&u, &v, sizeof u);
+  return static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/// t with every element rounded to bf16.
+Tensor bf16_rounded(const Tensor& t) {
+  Tensor r = t.clone();
+  for (std::int64_t i = 0; i < r.numel(); ++i) {
+    const std::uint32_t u = std::uint32_t{bf16_bits(t.at(i))} << 16;
+    std::memcpy(r.data<float>() + i, &u, sizeof u);
+  }
+  return r;
+}
+
+/// How an activation of a bf16 weight-gradient case lies: its layout and stored type.
+struct Stored {
+  std::string layout;
+  bool bf16 = true;
+};
+
+/// Writes the plain f32 tensor `plain` into `buffer`, a value stored as `s` says.
+void store_as(const Tensor& plain, const Tensor& buffer, const Stored& s) {
+  const Shape& sh = plain.shape();
+  const std::int64_t ch = sh[1], sp = sh[2] * sh[3];
+  const std::int64_t block = s.layout == "nhwc" ? ch : ir::channel_block(s.layout);
+  for (std::int64_t n = 0; n < sh[0]; ++n)
+    for (std::int64_t c = 0; c < ch; ++c)
+      for (std::int64_t p = 0; p < sp; ++p) {
+        const std::int64_t at = ((n * ch + c - c % block) * sp) + p * block + c % block;
+        const float v = plain.at((n * ch + c) * sp + p);
+        if (s.bf16) {
+          static_cast<std::uint16_t*>(buffer.raw())[at] = bf16_bits(v);
+        } else {
+          static_cast<float*>(buffer.raw())[at] = v;
+        }
+      }
+}
+
+struct WgradCase {
+  Shape x, dy;
+  Ints kernel, pad;
+  bool bias;
+  Stored sx, sdy;
+};
+
+/// dw (and db) of one weight-gradient node marked bf16 on dy and x stored as the case says, on
+/// `backend` (pinned); the kernel table in `kernels`.
+std::vector<Tensor> run_wgrad(const WgradCase& c, const Tensor& x, const Tensor& dy,
+                              ir::Precision precision, ir::Backend backend,
+                              std::string* kernels = nullptr) {
+  ir::Graph g;
+  ir::Value* xv = ops::input(g, "x", c.x);
+  ir::Value* dyv = ops::input(g, "dy", c.dy);
+  ir::Node* n =
+      ops::apply_node(c.bias ? "conv2d_bwd_weights_bias" : "conv2d_bwd_weights", {dyv, xv},
+                      {{"stride", Ints{1, 1}}, {"pad", c.pad}, {"kernel", c.kernel}});
+  n->annotations().set("precision", std::string(ir::precision_name(precision)));
+  n->annotations().set("backend", std::string(ir::backend_name(backend)));
+  for (auto [v, s] : {std::pair{xv, &c.sx}, std::pair{dyv, &c.sdy}}) {
+    if (precision == ir::Precision::F32) continue;  // the reference: plain f32
+    v->set_layout(s->layout);
+    if (s->bf16) v->set_stored(DType::BF16);
+  }
+  for (ir::Value* out : n->outputs()) g.add_output(out);
+  runtime::Executable exe(g, {.backend = backend});
+  const bool plain_f32 = precision == ir::Precision::F32;
+  store_as(x, exe.input("x"), plain_f32 ? Stored{"", false} : c.sx);
+  store_as(dy, exe.input("dy"), plain_f32 ? Stored{"", false} : c.sdy);
+  exe.run();
+  if (kernels != nullptr) *kernels = exe.kernel_table();
+  std::vector<Tensor> out;
+  for (ir::Value* v : n->outputs()) out.push_back(exe.value(v).clone());
+  return out;
+}
+
+}  // namespace
+
+// The weight gradient on AVX512-BF16 dot products (native/conv_bf16.hpp) against the f32 kernel
+// on the same bf16-rounded factors: equal but for the order of the f32 sums. Its inputs as
+// --precision bf16 keeps them (bf16 in nChw16c, the image plain) and as other graphs may
+// (nhwc, nChw8c, f32 values it rounds itself); 1 to 5 filter vectors, odd output widths (a last
+// pair with one position), windows of 1x1 to 5x5 with and without padding, batches of one to
+// three chunks of samples; the same bits on 1 and 2 threads.
+TEST(Conv2d, Bf16WeightGradientOnDotProductsMatchesF32OnRoundedFactors) {
+  if (const std::string why = native::conv_bf16_unavailable(); !why.empty())
+    GTEST_SKIP() << "the native bf16 weight gradient " << why;
+  const WgradCase cases[] = {
+      // The CIFAR CNN's first and second layers, smaller.
+      {{5, 3, 12, 12}, {5, 32, 12, 12}, {3, 3}, {1, 1}, true, {"", true}, {"nChw16c", true}},
+      {{20, 32, 8, 9}, {20, 64, 8, 9}, {3, 3}, {1, 1}, true, {"nChw16c"}, {"nChw16c"}},
+      {{3, 16, 7, 6}, {3, 48, 7, 6}, {5, 5}, {2, 2}, false, {"nhwc"}, {"nhwc"}},
+      {{2, 16, 6, 7}, {2, 16, 4, 5}, {3, 3}, {0, 0}, true, {"", false}, {"", false}},
+      {{9, 8, 5, 5}, {9, 80, 5, 5}, {1, 1}, {0, 0}, true, {"nChw8c", false}, {"nChw16c"}},
+  };
+  const CounterRng rng(83);
+  for (const WgradCase& c : cases) {
+    SCOPED_TRACE(
+        fmt::format("x {} dy {} window {}x{} pad {} x {} {} dy {} {}", c.x.str(), c.dy.str(),
+                    c.kernel[0], c.kernel[1], c.pad[0], c.sx.layout.empty() ? "plain" : c.sx.layout,
+                    c.sx.bf16 ? "bf16" : "f32", c.sdy.layout.empty() ? "plain" : c.sdy.layout,
+                    c.sdy.bf16 ? "bf16" : "f32"));
+    Tensor x = Tensor::empty(c.x), dy = Tensor::empty(c.dy);
+    rng.fill_normal(x, 1, 0.0f, 1.0f);
+    rng.fill_normal(dy, 2, 0.0f, 1.0f);
+    const std::vector<Tensor> want =
+        run_wgrad(c, bf16_rounded(x), bf16_rounded(dy), ir::Precision::F32, ir::Backend::Native);
+    const int saved = max_threads();
+    std::vector<std::vector<Tensor>> got;
+    std::string kernels;
+    for (const int threads : {1, 2}) {
+      set_num_threads(threads);
+      got.push_back(run_wgrad(c, x, dy, ir::Precision::BF16, ir::Backend::Native, &kernels));
+    }
+    set_num_threads(saved);
+    EXPECT_THAT(kernels, ::testing::HasSubstr("-> native bf16"));
+    ASSERT_EQ(got[0].size(), want.size());
+    for (std::size_t t = 0; t < want.size(); ++t) {
+      SCOPED_TRACE(t == 0 ? "dw" : "db");
+      ASSERT_EQ(got[0][t].shape(), want[t].shape());
+      EXPECT_EQ(0, std::memcmp(got[0][t].raw(), got[1][t].raw(), want[t].nbytes()))
+          << "1 and 2 threads differ";
+      double scale = 0.0;
+      for (std::int64_t i = 0; i < want[t].numel(); ++i)
+        scale = std::max(scale, std::fabs(want[t].at(i)) + 0.0);
+      for (std::int64_t i = 0; i < want[t].numel(); ++i)
+        ASSERT_NEAR(got[0][t].at(i), want[t].at(i), 1e-5 * scale) << i;
+    }
+  }
+}
+
+// What the native bf16 weight gradient declines, and why: f32 nodes, strides other than 1,
+// filter counts that fill no vector of 16.
+TEST(Conv2d, Bf16WeightGradientOnDotProductsRefusals) {
+  struct Refusal {
+    Shape x, dy;
+    Ints stride;
+    ir::Precision precision;
+    const char* why;
+  };
+  const bool available = native::conv_bf16_unavailable().empty();
+  const Refusal refusals[] = {
+      {{2, 16, 8, 8}, {2, 32, 8, 8}, {1, 1}, ir::Precision::F32, "computes in bf16 only"},
+      {{2, 16, 8, 8},
+       {2, 32, 4, 4},
+       {2, 2},
+       ir::Precision::BF16,
+       available ? "takes stride 1 only" : "AVX512-BF16"},
+      {{2, 16, 8, 8},
+       {2, 24, 8, 8},
+       {1, 1},
+       ir::Precision::BF16,
+       available ? "takes filter counts that are multiples of 16, not 24" : "AVX512-BF16"},
+  };
+  for (const Refusal& r : refusals) {
+    SCOPED_TRACE(r.why);
+    ir::Graph g;
+    ir::Value* dw =
+        ops::apply("conv2d_bwd_weights", {ops::input(g, "dy", r.dy), ops::input(g, "x", r.x)},
+                   {{"stride", r.stride}, {"pad", Ints{1, 1}}, {"kernel", Ints{3, 3}}});
+    dw->producer()->annotations().set("precision", std::string(ir::precision_name(r.precision)));
+    dw->producer()->annotations().set("backend", std::string("native"));
+    const ir::KernelChoice c = ir::choose_kernel(*dw->producer(), ir::Backend::Native);
+    EXPECT_THAT(c.declined, ::testing::HasSubstr(r.why));
+    ASSERT_NE(c.kernel, nullptr);
+    EXPECT_FALSE(c.kernel->bf16) << "the f32 kernel takes the node";
+  }
+}

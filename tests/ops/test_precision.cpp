@@ -55,14 +55,17 @@ double relative_difference(const Tensor& a, const Tensor& b) {
 }
 
 /// One node of `op` on inputs `ins`, compiled for `backend` after MixedPrecision(precision);
-/// returns its output, and in `kernels` the executable's kernel table.
+/// returns its output, and in `kernels` the executable's kernel table. `pinned`: the node names
+/// the backend (a native bf16 kernel, tried first otherwise, then does not take it).
 Tensor run_node(std::string_view op, const std::vector<Tensor>& ins, ir::Attrs attrs,
-                ir::Backend backend, ir::Precision precision, std::string* kernels = nullptr) {
+                ir::Backend backend, ir::Precision precision, std::string* kernels = nullptr,
+                bool pinned = false) {
   ir::Graph g;
   std::vector<ir::Value*> vs;
   for (std::size_t i = 0; i < ins.size(); ++i)
     vs.push_back(ops::input(g, "x" + std::to_string(i), ins[i].shape()));
   ir::Node* n = ops::apply_node(op, vs, std::move(attrs));
+  if (pinned) n->annotations().set("backend", std::string(ir::backend_name(backend)));
   g.add_output(n->output(0));
   ops::MixedPrecision(precision).run(g);
   runtime::Executable exe(g, {.backend = backend});
@@ -197,7 +200,7 @@ TEST(Precision, Bf16KernelsMultiplyRoundedFactorsAndAccumulateInF32) {
     }
     std::string kernels;
     const Tensor bf16 =
-        run_node(c.op, ins, c.attrs, ir::Backend::OneDnn, ir::Precision::BF16, &kernels);
+        run_node(c.op, ins, c.attrs, ir::Backend::OneDnn, ir::Precision::BF16, &kernels, true);
     EXPECT_NE(kernels.find("-> onednn bf16"), std::string::npos) << kernels;
     // The native f32 kernel on the rounded factors: exact products (8-bit significands), f32
     // sums; only the order of the sums differs.

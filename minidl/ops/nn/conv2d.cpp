@@ -22,6 +22,7 @@
 #include "minidl/core/threading.hpp"
 #include "minidl/ops/common.hpp"
 #include "minidl/ops/native/conv16.hpp"
+#include "minidl/ops/native/conv_bf16.hpp"
 #include "minidl/ops/native/direct_conv.hpp"
 #include "minidl/ops/native/gemm.hpp"
 #include "minidl/ops/native/im2col.hpp"
@@ -463,6 +464,76 @@ ir::Kernel make_conv16_bwd_weights(const ir::Node& node) {
   };
 }
 
+// ---- bf16 weight gradient on AVX512-BF16 dot products -------------------------------------------
+
+// The weight gradient of a node marked bf16 (native/conv_bf16.hpp), with the bias gradient when
+// the node has one: dy and x as they are stored (bf16 activations in their layout, or f32
+// rounded while packed), dw and db in f32. Tried before oneDNN's bf16 kernel (both are bf16
+// kernels; this one is declared first) where the CPU has AVX512-BF16 without AMX.
+
+/// Why the kernel cannot take node n, or "".
+std::string bf16_wgrad_refusal(const ir::Node& n) {
+  if (ir::node_precision(n) != ir::Precision::BF16)
+    return "computes in bf16 only (nodes marked precision=bf16)";
+  if (std::string why = native::conv_bf16_unavailable(); !why.empty()) return why;
+  const ir::Ints& stride = n.attrs().get<ir::Ints>("stride");
+  if (stride[0] != 1 || stride[1] != 1) return "takes stride 1 only";
+  const int64_t filters = n.input(0)->shape()[1];
+  if (filters % 16 != 0)
+    return fmt::format("takes filter counts that are multiples of 16, not {}", filters);
+  for (const ir::Value* v : n.outputs())
+    if (!v->layout().empty()) return fmt::format("writes {} plain only", v->ref());
+  return "";
+}
+
+bool bf16_wgrad_supports(const ir::Node& n, std::string* why) {
+  return decline(bf16_wgrad_refusal(n), why);
+}
+
+native::ActLayout act_layout(const ir::Value& v) {
+  return {.block = v.layout() == "nhwc" ? v.shape()[1] : ir::channel_block(v.layout()),
+          .bf16 = v.stored() == DType::BF16};
+}
+
+/// Samples summed in chunks as the 16-channel kernel's (make_conv16_bwd_weights), each chunk into
+/// its own accumulator and then the chunks in order: the bits depend on the shapes only.
+ir::Kernel make_bf16_wgrad(const ir::Node& node) {
+  const Shape& dys = node.input(0)->shape();
+  const ir::Ints& kernel = node.attrs().get<ir::Ints>("kernel");
+  const ConvGeom g = node_geom(node.input(1)->shape(), kernel[0], kernel[1], node.attrs());
+  const int64_t n = dys[0], filters = dys[1], rows = g.rows();
+  const int64_t chunks = std::min<int64_t>(16, (n + 7) / 8);
+  const int64_t part = rows * filters + filters;  // dw's accumulator, then db's
+  const Tensor acc = Tensor::empty(Shape{chunks, part});
+  const bool bias = node.outputs().size() > 1;
+  const native::ActLayout dy_layout = act_layout(*node.input(0)),
+                          x_layout = act_layout(*node.input(1));
+  const auto scratch_words = static_cast<std::size_t>(native::conv_bf16_scratch_words(g, filters));
+  return [=](const ir::KernelArgs& k) {
+    float* a = acc.data<float>();
+    for_each_item(chunks, [&](int64_t ci, bool) {
+      float* p = a + ci * part;
+      std::fill_n(p + rows * filters, filters, 0.0f);
+      // thread_scratch gives floats; the kernel packs 32-bit words of two bf16 into it.
+      auto* scratch = reinterpret_cast<std::uint32_t*>(native::thread_scratch(scratch_words));
+      native::conv_bf16_bwd_weights(g, filters, k.in[0].raw(), dy_layout, k.in[1].raw(), x_layout,
+                                    n * ci / chunks, n * (ci + 1) / chunks, p,
+                                    bias ? p + rows * filters : nullptr, scratch);
+    });
+    float* dw = k.out[0].data<float>();
+    parallel_for(rows, filters * chunks, [&](int64_t i0, int64_t i1) {
+      native::conv_bf16_unpack(a, chunks, part, rows, filters, dw, i0, i1);
+    });
+    if (!bias) return;
+    float* db = k.out[1].data<float>();
+    for (int64_t f = 0; f < filters; ++f) {
+      float s = a[rows * filters + f];
+      for (int64_t ci = 1; ci < chunks; ++ci) s += a[ci * part + rows * filters + f];
+      db[f] = s;
+    }
+  };
+}
+
 // ---- gradient -------------------------------------------------------------------------------
 
 // With bias and ReLU: dz = relu_bwd(dy, y), dbias = bias_add_bwd(dz), then the plain rule on dz.
@@ -541,6 +612,10 @@ MINIDL_OP(conv2d_bwd_weights)
     .attr<ir::Ints>("kernel")
     .infer(infer_bwd_weights)
     .flops(conv_flops)
+    .kernel_factory(ir::Backend::Native, "native", make_bf16_wgrad, bf16_wgrad_supports)
+    .layout_aware()
+    .mixed_precision()
+    .bf16_values()
 #if MINIDL_WITH_ONEDNN
     .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::conv2d_bwd_weights_kernel,
                     onednn::conv2d_bwd_weights_supports)
@@ -568,6 +643,10 @@ MINIDL_OP(conv2d_bwd_weights_bias)
     .attr<ir::Ints>("kernel")
     .infer(infer_bwd_weights)
     .flops(conv_flops)
+    .kernel_factory(ir::Backend::Native, "native", make_bf16_wgrad, bf16_wgrad_supports)
+    .layout_aware()
+    .mixed_precision()
+    .bf16_values()
 #if MINIDL_WITH_ONEDNN
     .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::conv2d_bwd_weights_kernel,
                     onednn::conv2d_bwd_weights_supports)
