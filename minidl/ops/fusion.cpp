@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "minidl/ops/native/gemm_bf16.hpp"
 #include "minidl/ops/nn/window.hpp"
 #include "minidl/ops/ops.hpp"
 
@@ -130,6 +131,16 @@ bool FuseBiasActivation::run(ir::Graph& g) {
   return !matches.empty();
 }
 
+std::string bf16_momentum_refusal(const ir::Node& n) {
+  if (ir::node_precision(n) != ir::Precision::BF16)
+    return "computes in bf16 only (nodes marked precision=bf16)";
+  for (const ir::Value* v : {n.input(0), n.input(1)})
+    if (!v->layout().empty()) return fmt::format("takes {} plain only", v->ref());
+  const bool tb = n.attrs().get<bool>("trans_b");
+  const Shape& b = n.input(1)->shape();
+  return native::tn_bf16_refusal(n.attrs().get<bool>("trans_a"), tb, tb ? b[0] : b[1]);
+}
+
 bool FuseUpdateIntoProduct::run(ir::Graph& g) {
   if (!enabled_) return false;
   std::vector<std::pair<ir::Node*, ir::Node*>> matches;  // (matmul, update)
@@ -144,15 +155,16 @@ bool FuseUpdateIntoProduct::run(ir::Graph& g) {
     if (mm->op() != "matmul" || mm->inputs().size() != 2 ||
         mm->attrs().get<std::string>("activation") != "none" || !read_once(g, grad))
       continue;
-    // A product marked bf16 stays a bf16 product, its update apart: the fused ops compute in f32
-    // (they have no bf16 kernel), and the product's multiplications then cost more than the
-    // update's extra pass over the gradient. The CIFAR CNN's fc1 under --precision bf16 on an AMD
-    // EPYC with AVX512-BF16: oneDNN's bf16 product 91 us and the update 152 us against 270 us
-    // fused, 238-282 + 147-159 us against 583-621 us in a slower hour (--profile).
-    if (ir::node_precision(*mm) == ir::Precision::BF16) continue;
+    // A product marked bf16 folds only where the fused op's bf16 kernel takes it; elsewhere it
+    // stays a bf16 product, its update apart: the f32 fused kernel's multiplications cost more
+    // than the update's extra pass over the gradient. The CIFAR CNN's fc1 under --precision bf16
+    // on an AMD EPYC with AVX512-BF16: oneDNN's bf16 product 91 us and the update 152 us against
+    // 270 us fused in f32, 238-282 + 147-159 us against 583-621 us in a slower hour (--profile).
+    const bool bf16 = ir::node_precision(*mm) == ir::Precision::BF16;
+    if (bf16 && (!momentum || !bf16_momentum_refusal(*mm).empty())) continue;
     const ir::Value* a = mm->input(0);
     const ir::Value* b = mm->input(1);
-    if (a->stored() != DType::F32 || b->stored() != DType::F32) continue;
+    if (!bf16 && (a->stored() != DType::F32 || b->stored() != DType::F32)) continue;
     // The GEMM writes the parameter (and velocity) while it reads its operands: never one of
     // them.
     const ir::Value* velocity = momentum ? n->input(2) : nullptr;
@@ -181,6 +193,8 @@ bool FuseUpdateIntoProduct::run(ir::Graph& g) {
     }
     fused->take_marks(*update);
     fused->annotations().set("fused", update->name());
+    if (ir::node_precision(*mm) == ir::Precision::BF16)
+      fused->annotations().set("precision", std::string(ir::precision_name(ir::Precision::BF16)));
     // The product's operands are defined before the matmul, and every reader of the parameter's
     // old value runs before the update: the fused node takes the update's place.
     g.move_before(fused, update);

@@ -44,12 +44,18 @@ class FuseBiasActivation final : public ir::Pass {
 ///    computes the gradient a cache-sized block at a time and updates the parameter and velocity
 ///    with each block (four passes instead of seven), with the update's own loop.
 /// Only updates without a clipping factor (grad_scale) fuse, and only gradients with no other
-/// reader that are not graph outputs. The fused ops compute in f32, so a product marked bf16
-/// (ir::node_precision) does not fold: its bf16 multiplications and the update's extra pass over
-/// the f32 gradient cost less than the fused node's f32 ones. The fused node takes the update's
-/// place and
+/// reader that are not graph outputs. A product marked bf16 (ir::node_precision) folds only into
+/// matmul_sgd_momentum, and only where that op's bf16 kernel takes it (bf16_momentum_refusal: a
+/// linear layer's weight gradient on a CPU with AVX512-BF16); the fused node is then marked bf16
+/// too. Elsewhere it stays apart: its bf16 multiplications and the update's extra pass over the
+/// f32 gradient cost less than the f32 fused node's. The fused node takes the update's place and
 /// annotations, is named "<matmul>+sgd", and records the update in the annotation "fused"; lr
 /// stays the graph's learning-rate input.
+/// Why matmul_sgd_momentum's bf16 kernel cannot take a product node n (a matmul, or the fused
+/// node) marked bf16, or "": n must compute a^T b with plain factors and columns in multiples of
+/// 16, on a CPU with AVX512-BF16 and no AMX (native/gemm_bf16.hpp).
+std::string bf16_momentum_refusal(const ir::Node& n);
+
 class FuseUpdateIntoProduct final : public ir::Pass {
  public:
   /// enabled false: no change (--no-fuse, deterministic mode's elementwise updates).

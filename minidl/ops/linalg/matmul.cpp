@@ -17,7 +17,9 @@
 #include <vector>
 
 #include "minidl/ops/common.hpp"
+#include "minidl/ops/fusion.hpp"
 #include "minidl/ops/native/gemm.hpp"
+#include "minidl/ops/native/gemm_bf16.hpp"
 #include "minidl/ops/onednn/kernels.hpp"
 #include "minidl/ops/op_table.hpp"
 #include "minidl/ops/optim/sgd.hpp"
@@ -152,6 +154,49 @@ void matmul_sgd_momentum_native(const ir::KernelArgs& k) {
   });
 }
 
+// Under --precision bf16 (the node marked bf16 by the fusion pass, which folds a bf16 weight
+// gradient only where this kernel takes it: bf16_momentum_refusal): the gradient on AVX512-BF16
+// dot products from the factors as they are stored (bf16 copies, or f32 rounded), a few rows at a
+// time (native/gemm_bf16.hpp), each block updating its parameter and velocity rows with the
+// update's own loop while it is in cache. b is packed into pairs of rows first, its columns split
+// over the threads; then the blocks of rows.
+ir::Kernel make_sgd_momentum_bf16(const ir::Node& node) {
+  const native::Bf16Factor fa{nullptr, node.input(0)->stored() == DType::BF16};
+  const native::Bf16Factor fb{nullptr, node.input(1)->stored() == DType::BF16};
+  return [fa, fb](const ir::KernelArgs& k) {
+    const Shape& sa = k.in[0].shape();
+    const std::int64_t batch = sa[0], m = sa[1], n = k.in[1].shape()[1];
+    native::Bf16Factor a = fa, b = fb;
+    a.data = k.in[0].raw();
+    b.data = k.in[1].raw();
+    const MomentumRule rule{scalar_input(k, 4, 0.0f), 1.0f, k.attrs().get<float>("momentum"),
+                            k.attrs().get<float>("weight_decay"), k.attrs().get<bool>("nesterov")};
+    float* p = k.in[2].data<float>();
+    float* v = k.in[3].data<float>();
+    const std::int64_t rows = native::tn_bf16_block_rows(n);
+    parallel_for((m + rows - 1) / rows, rows * n * batch, [&](std::int64_t b0, std::int64_t b1) {
+      // Each thread packs all of b for itself: the pack is small next to the products, and a pack
+      // shared between threads was read from the other core's cache at every step.
+      thread_local std::vector<std::uint32_t> packed;
+      thread_local std::vector<float> scratch;
+      packed.resize(static_cast<std::size_t>(native::tn_bf16_pack_words(batch, n)));
+      scratch.resize(static_cast<std::size_t>(rows * n));
+      native::tn_bf16_pack(batch, n, b, packed.data(), 0, n);
+      for (std::int64_t blk = b0; blk < b1; ++blk) {
+        const std::int64_t i0 = blk * rows, i1 = std::min(m, i0 + rows);
+        native::tn_bf16_rows(batch, m, n, a, packed.data(), scratch.data(), i0, i1, 0, n);
+        sgd_momentum_range(p + i0 * n, scratch.data(), v + i0 * n, (i1 - i0) * n, rule);
+      }
+    });
+  };
+}
+
+bool sgd_momentum_bf16_supports(const ir::Node& n, std::string* why) {
+  const std::string refusal = bf16_momentum_refusal(n);
+  if (!refusal.empty() && why != nullptr) *why = refusal;
+  return refusal.empty();
+}
+
 // Each case follows from dy = op(a) op(b); the transposes move to the operands so that no
 // explicit transpose node is ever needed.
 void grad(ir::GradCtx& g) {
@@ -218,6 +263,10 @@ MINIDL_OP(matmul_sgd_momentum)
     .attr<bool>("nesterov", false)
     .infer(infer_sgd_momentum)
     .flops(flops)
+    .kernel_factory(ir::Backend::Native, "native", make_sgd_momentum_bf16,
+                    sgd_momentum_bf16_supports)
+    .mixed_precision()
+    .bf16_values()
     .kernel(ir::Backend::Native, matmul_sgd_momentum_native)
     .inplace(0, 2)
     .inplace(1, 3)

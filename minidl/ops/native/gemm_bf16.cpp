@@ -1,0 +1,176 @@
+#include "minidl/ops/native/gemm_bf16.hpp"
+
+#include <algorithm>
+#include <array>
+#include <utility>
+#include <vector>
+
+#include "minidl/ops/bf16_round.hpp"
+#include "minidl/ops/native/conv_bf16.hpp"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace minidl::native {
+
+using std::int64_t;
+using std::uint16_t;
+using std::uint32_t;
+
+namespace {
+
+constexpr int64_t kLanes = 16;
+constexpr int kMaxVectors = 4;
+constexpr int kMaxRows = 12;
+
+constexpr int tile_rows(int vectors) { return vectors >= 3 ? 24 / vectors : kMaxRows; }
+
+inline uint16_t bits_at(Bf16Factor f, int64_t i) {
+  if (f.bf16) return static_cast<const uint16_t*>(f.data)[i];
+  return ops::bf16_round(static_cast<const float*>(f.data)[i]);
+}
+
+#if defined(__x86_64__)
+
+// GCC 12's unmasked forms of some intrinsics start from an undefined vector and trip
+// -Wmaybe-uninitialized: the masked forms with every lane selected are used instead.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16")
+
+/// 16 values at i as bf16 bits.
+__attribute__((always_inline)) inline __m256i load16(Bf16Factor f, int64_t i) {
+  if (f.bf16)
+    return _mm256_loadu_si256(
+        reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(f.data) + i));
+  return _mm512_maskz_cvtepi32_epi16(
+      0xffff, ops::bf16_round16(_mm512_loadu_ps(static_cast<const float*>(f.data) + i)));
+}
+
+/// The 16 pairs (a[i], b[i]).
+__attribute__((always_inline)) inline __m512i interleave(__m256i a, __m256i b) {
+  const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                       23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const __m512i lo = _mm512_maskz_inserti64x4(0xff, _mm512_setzero_si512(), a, 0);
+  const __m512i ab = _mm512_maskz_inserti64x4(0xff, lo, b, 1);
+  return _mm512_maskz_permutexvar_epi16(~__mmask32{0}, idx, ab);
+}
+
+/// Column blocks of 64 (the last one narrower) each hold their pairs of rows together: the
+/// words of block c0, (b[2q][j], b[2q + 1][j]), at c0 * Q + q * width + (j - c0), so a tile reads
+/// one contiguous run rather than a strip of rows N words apart.
+void pack(int64_t B, int64_t N, Bf16Factor b, uint32_t* packed, int64_t j0, int64_t j1) {
+  const int64_t Q = (B + 1) / 2, block = kMaxVectors * kLanes;
+  for (int64_t c0 = j0 / block * block; c0 < j1; c0 += block) {
+    const int64_t width = std::min(block, N - c0);
+    for (int64_t q = 0; q < Q; ++q) {
+      const int64_t r = 2 * q;
+      for (int64_t j = std::max(c0, j0); j < std::min(c0 + width, j1); j += kLanes) {
+        const __m256i lo = load16(b, r * N + j);
+        const __m256i hi = r + 1 < B ? load16(b, (r + 1) * N + j) : _mm256_setzero_si256();
+        _mm512_storeu_si512(packed + c0 * Q + q * width + (j - c0), interleave(lo, hi));
+      }
+    }
+  }
+}
+
+/// Rows [i0, i0 + R) by columns [j0, j0 + 16 V) of g, into g (row stride N). `pairs` holds each
+/// row's words of a, Q apiece.
+template <int R, int V>
+void tile(int64_t Q, int64_t N, const uint32_t* pairs, const uint32_t* packed_b, float* g,
+          int64_t j0) {
+  __m512 acc[R][V];
+#pragma GCC unroll 12
+  for (int i = 0; i < R; ++i)
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) acc[i][v] = _mm512_setzero_ps();
+  const uint32_t* block = packed_b + j0 * Q;
+  for (int64_t q = 0; q < Q; ++q) {
+    __m512bh bv[V];
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v)
+      bv[v] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(block + q * V * kLanes + v * kLanes));
+#pragma GCC unroll 12
+    for (int i = 0; i < R; ++i) {
+      const __m512bh a =
+          reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(pairs[i * Q + q])));
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], bv[v], a);
+    }
+  }
+#pragma GCC unroll 12
+  for (int i = 0; i < R; ++i)
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) _mm512_storeu_ps(g + i * N + j0 + v * kLanes, acc[i][v]);
+}
+
+using TileFn = void (*)(int64_t, int64_t, const uint32_t*, const uint32_t*, float*, int64_t);
+
+template <int V, std::size_t... I>
+constexpr std::array<TileFn, sizeof...(I)> tiles_of(std::index_sequence<I...>) {
+  return {&tile<static_cast<int>(I) + 1, V>...};
+}
+/// kTiles[V - 1][R - 1] = tile<R, V>.
+constexpr std::array<std::array<TileFn, kMaxRows>, kMaxVectors> kTiles = {
+    tiles_of<1>(std::make_index_sequence<kMaxRows>()),
+    tiles_of<2>(std::make_index_sequence<kMaxRows>()),
+    tiles_of<3>(std::make_index_sequence<kMaxRows>()),
+    tiles_of<4>(std::make_index_sequence<kMaxRows>())};
+
+#pragma GCC pop_options
+
+#endif  // __x86_64__
+
+}  // namespace
+
+std::string tn_bf16_refusal(bool trans_a, bool trans_b, int64_t N) {
+  if (std::string why = conv_bf16_unavailable(); !why.empty()) return why;
+  if (!trans_a || trans_b) return "takes a^T b only (a linear layer's weight gradient)";
+  if (N % kLanes != 0) return "takes products whose columns are a multiple of 16";
+  return "";
+}
+
+int64_t tn_bf16_pack_words(int64_t B, int64_t N) { return (B + 1) / 2 * N; }
+
+void tn_bf16_pack(int64_t B, int64_t N, Bf16Factor b, uint32_t* packed, int64_t j0, int64_t j1) {
+#if defined(__x86_64__)
+  pack(B, N, b, packed, j0, j1);
+#else
+  (void)B, (void)N, (void)b, (void)packed, (void)j0, (void)j1;
+#endif
+}
+
+int64_t tn_bf16_block_rows(int64_t N) {
+  return tile_rows(static_cast<int>(std::clamp<int64_t>(N / kLanes, 1, kMaxVectors)));
+}
+
+void tn_bf16_rows(int64_t B, int64_t M, int64_t N, Bf16Factor a, const uint32_t* packed_b, float* g,
+                  int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+#if defined(__x86_64__)
+  const int64_t Q = (B + 1) / 2;
+  const int R = static_cast<int>(i1 - i0);
+  // The rows' words of a: (a[2q][i], a[2q + 1][i]).
+  std::array<uint32_t, kMaxRows * 64> local;
+  std::vector<uint32_t> heap;
+  uint32_t* pairs = local.data();
+  if (Q > 64) {
+    heap.resize(static_cast<std::size_t>(kMaxRows * Q));
+    pairs = heap.data();
+  }
+  for (int i = 0; i < R; ++i)
+    for (int64_t q = 0; q < Q; ++q) {
+      const uint16_t lo = bits_at(a, 2 * q * M + i0 + i);
+      const uint16_t hi = 2 * q + 1 < B ? bits_at(a, (2 * q + 1) * M + i0 + i) : uint16_t{0};
+      pairs[i * Q + q] = uint32_t{lo} | (uint32_t{hi} << 16);
+    }
+  for (int64_t c0 = j0; c0 < j1; c0 += kMaxVectors * kLanes) {
+    const int V = static_cast<int>(std::min<int64_t>(kMaxVectors, (j1 - c0) / kLanes));
+    kTiles[V - 1][R - 1](Q, N, pairs, packed_b, g, c0);
+  }
+#else
+  (void)B, (void)M, (void)N, (void)a, (void)packed_b, (void)g, (void)i0, (void)i1, (void)j0,
+      (void)j1;
+#endif
+}
+
+}  // namespace minidl::native
