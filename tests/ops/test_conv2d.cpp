@@ -873,7 +873,7 @@ std::vector<Tensor> run_wgrad(const WgradCase& c, const Tensor& x, const Tensor&
 // pair with one position), windows of 1x1 to 5x5 with and without padding, batches of one to
 // three chunks of samples; the same bits on 1 and 2 threads.
 TEST(Conv2d, Bf16WeightGradientOnDotProductsMatchesF32OnRoundedFactors) {
-  if (const std::string why = native::conv_bf16_unavailable(); !why.empty())
+  if (const std::string why = native::dot_bf16_unavailable(); !why.empty())
     GTEST_SKIP() << "the native bf16 weight gradient " << why;
   const WgradCase cases[] = {
       // The CIFAR CNN's first and second layers, smaller.
@@ -928,7 +928,7 @@ TEST(Conv2d, Bf16WeightGradientOnDotProductsRefusals) {
     ir::Precision precision;
     const char* why;
   };
-  const bool available = native::conv_bf16_unavailable().empty();
+  const bool available = native::dot_bf16_unavailable().empty();
   const Refusal refusals[] = {
       {{2, 16, 8, 8}, {2, 32, 8, 8}, {1, 1}, ir::Precision::F32, "computes in bf16 only"},
       {{2, 16, 8, 8},

@@ -158,8 +158,8 @@ void matmul_sgd_momentum_native(const ir::KernelArgs& k) {
 // gradient only where this kernel takes it: bf16_momentum_refusal): the gradient on AVX512-BF16
 // dot products from the factors as they are stored (bf16 copies, or f32 rounded), a few rows at a
 // time (native/gemm_bf16.hpp), each block updating its parameter and velocity rows with the
-// update's own loop while it is in cache. b is packed into pairs of rows first, its columns split
-// over the threads; then the blocks of rows.
+// update's own loop while it is in cache. The blocks of rows are split over the threads, each of
+// which packs b into pairs of rows for itself first.
 ir::Kernel make_sgd_momentum_bf16(const ir::Node& node) {
   const native::Bf16Factor fa{nullptr, node.input(0)->stored() == DType::BF16};
   const native::Bf16Factor fb{nullptr, node.input(1)->stored() == DType::BF16};
@@ -181,10 +181,10 @@ ir::Kernel make_sgd_momentum_bf16(const ir::Node& node) {
       thread_local std::vector<float> scratch;
       packed.resize(static_cast<std::size_t>(native::tn_bf16_pack_words(batch, n)));
       scratch.resize(static_cast<std::size_t>(rows * n));
-      native::tn_bf16_pack(batch, n, b, packed.data(), 0, n);
+      native::tn_bf16_pack(batch, n, b, packed.data());
       for (std::int64_t blk = b0; blk < b1; ++blk) {
         const std::int64_t i0 = blk * rows, i1 = std::min(m, i0 + rows);
-        native::tn_bf16_rows(batch, m, n, a, packed.data(), scratch.data(), i0, i1, 0, n);
+        native::tn_bf16_rows(batch, m, n, a, packed.data(), scratch.data(), i0, i1);
         sgd_momentum_range(p + i0 * n, scratch.data(), v + i0 * n, (i1 - i0) * n, rule);
       }
     });

@@ -293,7 +293,7 @@ void bwd_weights(const ConvGeom& g, int64_t K, const TD* dy, int64_t dy_block, c
 
 }  // namespace
 
-std::string conv_bf16_unavailable() {
+std::string dot_bf16_unavailable() {
 #if defined(__x86_64__)
   static const std::string why = [] {
     if (!env_switch("MINIDL_NATIVE_BF16")) return std::string("switched off (MINIDL_NATIVE_BF16)");

@@ -59,13 +59,13 @@ __attribute__((always_inline)) inline __m512i interleave(__m256i a, __m256i b) {
 /// Column blocks of 64 (the last one narrower) each hold their pairs of rows together: the
 /// words of block c0, (b[2q][j], b[2q + 1][j]), at c0 * Q + q * width + (j - c0), so a tile reads
 /// one contiguous run rather than a strip of rows N words apart.
-void pack(int64_t B, int64_t N, Bf16Factor b, uint32_t* packed, int64_t j0, int64_t j1) {
+void pack(int64_t B, int64_t N, Bf16Factor b, uint32_t* packed) {
   const int64_t Q = (B + 1) / 2, block = kMaxVectors * kLanes;
-  for (int64_t c0 = j0 / block * block; c0 < j1; c0 += block) {
+  for (int64_t c0 = 0; c0 < N; c0 += block) {
     const int64_t width = std::min(block, N - c0);
     for (int64_t q = 0; q < Q; ++q) {
       const int64_t r = 2 * q;
-      for (int64_t j = std::max(c0, j0); j < std::min(c0 + width, j1); j += kLanes) {
+      for (int64_t j = c0; j < c0 + width; j += kLanes) {
         const __m256i lo = load16(b, r * N + j);
         const __m256i hi = r + 1 < B ? load16(b, (r + 1) * N + j) : _mm256_setzero_si256();
         _mm512_storeu_si512(packed + c0 * Q + q * width + (j - c0), interleave(lo, hi));
@@ -124,7 +124,7 @@ constexpr std::array<std::array<TileFn, kMaxRows>, kMaxVectors> kTiles = {
 }  // namespace
 
 std::string tn_bf16_refusal(bool trans_a, bool trans_b, int64_t N) {
-  if (std::string why = conv_bf16_unavailable(); !why.empty()) return why;
+  if (std::string why = dot_bf16_unavailable(); !why.empty()) return why;
   if (!trans_a || trans_b) return "takes a^T b only (a linear layer's weight gradient)";
   if (N % kLanes != 0) return "takes products whose columns are a multiple of 16";
   return "";
@@ -132,11 +132,11 @@ std::string tn_bf16_refusal(bool trans_a, bool trans_b, int64_t N) {
 
 int64_t tn_bf16_pack_words(int64_t B, int64_t N) { return (B + 1) / 2 * N; }
 
-void tn_bf16_pack(int64_t B, int64_t N, Bf16Factor b, uint32_t* packed, int64_t j0, int64_t j1) {
+void tn_bf16_pack(int64_t B, int64_t N, Bf16Factor b, uint32_t* packed) {
 #if defined(__x86_64__)
-  pack(B, N, b, packed, j0, j1);
+  pack(B, N, b, packed);
 #else
-  (void)B, (void)N, (void)b, (void)packed, (void)j0, (void)j1;
+  (void)B, (void)N, (void)b, (void)packed;
 #endif
 }
 
@@ -145,7 +145,7 @@ int64_t tn_bf16_block_rows(int64_t N) {
 }
 
 void tn_bf16_rows(int64_t B, int64_t M, int64_t N, Bf16Factor a, const uint32_t* packed_b, float* g,
-                  int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+                  int64_t i0, int64_t i1) {
 #if defined(__x86_64__)
   const int64_t Q = (B + 1) / 2;
   const int R = static_cast<int>(i1 - i0);
@@ -163,13 +163,12 @@ void tn_bf16_rows(int64_t B, int64_t M, int64_t N, Bf16Factor a, const uint32_t*
       const uint16_t hi = 2 * q + 1 < B ? bits_at(a, (2 * q + 1) * M + i0 + i) : uint16_t{0};
       pairs[i * Q + q] = uint32_t{lo} | (uint32_t{hi} << 16);
     }
-  for (int64_t c0 = j0; c0 < j1; c0 += kMaxVectors * kLanes) {
-    const int V = static_cast<int>(std::min<int64_t>(kMaxVectors, (j1 - c0) / kLanes));
+  for (int64_t c0 = 0; c0 < N; c0 += kMaxVectors * kLanes) {
+    const int V = static_cast<int>(std::min<int64_t>(kMaxVectors, (N - c0) / kLanes));
     kTiles[V - 1][R - 1](Q, N, pairs, packed_b, g, c0);
   }
 #else
-  (void)B, (void)M, (void)N, (void)a, (void)packed_b, (void)g, (void)i0, (void)i1, (void)j0,
-      (void)j1;
+  (void)B, (void)M, (void)N, (void)a, (void)packed_b, (void)g, (void)i0, (void)i1;
 #endif
 }
 

@@ -25,26 +25,22 @@ struct Bf16Factor {
 
 /// Why the kernel cannot take a product op(a) op(b) with N columns, or "": it takes a^T b (the
 /// weight gradient of y = x w^T) with N a multiple of 16, on a CPU that runs the native bf16
-/// kernels (conv_bf16_unavailable()).
+/// kernels (dot_bf16_unavailable(), native/conv_bf16.hpp).
 std::string tn_bf16_refusal(bool trans_a, bool trans_b, std::int64_t N);
 
 /// Words of b's pack: ceil(B / 2) * N.
 std::int64_t tn_bf16_pack_words(std::int64_t B, std::int64_t N);
 
-/// Columns [j0, j1) of b [B, N] into `packed` (pairs of rows, see above; j0 and j1 multiples of
-/// 64 or N).
-void tn_bf16_pack(std::int64_t B, std::int64_t N, Bf16Factor b, std::uint32_t* packed,
-                  std::int64_t j0, std::int64_t j1);
+/// b [B, N] into `packed` (pairs of rows, see above).
+void tn_bf16_pack(std::int64_t B, std::int64_t N, Bf16Factor b, std::uint32_t* packed);
 
 /// The rows a block of tn_bf16_rows should have for N columns (its register tile's: 6 from 64
 /// columns on, 8 or 12 for fewer).
 std::int64_t tn_bf16_block_rows(std::int64_t N);
 
-/// Rows [i0, i1) and columns [j0, j1) of g = a^T b (a [B, M], b packed) into g [i1 - i0, N]:
-/// at most tn_bf16_block_rows(N) rows; j0 and j1 multiples of 64, or N. Each element sums its
-/// pairs in batch order.
+/// Rows [i0, i1) of g = a^T b (a [B, M], b packed) into g [i1 - i0, N], at most
+/// tn_bf16_block_rows(N) rows. Each element sums its pairs in batch order.
 void tn_bf16_rows(std::int64_t B, std::int64_t M, std::int64_t N, Bf16Factor a,
-                  const std::uint32_t* packed_b, float* g, std::int64_t i0, std::int64_t i1,
-                  std::int64_t j0, std::int64_t j1);
+                  const std::uint32_t* packed_b, float* g, std::int64_t i0, std::int64_t i1);
 
 }  // namespace minidl::native

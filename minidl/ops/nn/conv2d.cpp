@@ -475,7 +475,7 @@ ir::Kernel make_conv16_bwd_weights(const ir::Node& node) {
 std::string bf16_wgrad_refusal(const ir::Node& n) {
   if (ir::node_precision(n) != ir::Precision::BF16)
     return "computes in bf16 only (nodes marked precision=bf16)";
-  if (std::string why = native::conv_bf16_unavailable(); !why.empty()) return why;
+  if (std::string why = native::dot_bf16_unavailable(); !why.empty()) return why;
   const ir::Ints& stride = n.attrs().get<ir::Ints>("stride");
   if (stride[0] != 1 || stride[1] != 1) return "takes stride 1 only";
   const int64_t filters = n.input(0)->shape()[1];
