@@ -5,8 +5,8 @@
 #include <cstring>
 #include <utility>
 
-#include "minidl/core/log.hpp"
 #include "minidl/ops/bf16_round.hpp"
+#include "minidl/ops/native/dot_bf16.hpp"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -20,12 +20,10 @@ using std::uint32_t;
 
 namespace {
 
-constexpr int64_t kLanes = 16;
-constexpr int kMaxVectors = 4;  // vectors of 16 filters in a register tile
-constexpr int kMaxRows = 12;    // rows (c, r, s) of dw in a register tile
-
-/// The rows of a tile of `vectors` filter vectors: about 24 accumulators of the 32 registers.
-constexpr int tile_rows(int vectors) { return vectors >= 3 ? 24 / vectors : kMaxRows; }
+using dot_bf16::kLanes;
+using dot_bf16::kMaxRows;     // rows (c, r, s) of dw in a register tile
+using dot_bf16::kMaxVectors;  // vectors of 16 filters in a register tile
+using dot_bf16::tile_rows;
 
 /// How one sample's packing buffers lie: dy pairs [OH][J][K], x pairs [HP][JP][C] twice (even and
 /// odd first columns).
@@ -109,28 +107,14 @@ void pack_x_portable(const ConvGeom& g, const T* x, int64_t block, const Packed&
 
 #if defined(__x86_64__)
 
-#pragma GCC push_options
 // GCC 12's unmasked forms of some intrinsics start from an undefined vector and trip
 // -Wmaybe-uninitialized: the masked forms with every lane selected are used instead.
+#pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16")
 #define MINIDL_INLINE __attribute__((always_inline)) inline
 
-/// 16 channels at p as bf16 bits.
-MINIDL_INLINE __m256i load16(const uint16_t* p) {
-  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-}
-MINIDL_INLINE __m256i load16(const float* p) {
-  return _mm512_maskz_cvtepi32_epi16(0xffff, ops::bf16_round16(_mm512_loadu_ps(p)));
-}
-
-/// The 16 pairs (a[i], b[i]).
-MINIDL_INLINE __m512i interleave(__m256i a, __m256i b) {
-  const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
-                                       23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-  const __m512i lo = _mm512_maskz_inserti64x4(0xff, _mm512_setzero_si512(), a, 0);
-  const __m512i ab = _mm512_maskz_inserti64x4(0xff, lo, b, 1);
-  return _mm512_maskz_permutexvar_epi16(~__mmask32{0}, idx, ab);
-}
+using dot_bf16::interleave;
+using dot_bf16::load16;
 
 MINIDL_INLINE __m512 widen(__m256i bf16) {
   return _mm512_castsi512_ps(
@@ -292,23 +276,6 @@ void bwd_weights(const ConvGeom& g, int64_t K, const TD* dy, int64_t dy_block, c
 #endif  // __x86_64__
 
 }  // namespace
-
-std::string dot_bf16_unavailable() {
-#if defined(__x86_64__)
-  static const std::string why = [] {
-    if (!env_switch("MINIDL_NATIVE_BF16")) return std::string("switched off (MINIDL_NATIVE_BF16)");
-    if (!(__builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
-          __builtin_cpu_supports("avx512vl")))
-      return std::string("needs a CPU with AVX512-BF16 (and AVX-512 BW, VL)");
-    if (__builtin_cpu_supports("amx-bf16"))
-      return std::string("leaves CPUs with AMX-BF16 to oneDNN's tile kernels");
-    return std::string();
-  }();
-  return why;
-#else
-  return "needs an x86-64 CPU with AVX512-BF16";
-#endif
-}
 
 int64_t conv_bf16_scratch_words(const ConvGeom& g, int64_t K) {
   const Packed pk(g);

@@ -19,14 +19,10 @@
 #include <cstdint>
 #include <string>
 
+#include "minidl/ops/native/dot_bf16.hpp"
 #include "minidl/ops/native/im2col.hpp"
 
 namespace minidl::native {
-
-/// "" when this CPU runs the native AVX512-BF16 kernels (this one and native/gemm_bf16.hpp's:
-/// AVX512-BF16 with AVX-512 F, BW and VL, and no AMX-BF16) and MINIDL_NATIVE_BF16 is not off,
-/// else why not.
-std::string dot_bf16_unavailable();
 
 /// Where element (c, p) of one sample [C, P] of an activation lies, p = h * W + w: at
 /// (c - c % block) * P + c % block + p * block elements from the sample's start. One number

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "minidl/ops/bf16_round.hpp"
-#include "minidl/ops/native/conv_bf16.hpp"
+#include "minidl/ops/native/dot_bf16.hpp"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -20,11 +20,10 @@ using std::uint32_t;
 
 namespace {
 
-constexpr int64_t kLanes = 16;
-constexpr int kMaxVectors = 4;
-constexpr int kMaxRows = 12;
-
-constexpr int tile_rows(int vectors) { return vectors >= 3 ? 24 / vectors : kMaxRows; }
+using dot_bf16::kLanes;
+using dot_bf16::kMaxRows;
+using dot_bf16::kMaxVectors;
+using dot_bf16::tile_rows;
 
 inline uint16_t bits_at(Bf16Factor f, int64_t i) {
   if (f.bf16) return static_cast<const uint16_t*>(f.data)[i];
@@ -40,21 +39,11 @@ inline uint16_t bits_at(Bf16Factor f, int64_t i) {
 
 /// 16 values at i as bf16 bits.
 __attribute__((always_inline)) inline __m256i load16(Bf16Factor f, int64_t i) {
-  if (f.bf16)
-    return _mm256_loadu_si256(
-        reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(f.data) + i));
-  return _mm512_maskz_cvtepi32_epi16(
-      0xffff, ops::bf16_round16(_mm512_loadu_ps(static_cast<const float*>(f.data) + i)));
+  if (f.bf16) return dot_bf16::load16(static_cast<const uint16_t*>(f.data) + i);
+  return dot_bf16::load16(static_cast<const float*>(f.data) + i);
 }
 
-/// The 16 pairs (a[i], b[i]).
-__attribute__((always_inline)) inline __m512i interleave(__m256i a, __m256i b) {
-  const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
-                                       23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-  const __m512i lo = _mm512_maskz_inserti64x4(0xff, _mm512_setzero_si512(), a, 0);
-  const __m512i ab = _mm512_maskz_inserti64x4(0xff, lo, b, 1);
-  return _mm512_maskz_permutexvar_epi16(~__mmask32{0}, idx, ab);
-}
+using dot_bf16::interleave;
 
 /// Column blocks of 64 (the last one narrower) each hold their pairs of rows together: the
 /// words of block c0, (b[2q][j], b[2q + 1][j]), at c0 * Q + q * width + (j - c0), so a tile reads

@@ -25,7 +25,7 @@ struct Bf16Factor {
 
 /// Why the kernel cannot take a product op(a) op(b) with N columns, or "": it takes a^T b (the
 /// weight gradient of y = x w^T) with N a multiple of 16, on a CPU that runs the native bf16
-/// kernels (dot_bf16_unavailable(), native/conv_bf16.hpp).
+/// kernels (dot_bf16_unavailable(), native/dot_bf16.hpp).
 std::string tn_bf16_refusal(bool trans_a, bool trans_b, std::int64_t N);
 
 /// Words of b's pack: ceil(B / 2) * N.

@@ -1,0 +1,59 @@
+// What the native AVX512-BF16 kernels share (conv_bf16.cpp, gemm_bf16.cpp): whether this CPU runs
+// them, the size of their register tiles, and the two packing steps: 16 values as bf16 bits, and
+// two such runs interleaved into the pairs that vdpbf16ps multiplies (lane i of the result adds
+// a[2i] * b[2i] + a[2i + 1] * b[2i + 1] to an f32 sum).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "minidl/ops/bf16_round.hpp"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace minidl::native {
+
+/// "" when this CPU runs the native AVX512-BF16 kernels (AVX512-BF16 with AVX-512 F, BW and VL,
+/// and no AMX-BF16, whose tile kernels in oneDNN are faster than any dot-product loop) and
+/// MINIDL_NATIVE_BF16 (read once) is not off; else why not.
+std::string dot_bf16_unavailable();
+
+namespace dot_bf16 {
+
+constexpr std::int64_t kLanes = 16;  // f32 sums (and pairs of bf16) in a vector
+constexpr int kMaxVectors = 4;       // vectors of 16 columns in a register tile
+constexpr int kMaxRows = 12;         // rows in a register tile
+
+/// The rows of a tile of `vectors` vectors: about 24 accumulators of the 32 registers.
+constexpr int tile_rows(int vectors) { return vectors >= 3 ? 24 / vectors : kMaxRows; }
+
+#if defined(__x86_64__)
+// GCC 12's unmasked forms of some intrinsics start from an undefined vector and trip
+// -Wmaybe-uninitialized: the masked forms with every lane selected are used instead.
+#define MINIDL_DOT_BF16_INLINE \
+  __attribute__((always_inline, target("avx512f,avx512bw,avx512vl,avx512bf16"))) inline
+
+/// 16 values at p as bf16 bits: stored bf16 as they are, f32 rounded (ops::bf16_round16).
+MINIDL_DOT_BF16_INLINE __m256i load16(const std::uint16_t* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+MINIDL_DOT_BF16_INLINE __m256i load16(const float* p) {
+  return _mm512_maskz_cvtepi32_epi16(0xffff, ops::bf16_round16(_mm512_loadu_ps(p)));
+}
+
+/// The 16 pairs (a[i], b[i]), lane i holding a[i] in its low half.
+MINIDL_DOT_BF16_INLINE __m512i interleave(__m256i a, __m256i b) {
+  const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                       23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const __m512i lo = _mm512_maskz_inserti64x4(0xff, _mm512_setzero_si512(), a, 0);
+  const __m512i ab = _mm512_maskz_inserti64x4(0xff, lo, b, 1);
+  return _mm512_maskz_permutexvar_epi16(~__mmask32{0}, idx, ab);
+}
+
+#undef MINIDL_DOT_BF16_INLINE
+#endif
+
+}  // namespace dot_bf16
+}  // namespace minidl::native
