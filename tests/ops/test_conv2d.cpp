@@ -870,18 +870,18 @@ std::vector<Tensor> run_wgrad(const WgradCase& c, const Tensor& x, const Tensor&
 // on the same bf16-rounded factors: equal but for the order of the f32 sums. Its inputs as
 // --precision bf16 keeps them (bf16 in nChw16c, the image plain) and as other graphs may
 // (nhwc, nChw8c, f32 values it rounds itself); 1 to 5 filter vectors, odd output widths (a last
-// pair with one position), windows of 1x1 to 5x5 with and without padding, batches of one to
-// three chunks of samples; the same bits on 1 and 2 threads.
+// pair with one position; rows of at least 16, which it takes), windows of 1x1 to 5x5 with and
+// without padding, batches of one to three chunks of samples; the same bits on 1 and 2 threads.
 TEST(Conv2d, Bf16WeightGradientOnDotProductsMatchesF32OnRoundedFactors) {
   if (const std::string why = native::dot_bf16_unavailable(); !why.empty())
     GTEST_SKIP() << "the native bf16 weight gradient " << why;
   const WgradCase cases[] = {
       // The CIFAR CNN's first and second layers, smaller.
-      {{5, 3, 12, 12}, {5, 32, 12, 12}, {3, 3}, {1, 1}, true, {"", true}, {"nChw16c", true}},
-      {{20, 32, 8, 9}, {20, 64, 8, 9}, {3, 3}, {1, 1}, true, {"nChw16c"}, {"nChw16c"}},
-      {{3, 16, 7, 6}, {3, 48, 7, 6}, {5, 5}, {2, 2}, false, {"nhwc"}, {"nhwc"}},
-      {{2, 16, 6, 7}, {2, 16, 4, 5}, {3, 3}, {0, 0}, true, {"", false}, {"", false}},
-      {{9, 8, 5, 5}, {9, 80, 5, 5}, {1, 1}, {0, 0}, true, {"nChw8c", false}, {"nChw16c"}},
+      {{5, 3, 6, 17}, {5, 32, 6, 17}, {3, 3}, {1, 1}, true, {"", true}, {"nChw16c", true}},
+      {{20, 32, 4, 19}, {20, 64, 4, 19}, {3, 3}, {1, 1}, true, {"nChw16c"}, {"nChw16c"}},
+      {{3, 16, 5, 16}, {3, 48, 5, 16}, {5, 5}, {2, 2}, false, {"nhwc"}, {"nhwc"}},
+      {{2, 16, 6, 18}, {2, 16, 4, 16}, {3, 3}, {0, 0}, true, {"", false}, {"", false}},
+      {{9, 8, 3, 16}, {9, 80, 3, 16}, {1, 1}, {0, 0}, true, {"nChw8c", true}, {"nChw16c", false}},
   };
   const CounterRng rng(83);
   for (const WgradCase& c : cases) {
@@ -920,7 +920,8 @@ TEST(Conv2d, Bf16WeightGradientOnDotProductsMatchesF32OnRoundedFactors) {
 }
 
 // What the native bf16 weight gradient declines, and why: f32 nodes, strides other than 1,
-// filter counts that fill no vector of 16.
+// filter counts that fill no vector of 16, output rows shorter than 16, an f32 input of fewer
+// than 16 channels.
 TEST(Conv2d, Bf16WeightGradientOnDotProductsRefusals) {
   struct Refusal {
     Shape x, dy;
@@ -937,7 +938,17 @@ TEST(Conv2d, Bf16WeightGradientOnDotProductsRefusals) {
        ir::Precision::BF16,
        available ? "takes stride 1 only" : "AVX512-BF16"},
       {{2, 16, 8, 8},
-       {2, 24, 8, 8},
+       {2, 32, 8, 8},
+       {1, 1},
+       ir::Precision::BF16,
+       available ? "takes output rows of at least 16 positions, not 8" : "AVX512-BF16"},
+      {{2, 3, 8, 16},
+       {2, 32, 8, 16},
+       {1, 1},
+       ir::Precision::BF16,
+       available ? "of 3 channels only stored as bf16" : "AVX512-BF16"},
+      {{2, 16, 8, 16},
+       {2, 24, 8, 16},
        {1, 1},
        ir::Precision::BF16,
        available ? "takes filter counts that are multiples of 16, not 24" : "AVX512-BF16"},

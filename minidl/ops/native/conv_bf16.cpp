@@ -44,10 +44,17 @@ inline uint16_t to_bf16(T v) {
   }
 }
 
-/// Element (c, p) of a sample as bf16 bits.
-template <typename T>
-inline uint16_t element(const T* s, int64_t plane, int64_t block, int64_t c, int64_t p) {
-  return to_bf16(s[(c - c % block) * plane + c % block + p * block]);
+/// Where channel c of a sample starts (ActLayout): position p lies block * p further on.
+inline int64_t channel_offset(int64_t c, int64_t block, int64_t plane) {
+  return (c - c % block) * plane + c % block;
+}
+
+/// The f32 value of bf16 bits.
+inline float widened(uint16_t bits) {
+  const uint32_t u = uint32_t{bits} << 16;
+  float v;
+  std::memcpy(&v, &u, sizeof v);
+  return v;
 }
 
 inline uint32_t pair(uint16_t lo, uint16_t hi) { return uint32_t{lo} | (uint32_t{hi} << 16); }
@@ -59,50 +66,20 @@ template <typename T>
 void pack_dy_portable(const ConvGeom& g, int64_t K, const T* dy, int64_t block, const Packed& pk,
                       uint32_t* out, float* bias) {
   const int64_t P = g.OH * g.OW;
-  for (int64_t oh = 0; oh < g.OH; ++oh)
-    for (int64_t j = 0; j < pk.J; ++j)
-      for (int64_t k = 0; k < K; ++k) {
-        const int64_t w0 = 2 * j, p = oh * g.OW + w0;
-        const uint16_t a = element(dy, P, block, k, p);
-        const uint16_t b = w0 + 1 < g.OW ? element(dy, P, block, k, p + 1) : uint16_t{0};
-        out[(oh * pk.J + j) * K + k] = pair(a, b);
-      }
-  if (bias == nullptr) return;
   for (int64_t k = 0; k < K; ++k) {
+    const T* base = dy + channel_offset(k, block, P);  // position p at base[p * block]
     float s = 0.0f;
-    for (int64_t p = 0; p < P; ++p) {
-      const uint32_t u = uint32_t{element(dy, P, block, k, p)} << 16;
-      float v;
-      std::memcpy(&v, &u, sizeof v);
-      s += v;
-    }
-    bias[k] += s;
+    for (int64_t oh = 0; oh < g.OH; ++oh)
+      for (int64_t j = 0; j < pk.J; ++j) {
+        const int64_t w0 = 2 * j, p = oh * g.OW + w0;
+        const uint16_t a = to_bf16(base[p * block]);
+        const uint16_t b = w0 + 1 < g.OW ? to_bf16(base[(p + 1) * block]) : uint16_t{0};
+        out[(oh * pk.J + j) * K + k] = pair(a, b);
+        s += widened(a);
+        s += widened(b);
+      }
+    if (bias != nullptr) bias[k] += s;
   }
-}
-
-template <typename T>
-void pack_x_portable(const ConvGeom& g, const T* x, int64_t block, const Packed& pk, uint32_t* even,
-                     uint32_t* odd, uint16_t* row) {
-  const int64_t P = g.H * g.W, cols = 2 * pk.JP + 2;
-  for (int64_t c = 0; c < g.C; ++c)
-    for (int64_t hp = 0; hp < pk.HP; ++hp) {
-      // The padded row: column q holds input column q - PW, or 0.
-      const int64_t h = hp - g.PH;
-      std::fill_n(row, cols, uint16_t{0});
-      if (h >= 0 && h < g.H) {
-        const int64_t w0 = std::max<int64_t>(0, -g.PW), w1 = std::min(g.W, cols - g.PW);
-        if (block == 1) {  // plain: the row is contiguous
-          const T* src = x + (c * g.H + h) * g.W;
-          for (int64_t w = w0; w < w1; ++w) row[w + g.PW] = to_bf16(src[w]);
-        } else {
-          for (int64_t w = w0; w < w1; ++w) row[w + g.PW] = element(x, P, block, c, h * g.W + w);
-        }
-      }
-      for (int64_t j = 0; j < pk.JP; ++j) {
-        even[(hp * pk.JP + j) * g.C + c] = pair(row[2 * j], row[2 * j + 1]);
-        odd[(hp * pk.JP + j) * g.C + c] = pair(row[2 * j + 1], row[2 * j + 2]);
-      }
-    }
 }
 
 #if defined(__x86_64__)
@@ -119,6 +96,44 @@ using dot_bf16::load16;
 MINIDL_INLINE __m512 widen(__m256i bf16) {
   return _mm512_castsi512_ps(
       _mm512_maskz_slli_epi32(0xffff, _mm512_maskz_cvtepu16_epi32(0xffff, bf16), 16));
+}
+
+/// n values from src as bf16 bits into dst: bf16 copied, f32 rounded 16 at a time.
+template <typename T>
+void to_bf16_row(const T* src, int64_t n, uint16_t* dst) {
+  if constexpr (sizeof(T) == 2) {
+    std::copy_n(src, n, dst);
+  } else {
+    int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), load16(src + i));
+    for (; i < n; ++i) dst[i] = ops::bf16_round(src[i]);
+  }
+}
+
+template <typename T>
+void pack_x_portable(const ConvGeom& g, const T* x, int64_t block, const Packed& pk, uint32_t* even,
+                     uint32_t* odd, uint16_t* row) {
+  const int64_t P = g.H * g.W, cols = 2 * pk.JP + 2;
+  for (int64_t c = 0; c < g.C; ++c)
+    for (int64_t hp = 0; hp < pk.HP; ++hp) {
+      // The padded row: column q holds input column q - PW, or 0.
+      const int64_t h = hp - g.PH;
+      std::fill_n(row, cols, uint16_t{0});
+      if (h >= 0 && h < g.H) {
+        const int64_t w0 = std::max<int64_t>(0, -g.PW), w1 = std::min(g.W, cols - g.PW);
+        const T* src = x + channel_offset(c, block, P) + h * g.W * block;
+        if (block == 1) {
+          to_bf16_row(src + w0, w1 - w0, row + w0 + g.PW);
+        } else {
+          for (int64_t w = w0; w < w1; ++w) row[w + g.PW] = to_bf16(src[w * block]);
+        }
+      }
+      for (int64_t j = 0; j < pk.JP; ++j) {
+        even[(hp * pk.JP + j) * g.C + c] = pair(row[2 * j], row[2 * j + 1]);
+        odd[(hp * pk.JP + j) * g.C + c] = pair(row[2 * j + 1], row[2 * j + 2]);
+      }
+    }
 }
 
 /// Packing from a layout with 16 channels side by side (block a multiple of 16).
