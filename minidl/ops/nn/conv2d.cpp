@@ -486,9 +486,11 @@ std::string bf16_wgrad_refusal(const ir::Node& n) {
   constexpr int64_t kMinRow = 16;
   if (const int64_t row = n.input(0)->shape()[3]; row < kMinRow)
     return fmt::format("takes output rows of at least {} positions, not {}", kMinRow, row);
-  // An f32 input of few channels is rounded and packed element by element: ResNet-20's first
-  // layer (the f32 image, 3 channels, 16 filters) took 1428-1567 us per call against oneDNN's
-  // 531-543. The CIFAR CNN's first layer reads the image's bf16 copy instead.
+  // An f32 input of few channels spends the kernel's time on rounding and packing: ResNet-20's
+  // first layer (the f32 image, 3 channels, 16 filters) took 1428-1567 us per call against
+  // oneDNN's 531-543, and with its rows rounded 16 at a time about 1100 us on one thread (a
+  // stand-alone driver), no better than oneDNN. The CIFAR CNN's first layer reads the image's
+  // bf16 copy instead.
   const ir::Value& x = *n.input(1);
   if (x.stored() != DType::BF16 && x.shape()[1] < 16)
     return fmt::format("takes {} of {} channels only stored as bf16 (a bf16 copy)", x.ref(),
