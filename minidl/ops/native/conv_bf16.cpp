@@ -4,6 +4,7 @@
 #include <array>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "minidl/ops/bf16_round.hpp"
 #include "minidl/ops/native/dot_bf16.hpp"
@@ -23,7 +24,9 @@ namespace {
 using dot_bf16::kLanes;
 using dot_bf16::kMaxRows;     // rows (c, r, s) of dw in a register tile
 using dot_bf16::kMaxVectors;  // vectors of 16 filters in a register tile
+using dot_bf16::pair;
 using dot_bf16::tile_rows;
+using dot_bf16::to_bf16;
 
 /// How one sample's packing buffers lie: dy pairs [OH][J][K], x pairs [HP][JP][C] twice (even and
 /// odd first columns).
@@ -33,16 +36,6 @@ struct Packed {
   int64_t dy_words(int64_t K, const ConvGeom& g) const { return g.OH * J * K; }
   int64_t x_words(const ConvGeom& g) const { return HP * JP * g.C; }
 };
-
-/// v as bf16 bits: stored bf16 as it is, f32 rounded.
-template <typename T>
-inline uint16_t to_bf16(T v) {
-  if constexpr (sizeof(T) == 2) {
-    return v;
-  } else {
-    return ops::bf16_round(v);
-  }
-}
 
 /// Where channel c of a sample starts (ActLayout): position p lies block * p further on.
 inline int64_t channel_offset(int64_t c, int64_t block, int64_t plane) {
@@ -56,8 +49,6 @@ inline float widened(uint16_t bits) {
   std::memcpy(&v, &u, sizeof v);
   return v;
 }
-
-inline uint32_t pair(uint16_t lo, uint16_t hi) { return uint32_t{lo} | (uint32_t{hi} << 16); }
 
 // ---- portable packing (any layout)
 // ---------------------------------------------------------------
@@ -251,12 +242,12 @@ void bwd_weights(const ConvGeom& g, int64_t K, const TD* dy, int64_t dy_block, c
   uint32_t* odd = even + pk.x_words(g);
   auto* row = reinterpret_cast<uint16_t*>(odd + pk.x_words(g));
   // Each row's first x word: row (c, r, s) reads pair j + s / 2 of padded row oh + r, from the
-  // even buffer for even s, the odd one for odd s.
-  std::array<const uint32_t*, kMaxRows> first{};
-  const auto row_start = [&](int64_t i) -> const uint32_t* {
+  // even buffer for even s, the odd one for odd s. The same for every sample.
+  std::vector<const uint32_t*> first(static_cast<std::size_t>(rows));
+  for (int64_t i = 0; i < rows; ++i) {
     const int64_t c = i / (g.KH * g.KW), r = i / g.KW % g.KH, s = i % g.KW;
-    return (s % 2 == 0 ? even : odd) + (r * pk.JP + s / 2) * g.C + c;
-  };
+    first[i] = (s % 2 == 0 ? even : odd) + (r * pk.JP + s / 2) * g.C + c;
+  }
   for (int64_t n = n0; n < n1; ++n) {
     const TD* dyn = dy + n * dy_sample;
     const TX* xn = x + n * x_sample;
@@ -277,8 +268,7 @@ void bwd_weights(const ConvGeom& g, int64_t K, const TD* dy, int64_t dy_block, c
       const int R = static_cast<int>((rows + tiles - 1) / tiles);
       for (int64_t i0 = 0; i0 < rows; i0 += R) {
         const int r = static_cast<int>(std::min<int64_t>(R, rows - i0));
-        for (int i = 0; i < r; ++i) first[i] = row_start(i0 + i);
-        kTiles[V - 1][r - 1](g, K, pk, dyp, first.data(), k0, n == n0, acc + i0 * K);
+        kTiles[V - 1][r - 1](g, K, pk, dyp, first.data() + i0, k0, n == n0, acc + i0 * K);
       }
     }
   }

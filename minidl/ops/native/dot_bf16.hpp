@@ -29,6 +29,21 @@ constexpr int kMaxRows = 12;         // rows in a register tile
 /// The rows of a tile of `vectors` vectors: about 24 accumulators of the 32 registers.
 constexpr int tile_rows(int vectors) { return vectors >= 3 ? 24 / vectors : kMaxRows; }
 
+/// v as bf16 bits: stored bf16 as it is, f32 rounded (ops::bf16_round).
+template <typename T>
+inline std::uint16_t to_bf16(T v) {
+  if constexpr (sizeof(T) == 2) {
+    return v;
+  } else {
+    return ops::bf16_round(v);
+  }
+}
+
+/// The 32-bit word vdpbf16ps reads as the pair (lo, hi).
+inline std::uint32_t pair(std::uint16_t lo, std::uint16_t hi) {
+  return std::uint32_t{lo} | (std::uint32_t{hi} << 16);
+}
+
 #if defined(__x86_64__)
 // GCC 12's unmasked forms of some intrinsics start from an undefined vector and trip
 // -Wmaybe-uninitialized: the masked forms with every lane selected are used instead.

@@ -27,7 +27,7 @@ using dot_bf16::tile_rows;
 
 inline uint16_t bits_at(Bf16Factor f, int64_t i) {
   if (f.bf16) return static_cast<const uint16_t*>(f.data)[i];
-  return ops::bf16_round(static_cast<const float*>(f.data)[i]);
+  return dot_bf16::to_bf16(static_cast<const float*>(f.data)[i]);
 }
 
 #if defined(__x86_64__)
@@ -150,7 +150,7 @@ void tn_bf16_rows(int64_t B, int64_t M, int64_t N, Bf16Factor a, const uint32_t*
     for (int64_t q = 0; q < Q; ++q) {
       const uint16_t lo = bits_at(a, 2 * q * M + i0 + i);
       const uint16_t hi = 2 * q + 1 < B ? bits_at(a, (2 * q + 1) * M + i0 + i) : uint16_t{0};
-      pairs[i * Q + q] = uint32_t{lo} | (uint32_t{hi} << 16);
+      pairs[i * Q + q] = dot_bf16::pair(lo, hi);
     }
   for (int64_t c0 = 0; c0 < N; c0 += kMaxVectors * kLanes) {
     const int V = static_cast<int>(std::min<int64_t>(kMaxVectors, (N - c0) / kLanes));
