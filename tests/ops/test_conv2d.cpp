@@ -8,6 +8,7 @@
 #include "minidl/core/rng.hpp"
 #include "minidl/core/threading.hpp"
 #include "minidl/ops/fusion.hpp"
+#include "minidl/ops/native/amx_bf16.hpp"
 #include "minidl/ops/native/conv16.hpp"
 #include "minidl/ops/native/conv_bf16.hpp"
 #include "minidl/ops/native/direct_conv.hpp"
@@ -866,25 +867,39 @@ std::vector<Tensor> run_wgrad(const WgradCase& c, const Tensor& x, const Tensor&
 
 }  // namespace
 
-// The weight gradient on AVX512-BF16 dot products (native/conv_bf16.hpp) against the f32 kernel
-// on the same bf16-rounded factors: equal but for the order of the f32 sums. Its inputs as
-// --precision bf16 keeps them (bf16 in nChw16c, the image plain) and as other graphs may
-// (nhwc, nChw8c, f32 values it rounds itself); 1 to 5 filter vectors, odd output widths (a last
-// pair with one position; rows of at least 16, which it takes), windows of 1x1 to 5x5 with and
-// without padding, batches of one to three chunks of samples; the same bits on 1 and 2 threads.
-TEST(Conv2d, Bf16WeightGradientOnDotProductsMatchesF32OnRoundedFactors) {
-  if (const std::string why = native::dot_bf16_unavailable(); !why.empty())
-    GTEST_SKIP() << "the native bf16 weight gradient " << why;
-  const WgradCase cases[] = {
+// The native bf16 weight gradient, on AMX tiles (native/conv_amx.hpp) or AVX512-BF16 dot products
+// (native/conv_bf16.hpp), whichever this CPU runs, against the f32 kernel on the same
+// bf16-rounded factors: equal but for the order of the f32 sums. Its inputs as --precision bf16
+// keeps them (bf16 in nChw16c or nhwc, the image plain or nhwc) and as other graphs may (nChw8c,
+// f32 values it rounds itself); 1 to 5 filter tiles, odd output widths (a last pair with one
+// position), windows of 1x1 to 5x5 with and without padding, channels that fill no tile (A's rows
+// of its own on AMX) and 16 to 48 of them (A read from the planes), positions that fill no whole
+// run of 32, batches of one to three chunks of samples; the same bits on 1 and 2 threads. The
+// dot-product kernel declines the last two cases (rows of 8; an f32 image).
+TEST(Conv2d, NativeBf16WeightGradientMatchesF32OnRoundedFactors) {
+  const bool amx = native::amx_bf16_unavailable().empty();
+  if (!amx && !native::dot_bf16_unavailable().empty())
+    GTEST_SKIP() << "the native bf16 weight gradient " << native::dot_bf16_unavailable()
+                 << "; AMX: " << native::amx_bf16_unavailable();
+  struct Case {
+    WgradCase c;
+    bool dot_takes = true;
+  };
+  const Case cases[] = {
       // The CIFAR CNN's first and second layers, smaller.
-      {{5, 3, 6, 17}, {5, 32, 6, 17}, {3, 3}, {1, 1}, true, {"", true}, {"nChw16c", true}},
-      {{20, 32, 4, 19}, {20, 64, 4, 19}, {3, 3}, {1, 1}, true, {"nChw16c"}, {"nChw16c"}},
-      {{3, 16, 5, 16}, {3, 48, 5, 16}, {5, 5}, {2, 2}, false, {"nhwc"}, {"nhwc"}},
-      {{2, 16, 6, 18}, {2, 16, 4, 16}, {3, 3}, {0, 0}, true, {"", false}, {"", false}},
-      {{9, 8, 3, 16}, {9, 80, 3, 16}, {1, 1}, {0, 0}, true, {"nChw8c", true}, {"nChw16c", false}},
+      {{{5, 3, 6, 17}, {5, 32, 6, 17}, {3, 3}, {1, 1}, true, {"", true}, {"nChw16c", true}}},
+      {{{20, 32, 4, 19}, {20, 64, 4, 19}, {3, 3}, {1, 1}, true, {"nChw16c"}, {"nChw16c"}}},
+      {{{4, 32, 5, 21}, {4, 64, 5, 21}, {3, 3}, {1, 1}, true, {"nhwc"}, {"nhwc"}}},
+      {{{3, 16, 5, 16}, {3, 48, 5, 16}, {5, 5}, {2, 2}, false, {"nhwc"}, {"nhwc"}}},
+      {{{2, 16, 6, 18}, {2, 16, 4, 16}, {3, 3}, {0, 0}, true, {"", false}, {"", false}}},
+      {{{3, 3, 7, 21}, {3, 16, 7, 21}, {3, 3}, {1, 1}, true, {"nhwc"}, {"nhwc"}}},
+      {{{9, 8, 3, 16}, {9, 80, 3, 16}, {1, 1}, {0, 0}, true, {"nChw8c", true}, {"nChw16c", false}}},
+      {{{3, 48, 8, 8}, {3, 32, 8, 8}, {3, 3}, {1, 1}, true, {"nhwc"}, {"nhwc"}}, false},
+      {{{2, 3, 32, 32}, {2, 32, 32, 32}, {3, 3}, {1, 1}, true, {"", false}, {"nhwc"}}, false},
   };
   const CounterRng rng(83);
-  for (const WgradCase& c : cases) {
+  for (const auto& [c, dot_takes] : cases) {
+    if (!amx && !dot_takes) continue;
     SCOPED_TRACE(
         fmt::format("x {} dy {} window {}x{} pad {} x {} {} dy {} {}", c.x.str(), c.dy.str(),
                     c.kernel[0], c.kernel[1], c.pad[0], c.sx.layout.empty() ? "plain" : c.sx.layout,
@@ -920,38 +935,44 @@ TEST(Conv2d, Bf16WeightGradientOnDotProductsMatchesF32OnRoundedFactors) {
 }
 
 // What the native bf16 weight gradient declines, and why: f32 nodes, strides other than 1,
-// filter counts that fill no vector of 16, output rows shorter than 16, an f32 input of fewer
-// than 16 channels.
-TEST(Conv2d, Bf16WeightGradientOnDotProductsRefusals) {
+// filter counts that fill no tile of 16; on AVX512-BF16 dot products also output rows shorter
+// than 16 and an f32 input of fewer than 16 channels, which the AMX kernel takes.
+TEST(Conv2d, NativeBf16WeightGradientRefusals) {
   struct Refusal {
     Shape x, dy;
     Ints stride;
     ir::Precision precision;
-    const char* why;
+    const char* why;  // "" where the kernel takes the node
   };
-  const bool available = native::dot_bf16_unavailable().empty();
+  const bool amx = native::amx_bf16_unavailable().empty();
+  const bool available = amx || native::dot_bf16_unavailable().empty();
+  const char* const missing = "AVX512-BF16";
   const Refusal refusals[] = {
       {{2, 16, 8, 8}, {2, 32, 8, 8}, {1, 1}, ir::Precision::F32, "computes in bf16 only"},
       {{2, 16, 8, 8},
        {2, 32, 4, 4},
        {2, 2},
        ir::Precision::BF16,
-       available ? "takes stride 1 only" : "AVX512-BF16"},
+       available ? "takes stride 1 only" : missing},
       {{2, 16, 8, 8},
        {2, 32, 8, 8},
        {1, 1},
        ir::Precision::BF16,
-       available ? "takes output rows of at least 16 positions, not 8" : "AVX512-BF16"},
+       amx         ? ""
+       : available ? "takes output rows of at least 16 positions, not 8"
+                   : missing},
       {{2, 3, 8, 16},
        {2, 32, 8, 16},
        {1, 1},
        ir::Precision::BF16,
-       available ? "of 3 channels only stored as bf16" : "AVX512-BF16"},
+       amx         ? ""
+       : available ? "of 3 channels only stored as bf16"
+                   : missing},
       {{2, 16, 8, 16},
        {2, 24, 8, 16},
        {1, 1},
        ir::Precision::BF16,
-       available ? "takes filter counts that are multiples of 16, not 24" : "AVX512-BF16"},
+       available ? "takes filter counts that are multiples of 16, not 24" : missing},
   };
   for (const Refusal& r : refusals) {
     SCOPED_TRACE(r.why);
@@ -962,8 +983,12 @@ TEST(Conv2d, Bf16WeightGradientOnDotProductsRefusals) {
     dw->producer()->annotations().set("precision", std::string(ir::precision_name(r.precision)));
     dw->producer()->annotations().set("backend", std::string("native"));
     const ir::KernelChoice c = ir::choose_kernel(*dw->producer(), ir::Backend::Native);
-    EXPECT_THAT(c.declined, ::testing::HasSubstr(r.why));
     ASSERT_NE(c.kernel, nullptr);
+    if (*r.why == '\0') {
+      EXPECT_TRUE(c.kernel->bf16) << c.declined;
+      continue;
+    }
+    EXPECT_THAT(c.declined, ::testing::HasSubstr(r.why));
     EXPECT_FALSE(c.kernel->bf16) << "the f32 kernel takes the node";
   }
 }

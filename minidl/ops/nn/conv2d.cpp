@@ -21,7 +21,9 @@
 
 #include "minidl/core/threading.hpp"
 #include "minidl/ops/common.hpp"
+#include "minidl/ops/native/amx_bf16.hpp"
 #include "minidl/ops/native/conv16.hpp"
+#include "minidl/ops/native/conv_amx.hpp"
 #include "minidl/ops/native/conv_bf16.hpp"
 #include "minidl/ops/native/direct_conv.hpp"
 #include "minidl/ops/native/gemm.hpp"
@@ -464,39 +466,46 @@ ir::Kernel make_conv16_bwd_weights(const ir::Node& node) {
   };
 }
 
-// ---- bf16 weight gradient on AVX512-BF16 dot products -------------------------------------------
+// ---- bf16 weight gradient on AMX tiles or AVX512-BF16 dot products ---------------------------
 
-// The weight gradient of a node marked bf16 (native/conv_bf16.hpp), with the bias gradient when
-// the node has one: dy and x as they are stored (bf16 activations in their layout, or f32
-// rounded while packed), dw and db in f32. Tried before oneDNN's bf16 kernel (both are bf16
-// kernels; this one is declared first) where the CPU has AVX512-BF16 without AMX.
+// The weight gradient of a node marked bf16, with the bias gradient when the node has one: dy and
+// x as they are stored (bf16 activations in their layout, or f32 rounded while packed), dw and db
+// in f32. On AMX tiles where the CPU has AMX-BF16 (native/conv_amx.hpp), on AVX512-BF16 dot
+// products where it has those only (native/conv_bf16.hpp). Tried before oneDNN's bf16 kernel
+// (both are bf16 kernels; this one is declared first).
 
 /// Why the kernel cannot take node n, or "".
 std::string bf16_wgrad_refusal(const ir::Node& n) {
   if (ir::node_precision(n) != ir::Precision::BF16)
     return "computes in bf16 only (nodes marked precision=bf16)";
-  if (std::string why = native::dot_bf16_unavailable(); !why.empty()) return why;
+  const bool amx = native::amx_bf16_unavailable().empty();
+  if (!amx) {
+    if (std::string why = native::dot_bf16_unavailable(); !why.empty())
+      return fmt::format("{} (AMX: {})", why, native::amx_bf16_unavailable());
+  }
   const ir::Ints& stride = n.attrs().get<ir::Ints>("stride");
   if (stride[0] != 1 || stride[1] != 1) return "takes stride 1 only";
   const int64_t filters = n.input(0)->shape()[1];
   if (filters % 16 != 0)
     return fmt::format("takes filter counts that are multiples of 16, not {}", filters);
-  // It pairs positions along output rows: on rows of 8 (ResNet-20's third stage) its loops were
-  // too short, 1381-1553 us per call against oneDNN's 1289-1307 (--profile, bf16, batch 128).
+  for (const ir::Value* v : n.outputs())
+    if (!v->layout().empty()) return fmt::format("writes {} plain only", v->ref());
+  if (amx) return "";
+  // The dot-product kernel pairs positions along output rows: on rows of 8 (ResNet-20's third
+  // stage) its loops were too short, 1381-1553 us per call against oneDNN's 1289-1307
+  // (--profile, bf16, batch 128, AMD EPYC).
   constexpr int64_t kMinRow = 16;
   if (const int64_t row = n.input(0)->shape()[3]; row < kMinRow)
     return fmt::format("takes output rows of at least {} positions, not {}", kMinRow, row);
-  // An f32 input of few channels spends the kernel's time on rounding and packing: ResNet-20's
-  // first layer (the f32 image, 3 channels, 16 filters) took 1428-1567 us per call against
-  // oneDNN's 531-543, and with its rows rounded 16 at a time about 1100 us on one thread (a
-  // stand-alone driver), no better than oneDNN. The CIFAR CNN's first layer reads the image's
+  // An f32 input of few channels spends the dot-product kernel's time on rounding and packing:
+  // ResNet-20's first layer (the f32 image, 3 channels, 16 filters) took 1428-1567 us per call
+  // against oneDNN's 531-543, and with its rows rounded 16 at a time about 1100 us on one thread
+  // (a stand-alone driver), no better than oneDNN. The CIFAR CNN's first layer reads the image's
   // bf16 copy instead.
   const ir::Value& x = *n.input(1);
   if (x.stored() != DType::BF16 && x.shape()[1] < 16)
     return fmt::format("takes {} of {} channels only stored as bf16 (a bf16 copy)", x.ref(),
                        x.shape()[1]);
-  for (const ir::Value* v : n.outputs())
-    if (!v->layout().empty()) return fmt::format("writes {} plain only", v->ref());
   return "";
 }
 
@@ -522,17 +531,26 @@ ir::Kernel make_bf16_wgrad(const ir::Node& node) {
   const bool bias = node.outputs().size() > 1;
   const native::ActLayout dy_layout = act_layout(*node.input(0)),
                           x_layout = act_layout(*node.input(1));
-  const auto scratch_words = static_cast<std::size_t>(native::conv_bf16_scratch_words(g, filters));
+  const bool amx = native::amx_bf16_unavailable().empty();
+  // thread_scratch gives floats; the dot-product kernel packs 32-bit words of two bf16 into it.
+  const auto scratch_floats =
+      static_cast<std::size_t>(amx ? native::conv_amx_scratch_floats(g, filters)
+                                   : native::conv_bf16_scratch_words(g, filters));
   return [=](const ir::KernelArgs& k) {
     float* a = acc.data<float>();
     for_each_item(chunks, [&](int64_t ci, bool) {
       float* p = a + ci * part;
+      float* db = bias ? p + rows * filters : nullptr;
       std::fill_n(p + rows * filters, filters, 0.0f);
-      // thread_scratch gives floats; the kernel packs 32-bit words of two bf16 into it.
-      auto* scratch = reinterpret_cast<std::uint32_t*>(native::thread_scratch(scratch_words));
-      native::conv_bf16_bwd_weights(g, filters, k.in[0].raw(), dy_layout, k.in[1].raw(), x_layout,
-                                    n * ci / chunks, n * (ci + 1) / chunks, p,
-                                    bias ? p + rows * filters : nullptr, scratch);
+      float* scratch = native::thread_scratch(scratch_floats);
+      const int64_t n0 = n * ci / chunks, n1 = n * (ci + 1) / chunks;
+      if (amx) {
+        native::conv_amx_bwd_weights(g, filters, k.in[0].raw(), dy_layout, k.in[1].raw(), x_layout,
+                                     n0, n1, p, db, scratch);
+      } else {
+        native::conv_bf16_bwd_weights(g, filters, k.in[0].raw(), dy_layout, k.in[1].raw(), x_layout,
+                                      n0, n1, p, db, reinterpret_cast<std::uint32_t*>(scratch));
+      }
     });
     float* dw = k.out[0].data<float>();
     parallel_for(rows, filters * chunks, [&](int64_t i0, int64_t i1) {

@@ -1,0 +1,33 @@
+// What the native AMX-BF16 kernels share (conv_amx.cpp, gemm_bf16.cpp): whether this CPU and its
+// operating system run them, and the one tile shape they use. An AMX tile register holds up to 16
+// rows of 64 bytes; tdpbf16ps adds to an f32 tile C [16][16] the product of a bf16 tile A [16][32]
+// and a tile B of 16 rows of 16 pairs: C[m][n] += sum over k < 16 of A[m][2k] B[k][2n] +
+// A[m][2k + 1] B[k][2n + 1]. The pairs of B run along the sum, so an operand whose sum runs along
+// its rows is packed into pairs of rows first (the layout oneDNN calls VNNI).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace minidl::native {
+
+/// "" when this CPU has AMX-BF16 (with AMX-TILE), the operating system lets this process use the
+/// tile registers (Linux: arch_prctl ARCH_REQ_XCOMP_PERM, asked once), and MINIDL_NATIVE_BF16 is
+/// not off; else why not.
+std::string amx_bf16_unavailable();
+
+namespace amx {
+
+constexpr std::int64_t kRows = 16;      // rows of a tile
+constexpr std::int64_t kRowBytes = 64;  // bytes of a tile row: 16 f32 or 32 bf16
+constexpr std::int64_t kPairs = 16;     // pairs of bf16 in a row of B (16 f32 columns of C)
+constexpr std::int64_t kDepth = 32;     // bf16 terms each tdpbf16ps adds to a sum
+
+/// Configures every tile of the calling thread as 16 rows of 64 bytes (the only shape the kernels
+/// use); `release` gives the tile state back (the kernels call it when done, so that the thread
+/// carries no tile state through context switches, and oneDNN configures its own).
+void configure();
+void release();
+
+}  // namespace amx
+}  // namespace minidl::native

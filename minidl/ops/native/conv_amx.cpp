@@ -1,0 +1,372 @@
+#include "minidl/ops/native/conv_amx.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "minidl/ops/bf16_round.hpp"
+#include "minidl/ops/native/amx_bf16.hpp"
+#include "minidl/ops/native/dot_bf16.hpp"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace minidl::native {
+
+using std::int64_t;
+using std::uint16_t;
+using std::uint32_t;
+
+namespace {
+
+constexpr int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+
+/// One sample's packs (see conv_amx.hpp).
+struct Plan {
+  int64_t WP = 0;           // padded width: positions per output row
+  int64_t T = 0;            // positions, OH * WP
+  int64_t Tpad = 0;         // positions rounded up to whole tiles (zero in B)
+  int64_t L = 0;            // halves per plane: every run [r WP + s, r WP + s + Tpad) fits
+  int64_t M = 0, Mpad = 0;  // rows of the product, and rounded up to whole tiles
+  bool planes = false;      // A read from the planes in place (C % 16 == 0), else from rows
+  // Scratch, in floats from its start (64-byte aligned each).
+  int64_t dy_at = 0, pos_at = 0, planes_at = 0, rows_at = 0, end = 0;
+
+  Plan(const ConvGeom& g, int64_t K) {
+    WP = g.W + 2 * g.PW;
+    T = g.OH * WP;
+    Tpad = round_up(T, amx::kDepth);
+    // The data of a plane ends at (H + 2 PH) WP = T + (KH - 1) WP (stride 1).
+    L = round_up(Tpad + (g.KH - 1) * WP + g.KW - 1, amx::kDepth);
+    M = g.rows();
+    Mpad = round_up(M, amx::kRows);
+    planes = g.C % amx::kRows == 0;
+    const auto section = [&](int64_t floats) {
+      const int64_t at = end;
+      end += round_up(floats, 16);
+      return at;
+    };
+    section(Mpad * K);                 // the sums, [Mpad][K]
+    dy_at = section(Tpad / 2 * K);     // dy in pairs of positions, [Tpad / 2][K] words
+    pos_at = section(Tpad);            // each position's index in dy, or -1 (int32)
+    planes_at = section(g.C * L / 2);  // the padded planes, [C][L] halves
+    rows_at = section(planes ? 0 : Mpad * Tpad / 2);  // A's own rows, [Mpad][Tpad] halves
+  }
+};
+
+/// Where channel c of a sample starts (ActLayout): position p lies block * p further on.
+inline int64_t channel_offset(int64_t c, int64_t block, int64_t plane) {
+  return (c - c % block) * plane + c % block;
+}
+
+inline float widened(uint16_t bits) {
+  const uint32_t u = uint32_t{bits} << 16;
+  float v;
+  std::memcpy(&v, &u, sizeof v);
+  return v;
+}
+
+#if defined(__x86_64__)
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16")
+#define MINIDL_INLINE __attribute__((always_inline)) inline
+
+using dot_bf16::interleave;
+using dot_bf16::kLanes;
+using dot_bf16::load16;
+using dot_bf16::pair;
+using dot_bf16::to_bf16;
+
+MINIDL_INLINE __m512 widen(__m256i bf16) {
+  return _mm512_castsi512_ps(
+      _mm512_maskz_slli_epi32(0xffff, _mm512_maskz_cvtepu16_epi32(0xffff, bf16), 16));
+}
+
+/// x's channels into their zero-padded planes, value (c, h, w) at c L + (h + PH) WP + w + PW.
+template <typename T>
+void pack_planes_portable(const ConvGeom& g, const Plan& pl, const T* x, int64_t block,
+                          uint16_t* xp) {
+  const int64_t P = g.H * g.W;
+  std::fill_n(xp, g.C * pl.L, uint16_t{0});
+  for (int64_t c = 0; c < g.C; ++c)
+    for (int64_t h = 0; h < g.H; ++h) {
+      uint16_t* dst = xp + c * pl.L + (h + g.PH) * pl.WP + g.PW;
+      const T* src = x + channel_offset(c, block, P) + h * g.W * block;
+      if constexpr (sizeof(T) == 2) {
+        if (block == 1) {
+          std::memcpy(dst, src, static_cast<std::size_t>(g.W) * sizeof(uint16_t));
+          continue;
+        }
+      } else {
+        if (block == 1) {
+          int64_t w = 0;
+          for (; w + kLanes <= g.W; w += kLanes)
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + w), load16(src + w));
+          for (; w < g.W; ++w) dst[w] = to_bf16(src[w]);
+          continue;
+        }
+      }
+      for (int64_t w = 0; w < g.W; ++w) dst[w] = to_bf16(src[w * block]);
+    }
+}
+
+/// The same from bf16 values with at most 4 channels side by side (the image's nhwc copy): 16
+/// positions' values are at most 64 halves, two vectors, from which one permutation picks each
+/// channel's run.
+void pack_planes_narrow(const ConvGeom& g, const Plan& pl, const uint16_t* x, int64_t block,
+                        uint16_t* xp) {
+  const int64_t P = g.H * g.W;
+  std::fill_n(xp, g.C * pl.L, uint16_t{0});
+  alignas(64) uint16_t idx[4][32] = {};
+  for (int64_t j = 0; j < block; ++j)
+    for (int64_t i = 0; i < kLanes; ++i) idx[j][i] = static_cast<uint16_t>(i * block + j);
+  for (int64_t c0 = 0; c0 < g.C; c0 += block) {
+    const uint16_t* base = x + c0 * P;
+    const int64_t nc = std::min(block, g.C - c0);
+    for (int64_t h = 0; h < g.H; ++h)
+      for (int64_t w0 = 0; w0 < g.W; w0 += kLanes) {
+        const int64_t n = std::min(kLanes, g.W - w0), halves = n * block;
+        const uint16_t* at = base + (h * g.W + w0) * block;
+        const auto lo_mask = static_cast<__mmask32>(halves >= 32 ? ~0u : (1u << halves) - 1);
+        const auto hi_mask = static_cast<__mmask32>(halves <= 32   ? 0u
+                                                    : halves >= 64 ? ~0u
+                                                                   : (1u << (halves - 32)) - 1);
+        const __m512i lo = _mm512_maskz_loadu_epi16(lo_mask, at);
+        const __m512i hi = _mm512_maskz_loadu_epi16(hi_mask, at + 32);
+        uint16_t* dst = xp + c0 * pl.L + (h + g.PH) * pl.WP + g.PW + w0;
+        const auto mask = static_cast<__mmask32>((1u << n) - 1);
+        for (int64_t j = 0; j < nc; ++j) {
+          const __m512i run =
+              _mm512_maskz_permutex2var_epi16(~__mmask32{0}, lo, _mm512_load_si512(idx[j]), hi);
+          _mm512_mask_storeu_epi16(dst + j * pl.L, mask, run);
+        }
+      }
+  }
+}
+
+/// The same from bf16 values with 16 channels side by side (nhwc, nChw16c): a gather reads the
+/// words (channel j, channel j + 1) of 16 positions, one permutation splits them into the two
+/// channels' runs.
+void pack_planes_blocked(const ConvGeom& g, const Plan& pl, const uint16_t* x, int64_t block,
+                         uint16_t* xp) {
+  const int64_t P = g.H * g.W;
+  std::fill_n(xp, g.C * pl.L, uint16_t{0});
+  const __m512i lanes = _mm512_maskz_mullo_epi32(
+      0xffff, _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+      _mm512_set1_epi32(static_cast<int>(block)));
+  const __m512i split = _mm512_set_epi16(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1,
+                                         30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  for (int64_t c0 = 0; c0 < g.C; c0 += kLanes) {
+    const uint16_t* base = x + (c0 - c0 % block) * P + c0 % block;
+    for (int64_t h = 0; h < g.H; ++h)
+      for (int64_t w0 = 0; w0 < g.W; w0 += kLanes) {
+        const int64_t n = std::min(kLanes, g.W - w0);
+        const auto mask = static_cast<__mmask16>((1u << n) - 1);
+        const uint16_t* at = base + (h * g.W + w0) * block;
+        uint16_t* dst = xp + c0 * pl.L + (h + g.PH) * pl.WP + g.PW + w0;
+        for (int64_t j = 0; j < kLanes; j += 2) {
+          const __m512i words =
+              _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), mask, lanes, at + j, 2);
+          const __m512i runs = _mm512_maskz_permutexvar_epi16(~__mmask32{0}, split, words);
+          _mm512_mask_storeu_epi16(dst + j * pl.L, __mmask32{mask}, runs);
+          // The upper 16 halves, to 16 halves before channel j + 1's run from their lane 16.
+          _mm512_mask_storeu_epi16(dst + (j + 1) * pl.L - kLanes, __mmask32{mask} << 16, runs);
+        }
+      }
+  }
+}
+
+/// dy's positions in pairs, [Tpad / 2][K] words, zero where `pos` is -1; each filter's sum of the
+/// packed values added to bias when it is not null.
+template <typename TD>
+void pack_dy(const Plan& pl, int64_t K, const TD* dy, int64_t block, int64_t P, const int32_t* pos,
+             uint32_t* dyp, float* bias) {
+  const int64_t Q = pl.Tpad / 2;
+  if (block % kLanes == 0) {
+    for (int64_t k0 = 0; k0 < K; k0 += kLanes) {
+      const TD* base = dy + (k0 - k0 % block) * P + k0 % block;
+      __m512 sum = _mm512_setzero_ps();
+      for (int64_t q = 0; q < Q; ++q) {
+        const int32_t p0 = pos[2 * q], p1 = pos[2 * q + 1];
+        const __m256i a = p0 >= 0 ? load16(base + p0 * block) : _mm256_setzero_si256();
+        const __m256i b = p1 >= 0 ? load16(base + p1 * block) : _mm256_setzero_si256();
+        _mm512_storeu_si512(dyp + q * K + k0, interleave(a, b));
+        if (bias != nullptr) sum = _mm512_add_ps(_mm512_add_ps(sum, widen(a)), widen(b));
+      }
+      if (bias != nullptr)
+        _mm512_storeu_ps(bias + k0, _mm512_add_ps(_mm512_loadu_ps(bias + k0), sum));
+    }
+    return;
+  }
+  for (int64_t k = 0; k < K; ++k) {
+    const TD* base = dy + channel_offset(k, block, P);
+    float s = 0.0f;
+    for (int64_t q = 0; q < Q; ++q) {
+      const int32_t p0 = pos[2 * q], p1 = pos[2 * q + 1];
+      const uint16_t a = p0 >= 0 ? to_bf16(base[p0 * block]) : uint16_t{0};
+      const uint16_t b = p1 >= 0 ? to_bf16(base[p1 * block]) : uint16_t{0};
+      dyp[q * K + k] = pair(a, b);
+      s += widened(a);
+      s += widened(b);
+    }
+    if (bias != nullptr) bias[k] += s;
+  }
+}
+
+#undef MINIDL_INLINE
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("amx-tile,amx-bf16")
+
+/// Tiles (mt .. mt + MT - 1) x (nt .. nt + NT - 1) of the sums over one sample's positions. The
+/// sums in tiles 0-3 (C[i][j] in tile 2 i + j), A in 4-5, B in 6-7; a0 and a1 are the A tiles'
+/// first rows, a_stride bytes apart, `steps` runs of 32 positions; b the B tiles' first word, c
+/// the first sum, rows K floats apart.
+template <int MT, int NT>
+void tile_group(const uint16_t* a0, const uint16_t* a1, int64_t a_stride, const uint32_t* b,
+                int64_t K, int64_t steps, float* c, bool first) {
+  const int64_t row = K * 4;
+  float* c1 = c + amx::kRows * K;
+  if (first) {
+    _tile_zero(0);
+    if constexpr (NT > 1) _tile_zero(1);
+    if constexpr (MT > 1) _tile_zero(2);
+    if constexpr (MT > 1 && NT > 1) _tile_zero(3);
+  } else {
+    _tile_loadd(0, c, row);
+    if constexpr (NT > 1) _tile_loadd(1, c + amx::kPairs, row);
+    if constexpr (MT > 1) _tile_loadd(2, c1, row);
+    if constexpr (MT > 1 && NT > 1) _tile_loadd(3, c1 + amx::kPairs, row);
+  }
+  for (int64_t st = 0; st < steps; ++st) {
+    const uint32_t* bq = b + st * amx::kRows * K;
+    _tile_loadd(6, bq, row);
+    if constexpr (NT > 1) _tile_loadd(7, bq + amx::kPairs, row);
+    _tile_loadd(4, a0 + st * amx::kDepth, a_stride);
+    _tile_dpbf16ps(0, 4, 6);
+    if constexpr (NT > 1) _tile_dpbf16ps(1, 4, 7);
+    if constexpr (MT > 1) {
+      _tile_loadd(5, a1 + st * amx::kDepth, a_stride);
+      _tile_dpbf16ps(2, 5, 6);
+      if constexpr (NT > 1) _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  _tile_stored(0, c, row);
+  if constexpr (NT > 1) _tile_stored(1, c + amx::kPairs, row);
+  if constexpr (MT > 1) _tile_stored(2, c1, row);
+  if constexpr (MT > 1 && NT > 1) _tile_stored(3, c1 + amx::kPairs, row);
+}
+
+#pragma GCC pop_options
+
+template <typename TD, typename TX>
+void bwd_weights(const ConvGeom& g, int64_t K, const TD* dy, int64_t dy_block, const TX* x,
+                 int64_t x_block, int64_t n0, int64_t n1, float* out, float* bias, float* scratch) {
+  const Plan pl(g, K);
+  float* acc = scratch;  // [Mpad][K], rows in the product's order
+  auto* dyp = reinterpret_cast<uint32_t*>(scratch + pl.dy_at);
+  auto* pos = reinterpret_cast<int32_t*>(scratch + pl.pos_at);
+  auto* xp = reinterpret_cast<uint16_t*>(scratch + pl.planes_at);
+  auto* rows = reinterpret_cast<uint16_t*>(scratch + pl.rows_at);
+  const int64_t P = g.OH * g.OW, dy_sample = K * P, x_sample = g.C * g.H * g.W;
+  for (int64_t t = 0; t < pl.Tpad; ++t) {
+    const int64_t oh = t / pl.WP, ow = t % pl.WP;
+    pos[t] = t < pl.T && ow < g.OW ? static_cast<int32_t>(oh * g.OW + ow) : -1;
+  }
+  if (!pl.planes) std::fill_n(rows + pl.M * pl.Tpad, (pl.Mpad - pl.M) * pl.Tpad, uint16_t{0});
+  const int64_t m_tiles = pl.Mpad / amx::kRows, n_tiles = K / amx::kPairs,
+                c_tiles = g.C / amx::kRows, steps = pl.Tpad / amx::kDepth;
+  // A tile mt's first row, and the bytes between its rows.
+  const auto a_row = [&](int64_t mt) -> const uint16_t* {
+    if (!pl.planes) return rows + mt * amx::kRows * pl.Tpad;
+    const int64_t rs = mt / c_tiles, c0 = mt % c_tiles * amx::kRows;
+    return xp + c0 * pl.L + rs / g.KW * pl.WP + rs % g.KW;
+  };
+  const int64_t a_stride = 2 * (pl.planes ? pl.L : pl.Tpad);
+  amx::configure();
+  for (int64_t n = n0; n < n1; ++n) {
+    pack_dy(pl, K, dy + n * dy_sample, dy_block, P, pos, dyp, bias);
+    const TX* xn = x + n * x_sample;
+    if constexpr (sizeof(TX) == 2) {
+      if (x_block % kLanes == 0 && g.C % kLanes == 0) {
+        pack_planes_blocked(g, pl, xn, x_block, xp);
+      } else if (x_block > 1 && x_block <= 4 && g.C % x_block == 0) {
+        pack_planes_narrow(g, pl, xn, x_block, xp);
+      } else {
+        pack_planes_portable(g, pl, xn, x_block, xp);
+      }
+    } else {
+      pack_planes_portable(g, pl, xn, x_block, xp);
+    }
+    if (!pl.planes)  // row (c, r, s): channel c's run from r WP + s
+      for (int64_t m = 0; m < pl.M; ++m) {
+        const int64_t c = m / (g.KH * g.KW), r = m / g.KW % g.KH, s = m % g.KW;
+        std::memcpy(rows + m * pl.Tpad, xp + c * pl.L + r * pl.WP + s,
+                    static_cast<std::size_t>(pl.Tpad) * sizeof(uint16_t));
+      }
+    for (int64_t mt = 0; mt < m_tiles; mt += 2)
+      for (int64_t nt = 0; nt < n_tiles; nt += 2) {
+        const bool two_m = mt + 1 < m_tiles, two_n = nt + 1 < n_tiles;
+        const uint16_t* a0 = a_row(mt);
+        const uint16_t* a1 = two_m ? a_row(mt + 1) : a0;
+        const uint32_t* b = dyp + nt * amx::kPairs;
+        float* c = acc + mt * amx::kRows * K + nt * amx::kPairs;
+        const bool first = n == n0;
+        if (two_m && two_n) {
+          tile_group<2, 2>(a0, a1, a_stride, b, K, steps, c, first);
+        } else if (two_m) {
+          tile_group<2, 1>(a0, a1, a_stride, b, K, steps, c, first);
+        } else if (two_n) {
+          tile_group<1, 2>(a0, a1, a_stride, b, K, steps, c, first);
+        } else {
+          tile_group<1, 1>(a0, a1, a_stride, b, K, steps, c, first);
+        }
+      }
+  }
+  amx::release();
+  // Out in (c, r, s) order: the planes' product has its rows in (r, s, c) order.
+  if (!pl.planes) {
+    std::memcpy(out, acc, static_cast<std::size_t>(pl.M * K) * sizeof(float));
+    return;
+  }
+  const int64_t window = g.KH * g.KW;
+  for (int64_t rs = 0; rs < window; ++rs)
+    for (int64_t c = 0; c < g.C; ++c)
+      std::memcpy(out + (c * window + rs) * K, acc + (rs * g.C + c) * K,
+                  static_cast<std::size_t>(K) * sizeof(float));
+}
+
+#endif  // __x86_64__
+
+}  // namespace
+
+int64_t conv_amx_scratch_floats(const ConvGeom& g, int64_t K) { return Plan(g, K).end; }
+
+void conv_amx_bwd_weights(const ConvGeom& g, int64_t K, const void* dy, ActLayout dy_layout,
+                          const void* x, ActLayout x_layout, int64_t n0, int64_t n1, float* acc,
+                          float* bias_acc, float* scratch) {
+#if defined(__x86_64__)
+  const auto run = [&](const auto* d, const auto* xs) {
+    bwd_weights(g, K, d, dy_layout.block, xs, x_layout.block, n0, n1, acc, bias_acc, scratch);
+  };
+  const auto with_x = [&](const auto* d) {
+    if (x_layout.bf16) {
+      run(d, static_cast<const uint16_t*>(x));
+    } else {
+      run(d, static_cast<const float*>(x));
+    }
+  };
+  if (dy_layout.bf16) {
+    with_x(static_cast<const uint16_t*>(dy));
+  } else {
+    with_x(static_cast<const float*>(dy));
+  }
+#else
+  (void)g, (void)K, (void)dy, (void)dy_layout, (void)x, (void)x_layout, (void)n0, (void)n1;
+  (void)acc, (void)bias_acc, (void)scratch;
+#endif
+}
+
+}  // namespace minidl::native
