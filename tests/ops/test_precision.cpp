@@ -349,13 +349,14 @@ TEST(Precision, Bf16WeightGradientsFoldIntoAMomentumUpdateWhereTheBf16KernelRuns
 
 // The fused bf16 kernel against the unfused path on the same rounded factors: the f32 product
 // (its sums in another order) and then the sgd_momentum op. Odd and even batches (a last pair with
-// a zero partner), rows that fill no whole tile, 80 columns (a block of 64 and one of 16), weight
-// decay, Nesterov, f32 factors it rounds and bf16 ones; the same bits on 1 and 2 threads.
+// a zero partner; 69 samples, three runs of 32 on AMX), rows that fill no whole tile, 80 columns
+// (a block of 64 and one of 16; five AMX tiles), weight decay, Nesterov, f32 factors it rounds
+// and bf16 ones; the same bits on 1 and 2 threads.
 TEST(Precision, FusedBf16WeightGradientUpdatesAsTheUnfusedPath) {
   if (std::string why = native::tn_bf16_refusal(true, false, 80); !why.empty())
     GTEST_SKIP() << "the fused bf16 kernel " << why;
   const std::int64_t m = 10, n = 80;
-  for (const std::int64_t batch : {7, 32})
+  for (const std::int64_t batch : {7, 32, 69})
     for (const bool nesterov : {false, true})
       for (const bool stored_bf16 : {false, true}) {
         SCOPED_TRACE(fmt::format("batch {} nesterov {} factors {}", batch, nesterov,

@@ -5,7 +5,10 @@
 #include <utility>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "minidl/ops/bf16_round.hpp"
+#include "minidl/ops/native/amx_bf16.hpp"
 #include "minidl/ops/native/dot_bf16.hpp"
 
 #if defined(__x86_64__)
@@ -106,23 +109,108 @@ constexpr std::array<std::array<TileFn, kMaxRows>, kMaxVectors> kTiles = {
     tiles_of<3>(std::make_index_sequence<kMaxRows>()),
     tiles_of<4>(std::make_index_sequence<kMaxRows>())};
 
+// ---- AMX tiles ----------------------------------------------------------------------------------
+// b in pairs of rows again, each 16 columns' pairs together ([N / 16][Qt][16] words, Qt = Q
+// rounded up to 16 with zero pairs), so that a B tile (16 pairs of 16 columns) is 1 KiB in one
+// run; a block of 16 rows of g takes a's columns i0 .. i0 + 15 as the rows of an A tile, the
+// batch along them (zero after it).
+
+/// Pairs of rows of b in the AMX pack: whole tiles of 16.
+int64_t amx_pairs(int64_t B) { return ((B + 1) / 2 + amx::kRows - 1) / amx::kRows * amx::kRows; }
+
+void amx_pack(int64_t B, int64_t N, Bf16Factor b, uint32_t* packed) {
+  const int64_t Q = (B + 1) / 2, Qt = amx_pairs(B);
+  for (int64_t j = 0; j < N; j += kLanes) {
+    uint32_t* out = packed + j * Qt;
+    for (int64_t q = 0; q < Qt; ++q) {
+      const int64_t r = 2 * q;
+      const __m256i lo = q < Q ? load16(b, r * N + j) : _mm256_setzero_si256();
+      const __m256i hi = r + 1 < B ? load16(b, (r + 1) * N + j) : _mm256_setzero_si256();
+      _mm512_storeu_si512(out + q * kLanes, interleave(lo, hi));
+    }
+  }
+}
+
 #pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("amx-tile,amx-bf16")
+
+/// Columns [j, j + 16 NT) of a block of 16 rows of g (row stride N) from the A tiles at `a`
+/// (rows 2 Qt halves long) and the packed B: sums in tiles 0-1, A in 4, B in 6-7.
+template <int NT>
+void amx_columns(int64_t Qt, int64_t N, const uint16_t* a, const uint32_t* packed, float* g,
+                 int64_t j) {
+  _tile_zero(0);
+  if constexpr (NT > 1) _tile_zero(1);
+  const uint32_t* b0 = packed + j * Qt;
+  const uint32_t* b1 = b0 + kLanes * Qt;
+  for (int64_t q = 0; q < Qt; q += amx::kRows) {
+    _tile_loadd(4, a + 2 * q, 4 * Qt);
+    _tile_loadd(6, b0 + q * kLanes, amx::kRowBytes);
+    _tile_dpbf16ps(0, 4, 6);
+    if constexpr (NT > 1) {
+      _tile_loadd(7, b1 + q * kLanes, amx::kRowBytes);
+      _tile_dpbf16ps(1, 4, 7);
+    }
+  }
+  _tile_stored(0, g + j, N * 4);
+  if constexpr (NT > 1) _tile_stored(1, g + j + kLanes, N * 4);
+}
+
+#pragma GCC pop_options
+
+void amx_rows(int64_t B, int64_t M, int64_t N, Bf16Factor a, const uint32_t* packed, float* g,
+              int64_t i0, int64_t i1) {
+  const int64_t Qt = amx_pairs(B), K = 2 * Qt;
+  // A: row i holds a[k][i0 + i] for k < B, zero after it and in rows past i1.
+  std::array<uint16_t, amx::kRows * 64> local{};
+  std::vector<uint16_t> heap;
+  uint16_t* at = local.data();
+  if (K > 64) {
+    heap.assign(static_cast<std::size_t>(amx::kRows * K), uint16_t{0});
+    at = heap.data();
+  }
+  for (int64_t i = 0; i < i1 - i0; ++i)
+    for (int64_t k = 0; k < B; ++k) at[i * K + k] = bits_at(a, k * M + i0 + i);
+  // Rows past i1 of the tiles land in g's rows after the block: the caller's scratch holds 16.
+  amx::configure();
+  int64_t j = 0;
+  for (; j + 2 * kLanes <= N; j += 2 * kLanes) amx_columns<2>(Qt, N, at, packed, g, j);
+  if (j < N) amx_columns<1>(Qt, N, at, packed, g, j);
+  amx::release();
+}
 
 #endif  // __x86_64__
 
 }  // namespace
 
+namespace {
+bool use_amx() {
+  static const bool amx = amx_bf16_unavailable().empty();
+  return amx;
+}
+}  // namespace
+
 std::string tn_bf16_refusal(bool trans_a, bool trans_b, int64_t N) {
-  if (std::string why = dot_bf16_unavailable(); !why.empty()) return why;
+  if (!use_amx())
+    if (std::string why = dot_bf16_unavailable(); !why.empty())
+      return fmt::format("{} (AMX: {})", why, amx_bf16_unavailable());
   if (!trans_a || trans_b) return "takes a^T b only (a linear layer's weight gradient)";
   if (N % kLanes != 0) return "takes products whose columns are a multiple of 16";
   return "";
 }
 
-int64_t tn_bf16_pack_words(int64_t B, int64_t N) { return (B + 1) / 2 * N; }
+int64_t tn_bf16_pack_words(int64_t B, int64_t N) {
+#if defined(__x86_64__)
+  if (use_amx()) return amx_pairs(B) * N;
+#endif
+  return (B + 1) / 2 * N;
+}
 
 void tn_bf16_pack(int64_t B, int64_t N, Bf16Factor b, uint32_t* packed) {
 #if defined(__x86_64__)
+  if (use_amx()) return amx_pack(B, N, b, packed);
   pack(B, N, b, packed);
 #else
   (void)B, (void)N, (void)b, (void)packed;
@@ -130,12 +218,14 @@ void tn_bf16_pack(int64_t B, int64_t N, Bf16Factor b, uint32_t* packed) {
 }
 
 int64_t tn_bf16_block_rows(int64_t N) {
+  if (use_amx()) return amx::kRows;
   return tile_rows(static_cast<int>(std::clamp<int64_t>(N / kLanes, 1, kMaxVectors)));
 }
 
 void tn_bf16_rows(int64_t B, int64_t M, int64_t N, Bf16Factor a, const uint32_t* packed_b, float* g,
                   int64_t i0, int64_t i1) {
 #if defined(__x86_64__)
+  if (use_amx()) return amx_rows(B, M, N, a, packed_b, g, i0, i1);
   const int64_t Q = (B + 1) / 2;
   const int R = static_cast<int>(i1 - i0);
   // The rows' words of a: (a[2q][i], a[2q + 1][i]).
