@@ -874,8 +874,9 @@ std::vector<Tensor> run_wgrad(const WgradCase& c, const Tensor& x, const Tensor&
 // f32 values it rounds itself); 1 to 5 filter tiles, odd output widths (a last pair with one
 // position), windows of 1x1 to 5x5 with and without padding, channels that fill no tile (A's rows
 // of its own on AMX) and 16 to 48 of them (A read from the planes), positions that fill no whole
-// run of 32, batches of one to three chunks of samples; the same bits on 1 and 2 threads. The
-// dot-product kernel declines the last two cases (rows of 8; an f32 image).
+// run of 32, positions in several segments (the last two), batches of one to three chunks of
+// samples; the same bits on 1 and 2 threads. The dot-product kernel declines the last three cases
+// (rows of 8 and 14; an f32 image).
 TEST(Conv2d, NativeBf16WeightGradientMatchesF32OnRoundedFactors) {
   const bool amx = native::amx_bf16_unavailable().empty();
   if (!amx && !native::dot_bf16_unavailable().empty())
@@ -895,6 +896,7 @@ TEST(Conv2d, NativeBf16WeightGradientMatchesF32OnRoundedFactors) {
       {{{3, 3, 7, 21}, {3, 16, 7, 21}, {3, 3}, {1, 1}, true, {"nhwc"}, {"nhwc"}}},
       {{{9, 8, 3, 16}, {9, 80, 3, 16}, {1, 1}, {0, 0}, true, {"nChw8c", true}, {"nChw16c", false}}},
       {{{3, 48, 8, 8}, {3, 32, 8, 8}, {3, 3}, {1, 1}, true, {"nhwc"}, {"nhwc"}}, false},
+      {{{2, 16, 14, 14}, {2, 64, 14, 14}, {3, 3}, {1, 1}, true, {"nChw16c"}, {"nChw16c"}}, false},
       {{{2, 3, 32, 32}, {2, 32, 32, 32}, {3, 3}, {1, 1}, true, {"", false}, {"nhwc"}}, false},
   };
   const CounterRng rng(83);

@@ -21,6 +21,10 @@ std::string amx_bf16_unavailable() {
     if (!env_switch("MINIDL_NATIVE_BF16")) return std::string("switched off (MINIDL_NATIVE_BF16)");
     if (!(__builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16")))
       return std::string("needs a CPU with AMX-BF16");
+    // The kernels pack their operands with AVX-512 (every CPU with AMX so far has it).
+    if (!(__builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
+          __builtin_cpu_supports("avx512vl")))
+      return std::string("needs AVX512-BF16 (with AVX-512 BW, VL) beside AMX-BF16");
     // Linux hands out the tile registers' state only to a process that asks for it.
     constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
     if (syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) != 0)

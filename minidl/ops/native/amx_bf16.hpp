@@ -11,7 +11,8 @@
 
 namespace minidl::native {
 
-/// "" when this CPU has AMX-BF16 (with AMX-TILE), the operating system lets this process use the
+/// "" when this CPU has AMX-BF16 (with AMX-TILE, and AVX512-BF16 for the packing), the operating
+/// system lets this process use the
 /// tile registers (Linux: arch_prctl ARCH_REQ_XCOMP_PERM, asked once), and MINIDL_NATIVE_BF16 is
 /// not off; else why not.
 std::string amx_bf16_unavailable();

@@ -1,11 +1,11 @@
 #include "minidl/ops/native/gemm_bf16.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <array>
 #include <utility>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "minidl/ops/bf16_round.hpp"
 #include "minidl/ops/native/amx_bf16.hpp"
