@@ -53,7 +53,7 @@ class FuseBiasActivation final : public ir::Pass {
 /// stays the graph's learning-rate input.
 /// Why matmul_sgd_momentum's bf16 kernel cannot take a product node n (a matmul, or the fused
 /// node) marked bf16, or "": n must compute a^T b with plain factors and columns in multiples of
-/// 16, on a CPU with AVX512-BF16 and no AMX (native/gemm_bf16.hpp).
+/// 16, on a CPU with AMX-BF16 or AVX512-BF16 (native/gemm_bf16.hpp).
 std::string bf16_momentum_refusal(const ir::Node& n);
 
 class FuseUpdateIntoProduct final : public ir::Pass {

@@ -308,7 +308,7 @@ TEST(Precision, Bf16WeightGradientsStayApartFromAPlainSgdUpdate) {
 }
 
 // With momentum, a bf16 weight gradient a^T b folds into matmul_sgd_momentum where its bf16
-// kernel runs (AVX512-BF16 without AMX): the fused node is marked bf16 and reads the bf16 copies.
+// kernel runs (AMX-BF16 or AVX512-BF16): the fused node is marked bf16 and reads the bf16 copies.
 // A product of another form (dy w, the data gradient) never folds.
 TEST(Precision, Bf16WeightGradientsFoldIntoAMomentumUpdateWhereTheBf16KernelRuns) {
   ir::Graph g;

@@ -155,11 +155,11 @@ void matmul_sgd_momentum_native(const ir::KernelArgs& k) {
 }
 
 // Under --precision bf16 (the node marked bf16 by the fusion pass, which folds a bf16 weight
-// gradient only where this kernel takes it: bf16_momentum_refusal): the gradient on AVX512-BF16
-// dot products from the factors as they are stored (bf16 copies, or f32 rounded), a few rows at a
-// time (native/gemm_bf16.hpp), each block updating its parameter and velocity rows with the
-// update's own loop while it is in cache. The blocks of rows are split over the threads, each of
-// which packs b into pairs of rows for itself first.
+// gradient only where this kernel takes it: bf16_momentum_refusal): the gradient on AMX tiles or
+// AVX512-BF16 dot products from the factors as they are stored (bf16 copies, or f32 rounded), a
+// few rows at a time (native/gemm_bf16.hpp), each block updating its parameter and velocity rows
+// with the update's own loop while it is in cache. The blocks of rows are split over the threads,
+// each of which packs b into pairs of rows for itself first.
 ir::Kernel make_sgd_momentum_bf16(const ir::Node& node) {
   const native::Bf16Factor fa{nullptr, node.input(0)->stored() == DType::BF16};
   const native::Bf16Factor fb{nullptr, node.input(1)->stored() == DType::BF16};

@@ -16,8 +16,8 @@
 namespace minidl::native {
 
 /// "" when this CPU runs the native AVX512-BF16 kernels (AVX512-BF16 with AVX-512 F, BW and VL,
-/// and no AMX-BF16, whose tile kernels in oneDNN are faster than any dot-product loop) and
-/// MINIDL_NATIVE_BF16 (read once) is not off; else why not.
+/// and no AMX-BF16, whose tile kernels (native/amx_bf16.hpp) are faster than any dot-product loop)
+/// and MINIDL_NATIVE_BF16 (read once) is not off; else why not.
 std::string dot_bf16_unavailable();
 
 namespace dot_bf16 {
