@@ -58,10 +58,8 @@ constexpr TileConfig kConfig;
 
 __attribute__((target("amx-tile"))) void configure() { _tile_loadconfig(&kConfig); }
 
-__attribute__((target("amx-tile"))) void release() { _tile_release(); }
 #else
 void configure() {}
-void release() {}
 #endif
 
 }  // namespace amx

@@ -348,7 +348,6 @@ void bwd_weights(const ConvGeom& g, int64_t K, const TD* dy, int64_t dy_block, c
         }
     }
   }
-  amx::release();
   // Out in (c, r, s) order: the planes' product has its rows in (r, s, c) order.
   if (!pl.planes) {
     std::memcpy(out, acc, static_cast<std::size_t>(pl.M * K) * sizeof(float));

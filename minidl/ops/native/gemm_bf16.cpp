@@ -178,7 +178,6 @@ void amx_rows(int64_t B, int64_t M, int64_t N, Bf16Factor a, const uint32_t* pac
   int64_t j = 0;
   for (; j + 2 * kLanes <= N; j += 2 * kLanes) amx_columns<2>(Qt, N, at, packed, g, j);
   if (j < N) amx_columns<1>(Qt, N, at, packed, g, j);
-  amx::release();
 }
 
 #endif  // __x86_64__
