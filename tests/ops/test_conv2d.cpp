@@ -994,3 +994,221 @@ TEST(Conv2d, NativeBf16WeightGradientRefusals) {
     EXPECT_FALSE(c.kernel->bf16) << "the f32 kernel takes the node";
   }
 }
+
+namespace {
+
+/// The plain f32 values of `buffer`, a value of shape `sh` stored as `s` says (store_as undone).
+Tensor load_as(const Tensor& buffer, const Shape& sh, const Stored& s) {
+  Tensor plain = Tensor::empty(sh);
+  const std::int64_t ch = sh[1], sp = sh[2] * sh[3];
+  const std::int64_t block = s.layout == "nhwc" ? ch : ir::channel_block(s.layout);
+  for (std::int64_t n = 0; n < sh[0]; ++n)
+    for (std::int64_t c = 0; c < ch; ++c)
+      for (std::int64_t p = 0; p < sp; ++p) {
+        const std::int64_t at = ((n * ch + c - c % block) * sp) + p * block + c % block;
+        float v = 0.0f;
+        if (s.bf16) {
+          const std::uint32_t u = std::uint32_t{static_cast<const std::uint16_t*>(buffer.raw())[at]}
+                                  << 16;
+          std::memcpy(&v, &u, sizeof v);
+        } else {
+          v = static_cast<const float*>(buffer.raw())[at];
+        }
+        plain.data<float>()[(n * ch + c) * sp + p] = v;
+      }
+  return plain;
+}
+
+struct AmxConvCase {
+  bool data_grad;
+  Shape in, w;  // x (the forward) or dy (the data gradient); w [K, C, KH, KW]
+  Ints pad;
+  bool bias, relu;
+  Stored s_in, s_out;
+};
+
+/// The output of one conv2d (conv2d_bwd_data) node: marked bf16 with its input and output stored
+/// as the case says, or the plain f32 reference; the kernel table in `kernels`.
+Tensor run_amx_conv(const AmxConvCase& c, const Tensor& in, const Tensor& w, const Tensor& b,
+                    ir::Precision precision, std::string* kernels = nullptr) {
+  ir::Graph g;
+  ir::Value* iv = ops::input(g, "in", c.in);
+  ir::Value* wv = ops::input(g, "w", c.w);
+  ir::Node* n = nullptr;
+  if (c.data_grad) {
+    const Shape x{c.in[0], c.w[1], c.in[2] + c.w[2] - 1 - 2 * c.pad[0],
+                  c.in[3] + c.w[3] - 1 - 2 * c.pad[1]};
+    n = ops::apply_node("conv2d_bwd_data", {iv, wv},
+                        {{"stride", Ints{1, 1}}, {"pad", c.pad}, {"in_shape", x.dims()}});
+  } else {
+    std::vector<ir::Value*> inputs{iv, wv};
+    if (c.bias) inputs.push_back(ops::input(g, "b", {c.w[0]}));
+    n = ops::apply_node("conv2d", inputs,
+                        {{"stride", Ints{1, 1}},
+                         {"pad", c.pad},
+                         {"activation", std::string(c.relu ? "relu" : "none")}});
+  }
+  n->annotations().set("precision", std::string(ir::precision_name(precision)));
+  n->annotations().set("backend", std::string("native"));
+  const bool f32 = precision == ir::Precision::F32;
+  if (!f32)
+    for (auto [v, s] : {std::pair{iv, &c.s_in}, std::pair{n->output(0), &c.s_out}}) {
+      v->set_layout(s->layout);
+      if (s->bf16) v->set_stored(DType::BF16);
+    }
+  g.add_output(n->output(0));
+  runtime::Executable exe(g, {.backend = ir::Backend::Native});
+  store_as(in, exe.input("in"), f32 ? Stored{"", false} : c.s_in);
+  Tensor(exe.input("w")).copy_from(w);
+  if (c.bias && !c.data_grad) Tensor(exe.input("b")).copy_from(b);
+  exe.run();
+  if (kernels != nullptr) *kernels = exe.kernel_table();
+  return load_as(exe.value(n->output(0)), n->output(0)->shape(), f32 ? Stored{"", false} : c.s_out);
+}
+
+}  // namespace
+
+// The forward and the data gradient on AMX tiles (native/conv_amx.hpp) against the f32 kernel on
+// the same bf16-rounded input and weights: equal but for the order of the f32 sums and the output
+// rounded to bf16. The CIFAR CNN's first layer (3 channels in nhwc, with bias) and second
+// layer's data gradient (64 channels of dy, six runs per window row), smaller; output rows that
+// fill no chunk of 16 positions (21, 17, 10, 12), 1 to 4 tiles of output channels, windows of 1x1
+// to 5x5 and 3x7, the data gradient's turned padding (0 -> 2), ReLU, outputs in nhwc, nChw16c and
+// plain; the same bits on 1 and 2 threads.
+TEST(Conv2d, AmxBf16ForwardAndDataGradientMatchF32OnRoundedFactors) {
+  if (const std::string why = native::amx_bf16_unavailable(); !why.empty())
+    GTEST_SKIP() << "the AMX convolution " << why;
+  const AmxConvCase cases[] = {
+      {false, {3, 3, 9, 21}, {32, 3, 3, 3}, {1, 1}, true, false, {"nhwc"}, {"nhwc"}},
+      {false, {2, 3, 32, 32}, {16, 3, 3, 3}, {1, 1}, false, true, {"nhwc"}, {"nChw16c"}},
+      {false, {2, 2, 7, 10}, {48, 2, 5, 5}, {2, 2}, true, true, {""}, {"nhwc"}},
+      {false, {2, 4, 6, 18}, {64, 4, 3, 7}, {1, 3}, true, false, {"nhwc"}, {""}},
+      {true, {3, 64, 9, 17}, {64, 32, 3, 3}, {1, 1}, false, false, {"nhwc"}, {"nhwc"}},
+      {true, {2, 16, 6, 6}, {16, 48, 3, 3}, {0, 0}, false, false, {"nChw16c"}, {"nhwc"}},
+      {true, {2, 16, 5, 12}, {16, 16, 1, 1}, {0, 0}, false, false, {"nhwc"}, {""}},
+  };
+  const CounterRng rng(89);
+  for (const AmxConvCase& c : cases) {
+    SCOPED_TRACE(fmt::format("{} in {} w {} pad {} {} in {} out {}",
+                             c.data_grad ? "data gradient" : "forward", c.in.str(), c.w.str(),
+                             c.pad[0], c.pad[1], c.s_in.layout.empty() ? "plain" : c.s_in.layout,
+                             c.s_out.layout.empty() ? "plain" : c.s_out.layout));
+    Tensor in = Tensor::empty(c.in), w = Tensor::empty(c.w), b = Tensor::empty({c.w[0]});
+    rng.fill_normal(in, 1, 0.0f, 1.0f);
+    rng.fill_normal(w, 2, 0.0f, 0.2f);
+    rng.fill_normal(b, 3, 0.0f, 1.0f);
+    const Tensor want = run_amx_conv(c, bf16_rounded(in), bf16_rounded(w), b, ir::Precision::F32);
+    const int saved = max_threads();
+    std::vector<Tensor> got;
+    std::string kernels;
+    for (const int threads : {1, 2}) {
+      set_num_threads(threads);
+      got.push_back(run_amx_conv(c, in, w, b, ir::Precision::BF16, &kernels));
+    }
+    set_num_threads(saved);
+    EXPECT_THAT(kernels, ::testing::HasSubstr("-> native bf16"));
+    ASSERT_EQ(got[0].shape(), want.shape());
+    EXPECT_EQ(0, std::memcmp(got[0].raw(), got[1].raw(), want.nbytes()))
+        << "1 and 2 threads differ";
+    double scale = 0.0;
+    for (std::int64_t i = 0; i < want.numel(); ++i)
+      scale = std::max(scale, std::fabs(want.at(i)) + 0.0);
+    for (std::int64_t i = 0; i < want.numel(); ++i)
+      ASSERT_NEAR(got[0].at(i), want.at(i), std::fabs(want.at(i)) / 128.0 + 1e-5 * scale) << i;
+  }
+}
+
+// What the AMX forward and data gradient decline, and why: f32 nodes, strides other than 1,
+// output channels that fill no tile of 16, activations stored as f32, and forward window rows of
+// 32 values or more (oneDNN's forward is faster there).
+TEST(Conv2d, AmxBf16ForwardAndDataGradientRefusals) {
+  const bool amx = native::amx_bf16_unavailable().empty();
+  struct Refusal {
+    bool data_grad;
+    Shape in, w;
+    Ints stride;
+    ir::Precision precision;
+    bool bf16_values;
+    const char* why;  // "" where the kernel takes the node
+  };
+  const char* const missing = "AMX-BF16";
+  const Refusal refusals[] = {
+      {false,
+       {2, 3, 8, 8},
+       {16, 3, 3, 3},
+       {1, 1},
+       ir::Precision::F32,
+       true,
+       "computes in bf16 only"},
+      {false, {2, 3, 8, 8}, {16, 3, 3, 3}, {1, 1}, ir::Precision::BF16, true, amx ? "" : missing},
+      {true, {2, 32, 8, 8}, {32, 16, 3, 3}, {1, 1}, ir::Precision::BF16, true, amx ? "" : missing},
+      {false,
+       {2, 3, 8, 8},
+       {16, 3, 3, 3},
+       {2, 2},
+       ir::Precision::BF16,
+       true,
+       amx ? "takes stride 1 only" : missing},
+      {false,
+       {2, 3, 8, 8},
+       {24, 3, 3, 3},
+       {1, 1},
+       ir::Precision::BF16,
+       true,
+       amx ? "multiples of 16, not 24" : missing},
+      {true,
+       {2, 32, 8, 8},
+       {32, 24, 3, 3},
+       {1, 1},
+       ir::Precision::BF16,
+       true,
+       amx ? "multiples of 16, not 24" : missing},
+      {false,
+       {2, 3, 8, 8},
+       {16, 3, 3, 3},
+       {1, 1},
+       ir::Precision::BF16,
+       false,
+       amx ? "takes activations stored as bf16 only" : missing},
+      {false,
+       {2, 16, 8, 8},
+       {16, 16, 3, 3},
+       {1, 1},
+       ir::Precision::BF16,
+       true,
+       amx ? "window rows of 32 values or more (3 x 16)" : missing},
+  };
+  for (const Refusal& r : refusals) {
+    SCOPED_TRACE(r.why);
+    ir::Graph g;
+    ir::Value* iv = ops::input(g, "in", r.in);
+    ir::Value* wv = ops::input(g, "w", r.w);
+    ir::Node* n = nullptr;
+    if (r.data_grad) {
+      n = ops::apply_node("conv2d_bwd_data", {iv, wv},
+                          {{"stride", r.stride},
+                           {"pad", Ints{1, 1}},
+                           {"in_shape", Shape{r.in[0], r.w[1], r.in[2], r.in[3]}.dims()}});
+    } else {
+      n = ops::apply_node("conv2d", {iv, wv}, {{"stride", r.stride}, {"pad", Ints{1, 1}}});
+    }
+    n->annotations().set("precision", std::string(ir::precision_name(r.precision)));
+    n->annotations().set("backend", std::string("native"));
+    if (r.bf16_values)
+      for (ir::Value* v : {iv, n->output(0)}) {
+        v->set_layout("nhwc");
+        v->set_stored(DType::BF16);
+      }
+    const ir::KernelChoice c = ir::choose_kernel(*n, ir::Backend::Native);
+    if (*r.why == '\0') {
+      ASSERT_NE(c.kernel, nullptr);
+      EXPECT_TRUE(c.kernel->bf16) << c.declined;
+      continue;
+    }
+    EXPECT_THAT(c.declined, ::testing::HasSubstr(r.why));
+    // Another kernel takes it: oneDNN's bf16 one, or a native f32 one.
+    if (c.kernel != nullptr) {
+      EXPECT_FALSE(c.kernel->backend == ir::Backend::Native && c.kernel->bf16) << c.kernel->name;
+    }
+  }
+}

@@ -360,6 +360,219 @@ void bwd_weights(const ConvGeom& g, int64_t K, const TD* dy, int64_t dy_block, c
                   static_cast<std::size_t>(K) * sizeof(float));
 }
 
+// ---- the forward and the data gradient ----------------------------------------------------------
+
+/// The sizes of the forward's packs (conv_amx.hpp).
+struct FwdPlan {
+  int64_t WP = 0, HP = 0;         // padded input width and height
+  int64_t span = 0;               // values of a window row: KW * C
+  int64_t J = 0;                  // runs of 32 over a window row
+  int64_t CW = 0;                 // chunks of 16 positions per output row
+  int64_t xpad = 0;               // halves of the padded input, with the runs' overhang
+  int64_t stage_at = 0, end = 0;  // scratch, in floats
+
+  FwdPlan(const ConvGeom& g, int64_t K) {
+    (void)K;
+    WP = g.W + 2 * g.PW;
+    HP = g.H + 2 * g.PH;
+    span = g.KW * g.C;
+    J = (span + amx::kDepth - 1) / amx::kDepth;
+    CW = (g.OW + amx::kRows - 1) / amx::kRows;
+    // The last chunk's runs start at most 15 positions past the last output column and read
+    // 32 J values: beyond the plane when the row is the last one.
+    xpad = round_up(HP * WP * g.C + amx::kRows * g.C + J * amx::kDepth, amx::kDepth);
+    stage_at = round_up(xpad / 2, 16);
+    end = stage_at + 4 * amx::kRows * amx::kPairs;
+  }
+};
+
+/// w'[k][u = s C + c][r] of the product: w[k][c][r][s], or for the data gradient
+/// w[c][k][KH - 1 - r][KW - 1 - s].
+template <typename TW>
+void pack_weights(const ConvGeom& g, int64_t K, const TW* w, bool transposed, uint16_t* packed) {
+  const FwdPlan pl(g, K);
+  const int64_t window = g.KH * g.KW, step = transposed ? window : g.C * window;
+  for (int64_t r = 0; r < g.KH; ++r)
+    for (int64_t j = 0; j < pl.J; ++j)
+      for (int64_t q = 0; q < amx::kPairs; ++q)
+        for (int64_t e = 0; e < 2; ++e) {
+          uint16_t* dst = packed + ((r * pl.J + j) * amx::kPairs + q) * K * 2 + e;
+          const int64_t u = j * amx::kDepth + 2 * q + e, s = u / g.C, c = u % g.C;
+          if (u >= pl.span) {
+            for (int64_t k = 0; k < K; ++k) dst[2 * k] = 0;
+            continue;
+          }
+          const TW* src = w + (transposed ? (c * K * g.KH + g.KH - 1 - r) * g.KW + g.KW - 1 - s
+                                          : (c * g.KH + r) * g.KW + s);
+          for (int64_t k = 0; k < K; ++k) dst[2 * k] = to_bf16(src[k * step]);
+        }
+}
+
+/// x's sample into the padded nhwc rows: value (c, h, w) at ((h + PH) WP + w + PW) C + c.
+template <typename T>
+void pack_rows(const ConvGeom& g, const FwdPlan& pl, const T* x, int64_t block, uint16_t* xp) {
+  const int64_t P = g.H * g.W;
+  std::fill_n(xp, pl.xpad, uint16_t{0});
+  for (int64_t h = 0; h < g.H; ++h) {
+    uint16_t* dst = xp + ((h + g.PH) * pl.WP + g.PW) * g.C;
+    if constexpr (sizeof(T) == 2) {
+      if (block == g.C) {  // nhwc: the row as it is
+        std::memcpy(dst, x + h * g.W * g.C, static_cast<std::size_t>(g.W * g.C) * sizeof(T));
+        continue;
+      }
+    }
+    for (int64_t c = 0; c < g.C; ++c) {
+      const T* src = x + channel_offset(c, block, P) + h * g.W * block;
+      for (int64_t w = 0; w < g.W; ++w) dst[w * g.C + c] = to_bf16(src[w * block]);
+    }
+  }
+}
+
+#pragma GCC push_options
+#pragma GCC target("amx-tile,amx-bf16")
+
+/// Two chunks of 16 positions (a0, a1: their first runs, rows `a_stride` bytes apart) by two
+/// tiles of 16 output channels (b: the first's packed weights) into stage [4][16][16]: sums in
+/// tiles 0-3, A in 4-5, B in 6-7. `rows` window rows, `runs` runs of 32 per window row; a row of
+/// the window is `row` halves further on in the input, `b_row` halves in the weights.
+template <int MT, int NT>
+void fwd_group(const uint16_t* a0, const uint16_t* a1, int64_t a_stride, int64_t row,
+               const uint16_t* b, int64_t K, int64_t rows, int64_t runs, float* stage) {
+  const int64_t b_stride = K * 4, b_run = amx::kPairs * K * 2;
+  _tile_zero(0);
+  if constexpr (NT > 1) _tile_zero(1);
+  if constexpr (MT > 1) _tile_zero(2);
+  if constexpr (MT > 1 && NT > 1) _tile_zero(3);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < runs; ++j) {
+      const uint16_t* bq = b + (r * runs + j) * b_run;
+      const int64_t at = r * row + j * amx::kDepth;
+      _tile_loadd(6, bq, b_stride);
+      if constexpr (NT > 1) _tile_loadd(7, bq + 2 * amx::kPairs, b_stride);
+      _tile_loadd(4, a0 + at, a_stride);
+      _tile_dpbf16ps(0, 4, 6);
+      if constexpr (NT > 1) _tile_dpbf16ps(1, 4, 7);
+      if constexpr (MT > 1) {
+        _tile_loadd(5, a1 + at, a_stride);
+        _tile_dpbf16ps(2, 5, 6);
+        if constexpr (NT > 1) _tile_dpbf16ps(3, 5, 7);
+      }
+    }
+  constexpr int64_t kTile = amx::kRows * amx::kPairs, kRow = amx::kPairs * 4;
+  _tile_stored(0, stage, kRow);
+  if constexpr (NT > 1) _tile_stored(1, stage + kTile, kRow);
+  if constexpr (MT > 1) _tile_stored(2, stage + 2 * kTile, kRow);
+  if constexpr (MT > 1 && NT > 1) _tile_stored(3, stage + 3 * kTile, kRow);
+}
+
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16")
+
+/// Staged tiles [16 positions][16 channels] of one chunk, `tiles` (1 or 2) side by side
+/// (`tile_stride` floats apart), + bias and ReLU, into y at positions p0 .. p0 + n - 1 (one output
+/// row), channels k0 .. k0 + 16 tiles - 1: in nhwc-like layouts a row of both tiles is one
+/// conversion (vcvtne2ps2bf16, rounding to nearest even as ops::bf16_round) and one store.
+template <bool kRelu, typename TY>
+void store_tiles(const float* stage, int64_t tile_stride, int tiles, const float* bias, int64_t k0,
+                 int64_t n, int64_t p0, int64_t P, TY* y, int64_t block) {
+  __m512 b[2];
+  for (int t = 0; t < 2; ++t)
+    b[t] = bias != nullptr && t < tiles ? _mm512_loadu_ps(bias + k0 + t * kLanes)
+                                        : _mm512_setzero_ps();
+  const auto value = [&](int64_t i, int t) {
+    __m512 v = _mm512_add_ps(_mm512_loadu_ps(stage + t * tile_stride + i * amx::kPairs), b[t]);
+    if constexpr (kRelu) v = _mm512_maskz_max_ps(0xffff, v, _mm512_setzero_ps());
+    return v;
+  };
+  // Both tiles' 32 channels side by side (nhwc, or 32 of a wider block).
+  const bool contiguous = block % (tiles * kLanes) == 0 && k0 % block + tiles * kLanes <= block;
+  if (contiguous) {
+    TY* base = y + (k0 - k0 % block) * P + k0 % block + p0 * block;
+    for (int64_t i = 0; i < n; ++i) {
+      TY* at = base + i * block;
+      if constexpr (sizeof(TY) == 2) {
+        if (tiles == 2) {
+          _mm512_storeu_si512(
+              at, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(value(i, 1), value(i, 0))));
+        } else {
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(at),
+                              reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(value(i, 0))));
+        }
+      } else {
+        for (int t = 0; t < tiles; ++t) _mm512_storeu_ps(at + t * kLanes, value(i, t));
+      }
+    }
+    return;
+  }
+  for (int t = 0; t < tiles; ++t)
+    for (int64_t i = 0; i < n; ++i) {
+      alignas(64) float lanes[kLanes];
+      _mm512_store_ps(lanes, value(i, t));
+      for (int64_t k = 0; k < kLanes; ++k) {
+        TY* e = y + channel_offset(k0 + t * kLanes + k, block, P) + (p0 + i) * block;
+        if constexpr (sizeof(TY) == 2) {
+          *e = ops::bf16_round(lanes[k]);
+        } else {
+          *e = lanes[k];
+        }
+      }
+    }
+}
+
+#pragma GCC pop_options
+
+template <typename TX, typename TY>
+void forward(const ConvGeom& g, int64_t K, const TX* x, int64_t x_block, const uint16_t* packed,
+             const float* bias, bool relu, TY* y, int64_t y_block, int64_t n0, int64_t n1,
+             float* scratch) {
+  const FwdPlan pl(g, K);
+  auto* xp = reinterpret_cast<uint16_t*>(scratch);
+  float* stage = scratch + pl.stage_at;
+  const int64_t P = g.OH * g.OW, chunks = g.OH * pl.CW, n_tiles = K / amx::kPairs;
+  constexpr int64_t kTile = amx::kRows * amx::kPairs;
+  // Chunk i: output row i / CW, columns from 16 (i % CW); its runs start at input row oh (+ r).
+  const auto first_run = [&](int64_t i) {
+    return xp + (i / pl.CW * pl.WP + i % pl.CW * amx::kRows) * g.C;
+  };
+  amx::configure();
+  for (int64_t n = n0; n < n1; ++n) {
+    pack_rows(g, pl, x + n * g.C * g.H * g.W, x_block, xp);
+    TY* yn = y + n * K * P;
+    for (int64_t i = 0; i < chunks; i += 2) {
+      const bool two_m = i + 1 < chunks;
+      for (int64_t nt = 0; nt < n_tiles; nt += 2) {
+        const bool two_n = nt + 1 < n_tiles;
+        const uint16_t* a0 = first_run(i);
+        const uint16_t* a1 = two_m ? first_run(i + 1) : a0;
+        const uint16_t* b = packed + nt * amx::kPairs * 2;
+        const int64_t a_stride = 2 * g.C, row = pl.WP * g.C;
+        if (two_m && two_n) {
+          fwd_group<2, 2>(a0, a1, a_stride, row, b, K, g.KH, pl.J, stage);
+        } else if (two_m) {
+          fwd_group<2, 1>(a0, a1, a_stride, row, b, K, g.KH, pl.J, stage);
+        } else if (two_n) {
+          fwd_group<1, 2>(a0, a1, a_stride, row, b, K, g.KH, pl.J, stage);
+        } else {
+          fwd_group<1, 1>(a0, a1, a_stride, row, b, K, g.KH, pl.J, stage);
+        }
+        for (int64_t m = 0; m < (two_m ? 2 : 1); ++m) {
+          const int64_t ci = i + m, ow0 = ci % pl.CW * amx::kRows;
+          const int64_t len = std::min(amx::kRows, g.OW - ow0), p0 = ci / pl.CW * g.OW + ow0;
+          const float* st = stage + 2 * m * kTile;
+          const int tiles = two_n ? 2 : 1;
+          if (relu) {
+            store_tiles<true>(st, kTile, tiles, bias, nt * amx::kPairs, len, p0, P, yn, y_block);
+          } else {
+            store_tiles<false>(st, kTile, tiles, bias, nt * amx::kPairs, len, p0, P, yn, y_block);
+          }
+        }
+      }
+    }
+  }
+}
+
 #endif  // __x86_64__
 
 }  // namespace
@@ -388,6 +601,49 @@ void conv_amx_bwd_weights(const ConvGeom& g, int64_t K, const void* dy, ActLayou
 #else
   (void)g, (void)K, (void)dy, (void)dy_layout, (void)x, (void)x_layout, (void)n0, (void)n1;
   (void)acc, (void)bias_acc, (void)scratch;
+#endif
+}
+
+int64_t conv_amx_forward_scratch_floats(const ConvGeom& g, int64_t K) { return FwdPlan(g, K).end; }
+
+int64_t conv_amx_weight_halves(const ConvGeom& g, int64_t K) {
+  return g.KH * FwdPlan(g, K).J * amx::kPairs * K * 2;
+}
+
+void conv_amx_pack_weights(const ConvGeom& g, int64_t K, AmxConvWeights w, uint16_t* packed) {
+#if defined(__x86_64__)
+  if (w.bf16) {
+    pack_weights(g, K, static_cast<const uint16_t*>(w.data), w.transposed, packed);
+  } else {
+    pack_weights(g, K, static_cast<const float*>(w.data), w.transposed, packed);
+  }
+#else
+  (void)g, (void)K, (void)w, (void)packed;
+#endif
+}
+
+void conv_amx_forward(const ConvGeom& g, int64_t K, const void* x, ActLayout x_layout,
+                      const uint16_t* packed_w, const float* bias, bool relu, void* y,
+                      ActLayout y_layout, int64_t n0, int64_t n1, float* scratch) {
+#if defined(__x86_64__)
+  const auto run = [&](const auto* xs, auto* ys) {
+    forward(g, K, xs, x_layout.block, packed_w, bias, relu, ys, y_layout.block, n0, n1, scratch);
+  };
+  const auto with_y = [&](const auto* xs) {
+    if (y_layout.bf16) {
+      run(xs, static_cast<uint16_t*>(y));
+    } else {
+      run(xs, static_cast<float*>(y));
+    }
+  };
+  if (x_layout.bf16) {
+    with_y(static_cast<const uint16_t*>(x));
+  } else {
+    with_y(static_cast<const float*>(x));
+  }
+#else
+  (void)g, (void)K, (void)x, (void)x_layout, (void)packed_w, (void)bias, (void)relu, (void)y;
+  (void)y_layout, (void)n0, (void)n1, (void)scratch;
 #endif
 }
 

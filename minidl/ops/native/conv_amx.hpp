@@ -35,3 +35,42 @@ void conv_amx_bwd_weights(const ConvGeom& g, std::int64_t K, const void* dy, Act
                           float* acc, float* bias_acc, float* scratch);
 
 }  // namespace minidl::native
+
+namespace minidl::native {
+
+// ---- the forward and the data gradient, on AMX tiles --------------------------------------------
+// y[n][k][oh][ow] = sum over c, r, s of x[n][c][oh - PH + r][ow - PW + s] w[k][c][r][s] (stride 1),
+// one product per output row: C [16 positions][16 filters] += A [16 positions][32] B [32][16
+// filters], A's rows the runs of the zero-padded input row oh + r in nhwc order, which hold
+// (s, c) side by side: position ow's run starts C values after ow - 1's, so one tile load reads
+// 16 positions' runs in place (rows 2 C bytes apart), in steps of 32 values over the KW * C of a
+// window row, whatever comes after it multiplied by zero weights. The weights are packed per call
+// into pairs along (s, c). The data gradient is the same product over dy with the weights
+// transposed and turned (w'[c][k][r][s] = w[k][c][KH - 1 - r][KW - 1 - s]) and the padding
+// KH - 1 - PH (KW - 1 - PW).
+
+/// How conv_amx_forward reads its weights: w [K][C][KH][KW] as stored (bf16 bits or f32), used
+/// as it is (the forward) or transposed and turned (the data gradient: the product's K is w's C).
+struct AmxConvWeights {
+  const void* data = nullptr;
+  bool bf16 = false;
+  bool transposed = false;
+};
+
+/// Floats of per-thread scratch conv_amx_forward needs: g is the product's geometry (its input
+/// channels C, its padding), K its output channels.
+std::int64_t conv_amx_forward_scratch_floats(const ConvGeom& g, std::int64_t K);
+
+/// Halves of the packed weights (shared by the threads; packed by conv_amx_pack_weights).
+std::int64_t conv_amx_weight_halves(const ConvGeom& g, std::int64_t K);
+void conv_amx_pack_weights(const ConvGeom& g, std::int64_t K, AmxConvWeights w,
+                           std::uint16_t* packed);
+
+/// Samples [n0, n1) of y [N, K, OH, OW] = x * w (+ bias [K], then ReLU when `relu`) on the packed
+/// weights; x and y as ActLayout says (y bf16 or f32). g.SH = g.SW = 1, K % 16 == 0,
+/// amx_bf16_unavailable() empty. Each output sums its terms in an order fixed by the shapes.
+void conv_amx_forward(const ConvGeom& g, std::int64_t K, const void* x, ActLayout x_layout,
+                      const std::uint16_t* packed_w, const float* bias, bool relu, void* y,
+                      ActLayout y_layout, std::int64_t n0, std::int64_t n1, float* scratch);
+
+}  // namespace minidl::native

@@ -566,6 +566,98 @@ ir::Kernel make_bf16_wgrad(const ir::Node& node) {
   };
 }
 
+// ---- bf16 forward and data gradient on AMX tiles
+// --------------------------------------------------
+
+// A node marked bf16 on the CPU's AMX tiles (native/conv_amx.hpp): x (dy) as it is stored, the
+// weights as stored (f32, or a bf16 copy), packed per call; y (dx) in its own layout and type.
+// Tried before oneDNN's bf16 kernel where the CPU has AMX-BF16.
+
+/// Why the kernel cannot take node n (conv2d, or conv2d_bwd_data when `data_grad`), or "".
+std::string amx_conv_refusal(const ir::Node& n, bool data_grad) {
+  if (ir::node_precision(n) != ir::Precision::BF16)
+    return "computes in bf16 only (nodes marked precision=bf16)";
+  if (std::string why = native::amx_bf16_unavailable(); !why.empty()) return why;
+  const ir::Ints& stride = n.attrs().get<ir::Ints>("stride");
+  if (stride[0] != 1 || stride[1] != 1) return "takes stride 1 only";
+  const ir::Value& w = *n.input(1);
+  if (!w.layout().empty()) return fmt::format("takes {} plain only", w.ref());
+  // f32 activations it would convert element by element: ResNet-20's first stage, between f32
+  // BatchNorms in nChw16c, took 5.8 ms per data gradient against oneDNN's ~1.5 (--profile).
+  for (const ir::Value* v : {n.input(0), n.output(0)})
+    if (v->stored() != DType::BF16)
+      return fmt::format("takes activations stored as bf16 only, not {}", v->ref());
+  const int64_t out = w.shape()[data_grad ? 1 : 0];
+  if (out % 16 != 0)
+    return fmt::format("takes output channel counts that are multiples of 16, not {}", out);
+  const ir::Ints& pad = n.attrs().get<ir::Ints>("pad");
+  if (data_grad && (pad[0] >= w.shape()[2] || pad[1] >= w.shape()[3]))
+    return "takes padding smaller than the window only";
+  // A window row of fewer than 32 values fills one run: oneDNN's kernels pad its channels to a
+  // block of 16 instead (the CIFAR CNN's first layer, 3 x 3 channels: 99 against 118 us per
+  // call in minidl_bench). On wider rows oneDNN's forward was the faster (conv2, 32 channels:
+  // 106 against 143 us); its data gradient was not (156 against 146 us, and 160-242 against 122
+  // us per step in training, --profile).
+  if (const int64_t row = w.shape()[3] * w.shape()[1]; !data_grad && row >= 32)
+    return fmt::format("leaves window rows of 32 values or more ({} x {}) to oneDNN's forward",
+                       w.shape()[3], w.shape()[1]);
+  return "";
+}
+
+bool amx_conv_fwd_supports(const ir::Node& n, std::string* why) {
+  return decline(amx_conv_refusal(n, false), why);
+}
+bool amx_conv_bwd_data_supports(const ir::Node& n, std::string* why) {
+  return decline(amx_conv_refusal(n, true), why);
+}
+
+/// The forward over x, or the data gradient as the forward over dy with the weights transposed
+/// and turned and the padding KH - 1 - PH (KW - 1 - PW). Samples are independent items: the
+/// bits do not depend on the thread count.
+ir::Kernel make_amx_conv(const ir::Node& node, bool data_grad) {
+  const Shape& ws = node.input(1)->shape();
+  const Shape& in = node.input(0)->shape();
+  ConvGeom g;
+  int64_t K = ws[0];
+  if (!data_grad) {
+    g = node_geom(in, ws[2], ws[3], node.attrs());
+  } else {
+    const ir::Ints& pad = node.attrs().get<ir::Ints>("pad");
+    const Shape& out = node.output(0)->shape();
+    K = ws[1];
+    g = {.C = ws[0],
+         .H = in[2],
+         .W = in[3],
+         .KH = ws[2],
+         .KW = ws[3],
+         .PH = ws[2] - 1 - pad[0],
+         .PW = ws[3] - 1 - pad[1],
+         .OH = out[2],
+         .OW = out[3]};
+  }
+  const int64_t n = in[0];
+  const Tensor packed = Tensor::empty(Shape{(native::conv_amx_weight_halves(g, K) + 1) / 2});
+  const bool bias = !data_grad && node.inputs().size() > 2;
+  const bool relu = !data_grad && activation_of(node.attrs()) == Activation::Relu;
+  const bool w_bf16 = node.input(1)->stored() == DType::BF16;
+  const native::ActLayout x_layout = act_layout(*node.input(0)),
+                          y_layout = act_layout(*node.output(0));
+  const auto scratch_floats =
+      static_cast<std::size_t>(native::conv_amx_forward_scratch_floats(g, K));
+  return [=](const ir::KernelArgs& k) {
+    auto* pw = reinterpret_cast<std::uint16_t*>(packed.data<float>());
+    native::conv_amx_pack_weights(g, K, {k.in[1].raw(), w_bf16, data_grad}, pw);
+    const float* b = bias ? k.in[2].data<float>() : nullptr;
+    for_each_item(n, [&](int64_t i, bool) {
+      native::conv_amx_forward(g, K, k.in[0].raw(), x_layout, pw, b, relu, k.out[0].raw(), y_layout,
+                               i, i + 1, native::thread_scratch(scratch_floats));
+    });
+  };
+}
+
+ir::Kernel make_amx_conv_fwd(const ir::Node& node) { return make_amx_conv(node, false); }
+ir::Kernel make_amx_conv_bwd_data(const ir::Node& node) { return make_amx_conv(node, true); }
+
 // ---- gradient -------------------------------------------------------------------------------
 
 // With bias and ReLU: dz = relu_bwd(dy, y), dbias = bias_add_bwd(dz), then the plain rule on dz.
@@ -603,6 +695,10 @@ MINIDL_OP(conv2d)
     .attr<std::string>("activation", "none")
     .infer(infer)
     .flops(conv_flops)
+    .kernel_factory(ir::Backend::Native, "native", make_amx_conv_fwd, amx_conv_fwd_supports)
+    .layout_aware()
+    .mixed_precision()
+    .bf16_values()
 #if MINIDL_WITH_ONEDNN
     .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::conv2d_kernel, onednn::conv2d_supports)
     .layout_aware()
@@ -623,6 +719,11 @@ MINIDL_OP(conv2d_bwd_data)
     .attr<ir::Ints>("in_shape")
     .infer(infer_bwd_data)
     .flops(conv_flops)
+    .kernel_factory(ir::Backend::Native, "native", make_amx_conv_bwd_data,
+                    amx_conv_bwd_data_supports)
+    .layout_aware()
+    .mixed_precision()
+    .bf16_values()
 #if MINIDL_WITH_ONEDNN
     .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::conv2d_bwd_data_kernel,
                     onednn::conv2d_bwd_data_supports)
