@@ -66,8 +66,8 @@ void pack(int64_t B, int64_t N, Bf16Factor b, uint32_t* packed) {
   }
 }
 
-/// Rows [i0, i0 + R) by columns [j0, j0 + 16 V) of g, into g (row stride N). `pairs` holds each
-/// row's words of a, Q apiece.
+/// Rows [i0, i0 + R) by columns [j0, j0 + 16 V) of g, into g (row stride N: g's, ldg). `pairs`
+/// holds each row's words of a, Q apiece.
 template <int R, int V>
 void tile(int64_t Q, int64_t N, const uint32_t* pairs, const uint32_t* packed_b, float* g,
           int64_t j0) {
@@ -139,7 +139,7 @@ void amx_pack(int64_t B, int64_t N, Bf16Factor b, uint32_t* packed) {
 /// Columns [j, j + 16 NT) of a block of 16 rows of g (row stride N) from the A tiles at `a`
 /// (rows 2 Qt halves long) and the packed B: sums in tiles 0-1, A in 4, B in 6-7.
 template <int NT>
-void amx_columns(int64_t Qt, int64_t N, const uint16_t* a, const uint32_t* packed, float* g,
+void amx_columns(int64_t Qt, int64_t ldg, const uint16_t* a, const uint32_t* packed, float* g,
                  int64_t j) {
   _tile_zero(0);
   if constexpr (NT > 1) _tile_zero(1);
@@ -154,30 +154,30 @@ void amx_columns(int64_t Qt, int64_t N, const uint16_t* a, const uint32_t* packe
       _tile_dpbf16ps(1, 4, 7);
     }
   }
-  _tile_stored(0, g + j, N * 4);
-  if constexpr (NT > 1) _tile_stored(1, g + j + kLanes, N * 4);
+  _tile_stored(0, g + j, ldg * 4);
+  if constexpr (NT > 1) _tile_stored(1, g + j + kLanes, ldg * 4);
 }
 
 #pragma GCC pop_options
 
-void amx_rows(int64_t B, int64_t M, int64_t N, Bf16Factor a, const uint32_t* packed, float* g,
-              int64_t i0, int64_t i1) {
-  const int64_t Qt = amx_pairs(B), K = 2 * Qt;
-  // A: row i holds a[k][i0 + i] for k < B, zero after it and in rows past i1.
-  std::array<uint16_t, amx::kRows * 64> local{};
-  std::vector<uint16_t> heap;
-  uint16_t* at = local.data();
-  if (K > 64) {
-    heap.assign(static_cast<std::size_t>(amx::kRows * K), uint16_t{0});
-    at = heap.data();
-  }
+/// A's rows for rows [i0, i1) of g: row i holds a[k][i0 + i] for k < B, zero after it and in
+/// rows past i1 ([16][2 Qt] halves).
+void amx_pack_rows(int64_t B, int64_t M, Bf16Factor a, int64_t i0, int64_t i1, uint16_t* at) {
+  const int64_t K = 2 * amx_pairs(B);
+  std::fill_n(at, amx::kRows * K, uint16_t{0});
   for (int64_t i = 0; i < i1 - i0; ++i)
     for (int64_t k = 0; k < B; ++k) at[i * K + k] = bits_at(a, k * M + i0 + i);
-  // Rows past i1 of the tiles land in g's rows after the block: the caller's scratch holds 16.
+}
+
+void amx_block(int64_t B, const uint16_t* at, const uint32_t* packed, float* g, int64_t ldg,
+               int64_t j0, int64_t j1) {
+  const int64_t Qt = amx_pairs(B);
+  // Rows past the block's of the tiles land in g's rows after them: the caller's holds 16.
   amx::configure();
-  int64_t j = 0;
-  for (; j + 2 * kLanes <= N; j += 2 * kLanes) amx_columns<2>(Qt, N, at, packed, g, j);
-  if (j < N) amx_columns<1>(Qt, N, at, packed, g, j);
+  float* g0 = g - j0;  // column j at g0 + j
+  int64_t j = j0;
+  for (; j + 2 * kLanes <= j1; j += 2 * kLanes) amx_columns<2>(Qt, ldg, at, packed, g0, j);
+  if (j < j1) amx_columns<1>(Qt, ldg, at, packed, g0, j);
 }
 
 #endif  // __x86_64__
@@ -221,32 +221,39 @@ int64_t tn_bf16_block_rows(int64_t N) {
   return tile_rows(static_cast<int>(std::clamp<int64_t>(N / kLanes, 1, kMaxVectors)));
 }
 
-void tn_bf16_rows(int64_t B, int64_t M, int64_t N, Bf16Factor a, const uint32_t* packed_b, float* g,
-                  int64_t i0, int64_t i1) {
+int64_t tn_bf16_rows_pack_words(int64_t B) {
 #if defined(__x86_64__)
-  if (use_amx()) return amx_rows(B, M, N, a, packed_b, g, i0, i1);
-  const int64_t Q = (B + 1) / 2;
-  const int R = static_cast<int>(i1 - i0);
+  if (use_amx()) return amx::kRows * amx_pairs(B);
+#endif
+  return kMaxRows * ((B + 1) / 2);
+}
+
+void tn_bf16_pack_rows(int64_t B, int64_t M, Bf16Factor a, int64_t i0, int64_t i1, uint32_t* rows) {
+#if defined(__x86_64__)
+  if (use_amx()) return amx_pack_rows(B, M, a, i0, i1, reinterpret_cast<uint16_t*>(rows));
+#endif
   // The rows' words of a: (a[2q][i], a[2q + 1][i]).
-  std::array<uint32_t, kMaxRows * 64> local;
-  std::vector<uint32_t> heap;
-  uint32_t* pairs = local.data();
-  if (Q > 64) {
-    heap.resize(static_cast<std::size_t>(kMaxRows * Q));
-    pairs = heap.data();
-  }
-  for (int i = 0; i < R; ++i)
+  const int64_t Q = (B + 1) / 2;
+  for (int64_t i = 0; i < i1 - i0; ++i)
     for (int64_t q = 0; q < Q; ++q) {
       const uint16_t lo = bits_at(a, 2 * q * M + i0 + i);
       const uint16_t hi = 2 * q + 1 < B ? bits_at(a, (2 * q + 1) * M + i0 + i) : uint16_t{0};
-      pairs[i * Q + q] = dot_bf16::pair(lo, hi);
+      rows[i * Q + q] = dot_bf16::pair(lo, hi);
     }
-  for (int64_t c0 = 0; c0 < N; c0 += kMaxVectors * kLanes) {
-    const int V = static_cast<int>(std::min<int64_t>(kMaxVectors, (N - c0) / kLanes));
-    kTiles[V - 1][R - 1](Q, N, pairs, packed_b, g, c0);
+}
+
+void tn_bf16_block(int64_t B, int64_t R, const uint32_t* rows, const uint32_t* packed_b, float* g,
+                   int64_t ldg, int64_t j0, int64_t j1) {
+#if defined(__x86_64__)
+  if (use_amx())
+    return amx_block(B, reinterpret_cast<const uint16_t*>(rows), packed_b, g, ldg, j0, j1);
+  const int64_t Q = (B + 1) / 2;
+  for (int64_t c0 = j0; c0 < j1; c0 += kMaxVectors * kLanes) {
+    const int V = static_cast<int>(std::min<int64_t>(kMaxVectors, (j1 - c0) / kLanes));
+    kTiles[V - 1][R - 1](Q, ldg, rows, packed_b, g - j0, c0);
   }
 #else
-  (void)B, (void)M, (void)N, (void)a, (void)packed_b, (void)g, (void)i0, (void)i1;
+  (void)B, (void)R, (void)rows, (void)packed_b, (void)g, (void)ldg, (void)j0, (void)j1;
 #endif
 }
 

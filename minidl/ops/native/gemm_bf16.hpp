@@ -38,15 +38,24 @@ std::int64_t tn_bf16_pack_words(std::int64_t B, std::int64_t N);
 /// b [B, N] into `packed` (pairs of rows, see above).
 void tn_bf16_pack(std::int64_t B, std::int64_t N, Bf16Factor b, std::uint32_t* packed);
 
-/// The rows a block of tn_bf16_rows should have for N columns (16 on AMX; else its register
+/// The rows a block of tn_bf16_block should have for N columns (16 on AMX; else its register
 /// tile's: 6 from 64 columns on, 8 or 12 for fewer).
 std::int64_t tn_bf16_block_rows(std::int64_t N);
 
-/// Rows [i0, i1) of g = a^T b (a [B, M], b packed) into g [i1 - i0, N], at most
-/// tn_bf16_block_rows(N) rows; g must hold tn_bf16_block_rows(N) rows (AMX writes whole tiles).
-/// Each element sums its pairs in batch order (on AMX in runs of 32 samples, each run in the
-/// tile's order).
-void tn_bf16_rows(std::int64_t B, std::int64_t M, std::int64_t N, Bf16Factor a,
-                  const std::uint32_t* packed_b, float* g, std::int64_t i0, std::int64_t i1);
+/// Words of a block's pack of a's columns (tn_bf16_pack_rows).
+std::int64_t tn_bf16_rows_pack_words(std::int64_t B);
+
+/// The columns [i0, i1) of a [B, M], rows [i0, i1) of g, into `rows`: at most
+/// tn_bf16_block_rows(N) of them.
+void tn_bf16_pack_rows(std::int64_t B, std::int64_t M, Bf16Factor a, std::int64_t i0,
+                       std::int64_t i1, std::uint32_t* rows);
+
+/// Columns [j0, j1) of those R rows of g = a^T b (b packed) into g [R, j1 - j0] (rows ldg >=
+/// j1 - j0 floats apart; j0 a multiple of 64, j1 - j0 of 16); g must hold
+/// tn_bf16_block_rows(N) rows (AMX writes whole tiles). Each element sums its pairs in batch
+/// order (on AMX in runs of 32 samples, each run in the tile's order).
+void tn_bf16_block(std::int64_t B, std::int64_t R, const std::uint32_t* rows,
+                   const std::uint32_t* packed_b, float* g, std::int64_t ldg, std::int64_t j0,
+                   std::int64_t j1);
 
 }  // namespace minidl::native
