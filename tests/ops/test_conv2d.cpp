@@ -948,7 +948,8 @@ TEST(Conv2d, NativeBf16WeightGradientRefusals) {
   };
   const bool amx = native::amx_bf16_unavailable().empty();
   const bool available = amx || native::dot_bf16_unavailable().empty();
-  const char* const missing = "AVX512-BF16";
+  const std::string why_not = native::dot_bf16_unavailable();
+  const char* const missing = why_not.c_str();
   const Refusal refusals[] = {
       {{2, 16, 8, 8}, {2, 32, 8, 8}, {1, 1}, ir::Precision::F32, "computes in bf16 only"},
       {{2, 16, 8, 8},
@@ -1131,7 +1132,8 @@ TEST(Conv2d, AmxBf16ForwardAndDataGradientRefusals) {
     bool bf16_values;
     const char* why;  // "" where the kernel takes the node
   };
-  const char* const missing = "AMX-BF16";
+  const std::string why_not = native::amx_bf16_unavailable();
+  const char* const missing = why_not.c_str();
   const Refusal refusals[] = {
       {false,
        {2, 3, 8, 8},
