@@ -18,6 +18,7 @@
 #include "minidl/ir/printer.hpp"
 #include "minidl/ops/fusion.hpp"
 #include "minidl/ops/layouts.hpp"
+#include "minidl/ops/native/amx_bf16.hpp"
 #include "minidl/ops/native/gemm_bf16.hpp"
 #include "minidl/ops/ops.hpp"
 #include "minidl/ops/precision.hpp"
@@ -606,4 +607,83 @@ TEST(Precision, AnF32ProductDeclinesAFactorStoredAsBf16) {
   const ir::KernelChoice c = ir::kernel_for(*forward, ir::Backend::OneDnn);
   EXPECT_EQ(c.kernel, nullptr);
   EXPECT_NE(c.declined.find("stored as bf16"), std::string::npos) << c.declined;
+}
+
+// The bf16 product on AMX tiles (native/gemm_amx.hpp) against the f32 kernel on the same rounded
+// factors: equal but for the order of the sums. A linear layer's forward (b transposed and read
+// in place, y^T computed; a batch of 20, a last tile of 4 columns), its data gradient (a read in
+// place, b packed in pairs of rows; 40 columns), fc2's forward (10 outputs: a in place, b's rows
+// gathered), a transposed a stored as f32 (rounded while packed), three runs of 32 terms; bias
+// and ReLU; the same bits on 1 and 2 threads.
+TEST(Precision, AmxBf16ProductsMatchF32OnRoundedFactors) {
+  if (std::string why = native::amx_bf16_unavailable(); !why.empty())
+    GTEST_SKIP() << "the AMX product " << why;
+  struct Case {
+    bool ta, tb;
+    Shape a, b;
+    bool a_bf16, b_bf16, bias, relu;
+  };
+  const Case cases[] = {
+      {false, true, {20, 64}, {48, 64}, true, true, true, true},
+      {false, false, {32, 96}, {96, 40}, true, true, false, false},
+      {false, true, {16, 64}, {10, 64}, true, true, true, false},
+      {true, true, {64, 16}, {16, 64}, false, true, false, true},
+      {false, true, {48, 96}, {32, 96}, true, true, true, false},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(
+        fmt::format("a {}{} b {}{}", c.a.str(), c.ta ? "^T" : "", c.b.str(), c.tb ? "^T" : ""));
+    Tensor a = Tensor::empty(c.a), b = Tensor::empty(c.b);
+    const std::int64_t n = c.tb ? c.b[0] : c.b[1];
+    Tensor bias = Tensor::empty({n});
+    CounterRng(41).fill_normal(a, 1, 0.0f, 1.0f);
+    CounterRng(41).fill_normal(b, 2, 0.0f, 1.0f);
+    CounterRng(41).fill_normal(bias, 3, 0.0f, 1.0f);
+    const ir::Attrs attrs{{"trans_a", c.ta},
+                          {"trans_b", c.tb},
+                          {"activation", std::string(c.relu ? "relu" : "none")}};
+    std::vector<Tensor> rounded{rounded_to_bf16(a), rounded_to_bf16(b)};
+    if (c.bias) rounded.push_back(bias);
+    const Tensor want = run_node("matmul", rounded, attrs, ir::Backend::Native, ir::Precision::F32);
+    std::vector<Tensor> got;
+    std::string kernels;
+    const int saved = max_threads();
+    for (const int threads : {1, 2}) {
+      set_num_threads(threads);
+      ir::Graph g;
+      ir::Value* av = ops::input(g, "a", c.a);
+      ir::Value* bv = ops::input(g, "b", c.b);
+      std::vector<ir::Value*> inputs{av, bv};
+      if (c.bias) inputs.push_back(ops::input(g, "bias", {n}));
+      ir::Node* mm = ops::apply_node("matmul", inputs, attrs);
+      mm->annotations().set("precision", std::string("bf16"));
+      if (c.a_bf16) av->set_stored(DType::BF16);
+      if (c.b_bf16) bv->set_stored(DType::BF16);
+      g.add_output(mm->output(0));
+      runtime::Executable exe(g, {.backend = ir::Backend::OneDnn});
+      for (const auto& [name, t, bf16] :
+           {std::tuple<const char*, const Tensor*, bool>{"a", &a, c.a_bf16}, {"b", &b, c.b_bf16}}) {
+        Tensor in = exe.input(name);
+        if (!bf16) {
+          in.copy_from(*t);
+          continue;
+        }
+        const Tensor r = rounded_to_bf16(*t);
+        for (std::int64_t i = 0; i < r.numel(); ++i) {
+          std::uint32_t u = 0;
+          std::memcpy(&u, r.data<float>() + i, sizeof u);
+          static_cast<std::uint16_t*>(in.raw())[i] = static_cast<std::uint16_t>(u >> 16);
+        }
+      }
+      if (c.bias) Tensor(exe.input("bias")).copy_from(bias);
+      exe.run();
+      kernels = exe.kernel_table();
+      got.push_back(exe.value(mm->output(0)).clone());
+    }
+    set_num_threads(saved);
+    EXPECT_NE(kernels.find("-> native bf16"), std::string::npos) << kernels;
+    EXPECT_EQ(0, std::memcmp(got[0].raw(), got[1].raw(), want.nbytes()))
+        << "1 and 2 threads differ";
+    EXPECT_LT(relative_difference(got[0], want), 1e-5);
+  }
 }

@@ -19,6 +19,7 @@
 #include "minidl/ops/common.hpp"
 #include "minidl/ops/fusion.hpp"
 #include "minidl/ops/native/gemm.hpp"
+#include "minidl/ops/native/gemm_amx.hpp"
 #include "minidl/ops/native/gemm_bf16.hpp"
 #include "minidl/ops/onednn/kernels.hpp"
 #include "minidl/ops/op_table.hpp"
@@ -212,6 +213,49 @@ bool sgd_momentum_bf16_supports(const ir::Node& n, std::string* why) {
   return refusal.empty();
 }
 
+// Under --precision bf16 on AMX (native/gemm_amx.hpp): the factors as they are stored (the bf16
+// copies mixed-precision gives a linear layer's weight, input and output gradient), one read in
+// place as the A tiles; y f32. Tried before oneDNN's bf16 kernel where the CPU has AMX-BF16.
+native::AmxGemmShape amx_shape(const ir::Node& n) {
+  const Shape& a = n.input(0)->shape();
+  const Shape& b = n.input(1)->shape();
+  const bool ta = n.attrs().get<bool>("trans_a"), tb = n.attrs().get<bool>("trans_b");
+  return {.ta = ta,
+          .tb = tb,
+          .M = ta ? a[1] : a[0],
+          .N = tb ? b[0] : b[1],
+          .K = ta ? a[0] : a[1],
+          .a_bf16 = n.input(0)->stored() == DType::BF16,
+          .b_bf16 = n.input(1)->stored() == DType::BF16};
+}
+
+std::string amx_matmul_refusal(const ir::Node& n) {
+  if (ir::node_precision(n) != ir::Precision::BF16)
+    return "computes in bf16 only (nodes marked precision=bf16)";
+  for (const ir::Value* v : {n.input(0), n.input(1)})
+    if (!v->layout().empty()) return fmt::format("takes {} plain only", v->ref());
+  if (const ir::Value* y = n.output(0); y->stored() != DType::F32 || !y->layout().empty())
+    return fmt::format("writes {} as plain f32 only", y->ref());
+  return native::gemm_amx_refusal(amx_shape(n));
+}
+
+bool amx_matmul_supports(const ir::Node& n, std::string* why) {
+  const std::string refusal = amx_matmul_refusal(n);
+  if (!refusal.empty() && why != nullptr) *why = refusal;
+  return refusal.empty();
+}
+
+ir::Kernel make_amx_matmul(const ir::Node& node) {
+  const native::AmxGemmShape s = amx_shape(node);
+  const Tensor pack = Tensor::empty(Shape{native::gemm_amx_pack_floats(s)});
+  const bool bias = node.inputs().size() > 2;
+  const bool relu = activation_of(node.attrs()) == Activation::Relu;
+  return [=](const ir::KernelArgs& k) {
+    native::gemm_amx(s, k.in[0].raw(), k.in[1].raw(), bias ? k.in[2].data<float>() : nullptr, relu,
+                     k.out[0].data<float>(), pack.data<float>());
+  };
+}
+
 // Each case follows from dy = op(a) op(b); the transposes move to the operands so that no
 // explicit transpose node is ever needed.
 void grad(ir::GradCtx& g) {
@@ -246,6 +290,9 @@ MINIDL_OP(matmul)
     .attr<std::string>("activation", "none")
     .infer(infer)
     .flops(flops)
+    .kernel_factory(ir::Backend::Native, "native", make_amx_matmul, amx_matmul_supports)
+    .mixed_precision()
+    .bf16_values()
 #if MINIDL_WITH_ONEDNN
     .kernel_factory(ir::Backend::OneDnn, "onednn", onednn::matmul_kernel, onednn::matmul_supports)
     .mixed_precision()
