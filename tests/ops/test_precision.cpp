@@ -19,6 +19,7 @@
 #include "minidl/ops/fusion.hpp"
 #include "minidl/ops/layouts.hpp"
 #include "minidl/ops/native/amx_bf16.hpp"
+#include "minidl/ops/native/gemm_amx.hpp"
 #include "minidl/ops/native/gemm_bf16.hpp"
 #include "minidl/ops/ops.hpp"
 #include "minidl/ops/precision.hpp"
@@ -611,10 +612,11 @@ TEST(Precision, AnF32ProductDeclinesAFactorStoredAsBf16) {
 
 // The bf16 product on AMX tiles (native/gemm_amx.hpp) against the f32 kernel on the same rounded
 // factors: equal but for the order of the sums. A linear layer's forward (b transposed and read
-// in place, y^T computed; a batch of 20, a last tile of 4 columns), its data gradient (a read in
-// place, b packed in pairs of rows; 40 columns), fc2's forward (10 outputs: a in place, b's rows
-// gathered), a transposed a stored as f32 (rounded while packed), three runs of 32 terms; bias
-// and ReLU; the same bits on 1 and 2 threads.
+// in place, y^T computed; a batch of 20, a last tile of 4 columns), a read in place with b packed
+// in pairs of rows (40 columns), fc2's forward (10 outputs: a in place, b's rows gathered), a
+// transposed a stored as f32 (rounded while packed), three runs of 32 terms; bias and ReLU; the
+// same bits on 1 and 2 threads. A data gradient's shape (a [32, 96] in place, b [96, 256]
+// packed) declines.
 TEST(Precision, AmxBf16ProductsMatchF32OnRoundedFactors) {
   if (std::string why = native::amx_bf16_unavailable(); !why.empty())
     GTEST_SKIP() << "the AMX product " << why;
@@ -625,11 +627,14 @@ TEST(Precision, AmxBf16ProductsMatchF32OnRoundedFactors) {
   };
   const Case cases[] = {
       {false, true, {20, 64}, {48, 64}, true, true, true, true},
-      {false, false, {32, 96}, {96, 40}, true, true, false, false},
+      {false, false, {48, 96}, {96, 40}, true, true, false, false},
       {false, true, {16, 64}, {10, 64}, true, true, true, false},
       {true, true, {64, 16}, {16, 64}, false, true, false, true},
       {false, true, {48, 96}, {32, 96}, true, true, true, false},
   };
+  EXPECT_NE(native::gemm_amx_refusal({.M = 32, .N = 256, .K = 96, .a_bf16 = true, .b_bf16 = true})
+                .find("needs the larger factor"),
+            std::string::npos);
   for (const Case& c : cases) {
     SCOPED_TRACE(
         fmt::format("a {}{} b {}{}", c.a.str(), c.ta ? "^T" : "", c.b.str(), c.tb ? "^T" : ""));
