@@ -1,4 +1,4 @@
-// What the native AMX-BF16 kernels share (conv_amx.cpp, gemm_bf16.cpp): whether this CPU and its
+// What the native AMX-BF16 kernels share (conv_amx, gemm_amx, gemm_bf16): whether this CPU and its
 // operating system run them, and the one tile shape they use. An AMX tile register holds up to 16
 // rows of 64 bytes; tdpbf16ps adds to an f32 tile C [16][16] the product of a bf16 tile A [16][32]
 // and a tile B of 16 rows of 16 pairs: C[m][n] += sum over k < 16 of A[m][2k] B[k][2n] +

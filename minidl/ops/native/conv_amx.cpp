@@ -33,7 +33,7 @@ struct Plan {
   // stay in the first-level cache: written whole per sample (70 KiB for the CIFAR CNN's first
   // layer) they went out to the second level, and their stores took 40% of the kernel's time.
   int64_t seg = 0;
-  // Scratch, in floats from its start (64-byte aligned each).
+  // Scratch, in floats from its start (each section a multiple of 16 floats further on).
   int64_t dy_at = 0, pos_at = 0, planes_at = 0, rows_at = 0, end = 0;
 
   Plan(const ConvGeom& g, int64_t K) {
