@@ -47,6 +47,20 @@ Tensor rounded_to_bf16(const Tensor& t) {
   return r;
 }
 
+/// Writes t into `in`, an input stored as bf16 (bf16_round's bits) or f32 (as it is).
+void store_input(const Tensor& t, const Tensor& in, bool bf16) {
+  if (!bf16) {
+    Tensor(in).copy_from(t);
+    return;
+  }
+  const Tensor r = rounded_to_bf16(t);
+  for (std::int64_t i = 0; i < r.numel(); ++i) {
+    std::uint32_t u = 0;
+    std::memcpy(&u, r.data<float>() + i, sizeof u);
+    static_cast<std::uint16_t*>(in.raw())[i] = static_cast<std::uint16_t>(u >> 16);
+  }
+}
+
 /// max |a - b| / max |b|.
 double relative_difference(const Tensor& a, const Tensor& b) {
   EXPECT_EQ(a.shape(), b.shape());
@@ -412,20 +426,8 @@ TEST(Precision, FusedBf16WeightGradientUpdatesAsTheUnfusedPath) {
             }
             for (ir::Value* out : fused->outputs()) fg.add_output(out);
             runtime::Executable exe(fg, {.backend = ir::Backend::OneDnn});
-            for (const auto& [name, t] :
-                 {std::pair<const char*, const Tensor*>{"a", &a}, {"b", &b}}) {
-              Tensor in = exe.input(name);
-              if (!stored_bf16) {
-                in.copy_from(*t);
-                continue;
-              }
-              const Tensor r = rounded_to_bf16(*t);
-              for (std::int64_t i = 0; i < r.numel(); ++i) {
-                std::uint32_t u = 0;
-                std::memcpy(&u, r.data<float>() + i, sizeof u);
-                static_cast<std::uint16_t*>(in.raw())[i] = static_cast<std::uint16_t>(u >> 16);
-              }
-            }
+            store_input(a, exe.input("a"), stored_bf16);
+            store_input(b, exe.input("b"), stored_bf16);
             Tensor(exe.input("p")).copy_from(p);
             Tensor(exe.input("v")).copy_from(v);
             exe.input("lr").data<float>()[0] = 0.1f;
@@ -666,20 +668,8 @@ TEST(Precision, AmxBf16ProductsMatchF32OnRoundedFactors) {
       if (c.b_bf16) bv->set_stored(DType::BF16);
       g.add_output(mm->output(0));
       runtime::Executable exe(g, {.backend = ir::Backend::OneDnn});
-      for (const auto& [name, t, bf16] :
-           {std::tuple<const char*, const Tensor*, bool>{"a", &a, c.a_bf16}, {"b", &b, c.b_bf16}}) {
-        Tensor in = exe.input(name);
-        if (!bf16) {
-          in.copy_from(*t);
-          continue;
-        }
-        const Tensor r = rounded_to_bf16(*t);
-        for (std::int64_t i = 0; i < r.numel(); ++i) {
-          std::uint32_t u = 0;
-          std::memcpy(&u, r.data<float>() + i, sizeof u);
-          static_cast<std::uint16_t*>(in.raw())[i] = static_cast<std::uint16_t>(u >> 16);
-        }
-      }
+      store_input(a, exe.input("a"), c.a_bf16);
+      store_input(b, exe.input("b"), c.b_bf16);
       if (c.bias) Tensor(exe.input("bias")).copy_from(bias);
       exe.run();
       kernels = exe.kernel_table();

@@ -64,18 +64,6 @@ struct Plan {
   }
 };
 
-/// Where channel c of a sample starts (ActLayout): position p lies block * p further on.
-inline int64_t channel_offset(int64_t c, int64_t block, int64_t plane) {
-  return (c - c % block) * plane + c % block;
-}
-
-inline float widened(uint16_t bits) {
-  const uint32_t u = uint32_t{bits} << 16;
-  float v;
-  std::memcpy(&v, &u, sizeof v);
-  return v;
-}
-
 #if defined(__x86_64__)
 
 #pragma GCC push_options
@@ -86,6 +74,7 @@ using dot_bf16::kLanes;
 using dot_bf16::load16;
 using dot_bf16::pair;
 using dot_bf16::to_bf16;
+using dot_bf16::widened;
 
 /// x's channels into their zero-padded planes, value (c, h, w) at c L + (h + PH) WP + w + PW.
 template <typename T>
@@ -97,19 +86,9 @@ void pack_planes_portable(const ConvGeom& g, const Plan& pl, const T* x, int64_t
     for (int64_t h = 0; h < g.H; ++h) {
       uint16_t* dst = xp + c * pl.L + (h + g.PH) * pl.WP + g.PW;
       const T* src = x + channel_offset(c, block, P) + h * g.W * block;
-      if constexpr (sizeof(T) == 2) {
-        if (block == 1) {
-          std::memcpy(dst, src, static_cast<std::size_t>(g.W) * sizeof(uint16_t));
-          continue;
-        }
-      } else {
-        if (block == 1) {
-          int64_t w = 0;
-          for (; w + kLanes <= g.W; w += kLanes)
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + w), load16(src + w));
-          for (; w < g.W; ++w) dst[w] = to_bf16(src[w]);
-          continue;
-        }
+      if (block == 1) {
+        dot_bf16::to_bf16_row(src, g.W, dst);
+        continue;
       }
       for (int64_t w = 0; w < g.W; ++w) dst[w] = to_bf16(src[w * block]);
     }
@@ -290,10 +269,10 @@ void bwd_weights(const ConvGeom& g, int64_t K, const TD* dy, int64_t dy_block, c
   auto* xp = reinterpret_cast<uint16_t*>(scratch + pl.planes_at);
   auto* rows = reinterpret_cast<uint16_t*>(scratch + pl.rows_at);
   const int64_t P = g.OH * g.OW, dy_sample = K * P, x_sample = g.C * g.H * g.W;
-  for (int64_t t = 0; t < pl.Tpad; ++t) {
-    const int64_t oh = t / pl.WP, ow = t % pl.WP;
-    pos[t] = t < pl.T && ow < g.OW ? static_cast<int32_t>(oh * g.OW + ow) : -1;
-  }
+  std::fill_n(pos, pl.Tpad, -1);
+  for (int64_t oh = 0; oh < g.OH; ++oh)
+    for (int64_t ow = 0; ow < g.OW; ++ow)
+      pos[oh * pl.WP + ow] = static_cast<int32_t>(oh * g.OW + ow);
   const int64_t seg_t = pl.seg * amx::kDepth;
   if (!pl.planes) std::fill_n(rows + pl.M * seg_t, (pl.Mpad - pl.M) * seg_t, uint16_t{0});
   const int64_t m_tiles = pl.Mpad / amx::kRows, n_tiles = K / amx::kPairs,
@@ -583,21 +562,11 @@ void conv_amx_bwd_weights(const ConvGeom& g, int64_t K, const void* dy, ActLayou
                           const void* x, ActLayout x_layout, int64_t n0, int64_t n1, float* acc,
                           float* bias_acc, float* scratch) {
 #if defined(__x86_64__)
-  const auto run = [&](const auto* d, const auto* xs) {
-    bwd_weights(g, K, d, dy_layout.block, xs, x_layout.block, n0, n1, acc, bias_acc, scratch);
-  };
-  const auto with_x = [&](const auto* d) {
-    if (x_layout.bf16) {
-      run(d, static_cast<const uint16_t*>(x));
-    } else {
-      run(d, static_cast<const float*>(x));
-    }
-  };
-  if (dy_layout.bf16) {
-    with_x(static_cast<const uint16_t*>(dy));
-  } else {
-    with_x(static_cast<const float*>(dy));
-  }
+  dot_bf16::with_stored(dy, dy_layout.bf16, [&](const auto* d) {
+    dot_bf16::with_stored(x, x_layout.bf16, [&](const auto* xs) {
+      bwd_weights(g, K, d, dy_layout.block, xs, x_layout.block, n0, n1, acc, bias_acc, scratch);
+    });
+  });
 #else
   (void)g, (void)K, (void)dy, (void)dy_layout, (void)x, (void)x_layout, (void)n0, (void)n1;
   (void)acc, (void)bias_acc, (void)scratch;
@@ -612,11 +581,8 @@ int64_t conv_amx_weight_halves(const ConvGeom& g, int64_t K) {
 
 void conv_amx_pack_weights(const ConvGeom& g, int64_t K, AmxConvWeights w, uint16_t* packed) {
 #if defined(__x86_64__)
-  if (w.bf16) {
-    pack_weights(g, K, static_cast<const uint16_t*>(w.data), w.transposed, packed);
-  } else {
-    pack_weights(g, K, static_cast<const float*>(w.data), w.transposed, packed);
-  }
+  dot_bf16::with_stored(w.data, w.bf16,
+                        [&](const auto* ws) { pack_weights(g, K, ws, w.transposed, packed); });
 #else
   (void)g, (void)K, (void)w, (void)packed;
 #endif
@@ -626,21 +592,11 @@ void conv_amx_forward(const ConvGeom& g, int64_t K, const void* x, ActLayout x_l
                       const uint16_t* packed_w, const float* bias, bool relu, void* y,
                       ActLayout y_layout, int64_t n0, int64_t n1, float* scratch) {
 #if defined(__x86_64__)
-  const auto run = [&](const auto* xs, auto* ys) {
-    forward(g, K, xs, x_layout.block, packed_w, bias, relu, ys, y_layout.block, n0, n1, scratch);
-  };
-  const auto with_y = [&](const auto* xs) {
-    if (y_layout.bf16) {
-      run(xs, static_cast<uint16_t*>(y));
-    } else {
-      run(xs, static_cast<float*>(y));
-    }
-  };
-  if (x_layout.bf16) {
-    with_y(static_cast<const uint16_t*>(x));
-  } else {
-    with_y(static_cast<const float*>(x));
-  }
+  dot_bf16::with_stored(x, x_layout.bf16, [&](const auto* xs) {
+    dot_bf16::with_stored(y, y_layout.bf16, [&](auto* ys) {
+      forward(g, K, xs, x_layout.block, packed_w, bias, relu, ys, y_layout.block, n0, n1, scratch);
+    });
+  });
 #else
   (void)g, (void)K, (void)x, (void)x_layout, (void)packed_w, (void)bias, (void)relu, (void)y;
   (void)y_layout, (void)n0, (void)n1, (void)scratch;

@@ -27,6 +27,7 @@ using dot_bf16::kMaxVectors;  // vectors of 16 filters in a register tile
 using dot_bf16::pair;
 using dot_bf16::tile_rows;
 using dot_bf16::to_bf16;
+using dot_bf16::widened;
 
 /// How one sample's packing buffers lie: dy pairs [OH][J][K], x pairs [HP][JP][C] twice (even and
 /// odd first columns).
@@ -36,19 +37,6 @@ struct Packed {
   int64_t dy_words(int64_t K, const ConvGeom& g) const { return g.OH * J * K; }
   int64_t x_words(const ConvGeom& g) const { return HP * JP * g.C; }
 };
-
-/// Where channel c of a sample starts (ActLayout): position p lies block * p further on.
-inline int64_t channel_offset(int64_t c, int64_t block, int64_t plane) {
-  return (c - c % block) * plane + c % block;
-}
-
-/// The f32 value of bf16 bits.
-inline float widened(uint16_t bits) {
-  const uint32_t u = uint32_t{bits} << 16;
-  float v;
-  std::memcpy(&v, &u, sizeof v);
-  return v;
-}
 
 // ---- portable packing (any layout)
 // ---------------------------------------------------------------
@@ -83,23 +71,11 @@ void pack_dy_portable(const ConvGeom& g, int64_t K, const T* dy, int64_t block, 
 
 using dot_bf16::interleave;
 using dot_bf16::load16;
+using dot_bf16::to_bf16_row;
 
 MINIDL_INLINE __m512 widen(__m256i bf16) {
   return _mm512_castsi512_ps(
       _mm512_maskz_slli_epi32(0xffff, _mm512_maskz_cvtepu16_epi32(0xffff, bf16), 16));
-}
-
-/// n values from src as bf16 bits into dst: bf16 copied, f32 rounded 16 at a time.
-template <typename T>
-void to_bf16_row(const T* src, int64_t n, uint16_t* dst) {
-  if constexpr (sizeof(T) == 2) {
-    std::copy_n(src, n, dst);
-  } else {
-    int64_t i = 0;
-    for (; i + kLanes <= n; i += kLanes)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), load16(src + i));
-    for (; i < n; ++i) dst[i] = ops::bf16_round(src[i]);
-  }
 }
 
 template <typename T>
@@ -293,21 +269,11 @@ void conv_bf16_bwd_weights(const ConvGeom& g, int64_t K, const void* dy, ActLayo
                            const void* x, ActLayout x_layout, int64_t n0, int64_t n1, float* acc,
                            float* bias_acc, uint32_t* scratch) {
 #if defined(__x86_64__)
-  const auto run = [&](const auto* d, const auto* xs) {
-    bwd_weights(g, K, d, dy_layout.block, xs, x_layout.block, n0, n1, acc, bias_acc, scratch);
-  };
-  const auto with_x = [&](const auto* d) {
-    if (x_layout.bf16) {
-      run(d, static_cast<const uint16_t*>(x));
-    } else {
-      run(d, static_cast<const float*>(x));
-    }
-  };
-  if (dy_layout.bf16) {
-    with_x(static_cast<const uint16_t*>(dy));
-  } else {
-    with_x(static_cast<const float*>(dy));
-  }
+  dot_bf16::with_stored(dy, dy_layout.bf16, [&](const auto* d) {
+    dot_bf16::with_stored(x, x_layout.bf16, [&](const auto* xs) {
+      bwd_weights(g, K, d, dy_layout.block, xs, x_layout.block, n0, n1, acc, bias_acc, scratch);
+    });
+  });
 #else
   (void)g, (void)K, (void)dy, (void)dy_layout, (void)x, (void)x_layout, (void)n0, (void)n1;
   (void)acc, (void)bias_acc, (void)scratch;

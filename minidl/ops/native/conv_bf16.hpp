@@ -34,6 +34,11 @@ struct ActLayout {
   bool bf16 = false;  // stored as bf16 (the upper half of an f32), else f32 (rounded when packed)
 };
 
+/// Where channel c of a sample starts (ActLayout): position p lies block * p further on.
+inline std::int64_t channel_offset(std::int64_t c, std::int64_t block, std::int64_t plane) {
+  return (c - c % block) * plane + c % block;
+}
+
 /// Words (pairs of bf16) of packing scratch one thread needs for geometry g with K filters.
 std::int64_t conv_bf16_scratch_words(const ConvGeom& g, std::int64_t K);
 

@@ -4,8 +4,10 @@
 // a[2i] * b[2i] + a[2i + 1] * b[2i + 1] to an f32 sum).
 #pragma once
 
+#include <bit>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "minidl/ops/bf16_round.hpp"
 
@@ -39,6 +41,9 @@ inline std::uint16_t to_bf16(T v) {
   }
 }
 
+/// The f32 value of bf16 bits.
+inline float widened(std::uint16_t bits) { return std::bit_cast<float>(std::uint32_t{bits} << 16); }
+
 /// The 32-bit word vdpbf16ps reads as the pair (lo, hi).
 inline std::uint32_t pair(std::uint16_t lo, std::uint16_t hi) {
   return std::uint32_t{lo} | (std::uint32_t{hi} << 16);
@@ -67,8 +72,33 @@ MINIDL_DOT_BF16_INLINE __m512i interleave(__m256i a, __m256i b) {
   return _mm512_maskz_permutexvar_epi16(~__mmask32{0}, idx, ab);
 }
 
+/// n values from src as bf16 bits into dst: bf16 copied, f32 rounded 16 at a time.
+template <typename T>
+MINIDL_DOT_BF16_INLINE void to_bf16_row(const T* src, std::int64_t n, std::uint16_t* dst) {
+  if constexpr (sizeof(T) == 2) {
+    for (std::int64_t i = 0; i < n; ++i) dst[i] = src[i];
+  } else {
+    std::int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), load16(src + i));
+    for (; i < n; ++i) dst[i] = ops::bf16_round(src[i]);
+  }
+}
+
 #undef MINIDL_DOT_BF16_INLINE
 #endif
+
+/// fn(p) with p typed as its values are stored: bf16 bits (std::uint16_t) or f32; const as given.
+template <typename P, typename Fn>
+void with_stored(P* p, bool bf16, Fn&& fn) {
+  using U16 = std::conditional_t<std::is_const_v<P>, const std::uint16_t, std::uint16_t>;
+  using F32 = std::conditional_t<std::is_const_v<P>, const float, float>;
+  if (bf16) {
+    fn(static_cast<U16*>(p));
+  } else {
+    fn(static_cast<F32*>(p));
+  }
+}
 
 }  // namespace dot_bf16
 }  // namespace minidl::native

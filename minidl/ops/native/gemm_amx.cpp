@@ -199,12 +199,9 @@ void gemm_amx(const AmxGemmShape& s, const void* a, const void* b, const float* 
   const int64_t col_tiles = pl.cols16 / kLanes, row_tiles = pl.rows / amx::kRows;
   parallel_for(col_tiles, pl.pairs * kLanes * 4, [&](int64_t t0, int64_t t1) {
     for (int64_t ct = t0; ct < t1; ++ct) {
-      uint32_t* out = packed + ct * kLanes * pl.pairs;
-      if (other_bf16) {
-        pack_tile(pl, static_cast<const uint16_t*>(other), ct, out);
-      } else {
-        pack_tile(pl, static_cast<const float*>(other), ct, out);
-      }
+      dot_bf16::with_stored(other, other_bf16, [&](const auto* x) {
+        pack_tile(pl, x, ct, packed + ct * kLanes * pl.pairs);
+      });
     }
   });
   // Groups of 2 x 2 tiles of C, row pairs outer.
