@@ -558,12 +558,17 @@ std::string bf16_missing(Variant v) {
 /// Marks the node bf16 and, for Bf16Activations, stores its 4-D activations (not the weights "w"
 /// or their gradient "dw") as bf16 in the bf16 convolutions' layout; as under --precision bf16,
 /// an activation whose channels do not fill that layout's blocks (the 1-channel image with
-/// AVX512-BF16's nChw16c) stays f32 and plain.
+/// AVX512-BF16's nChw16c) stays f32 and plain. A product's factors "a" and "b" are stored as
+/// bf16 (plain), as the shared copies of --precision bf16 give them.
 void apply_variant(ir::Node& n, Variant v) {
   if (v == Variant::F32) return;
   n.annotations().set("precision", std::string("bf16"));
   if (v != Variant::Bf16Activations) return;
   auto store = [](ir::Value* value, const std::string& name) {
+    if (value->shape().rank() == 2 && (name == "a" || name == "b")) {
+      value->set_stored(DType::BF16);
+      return;
+    }
     if (value->shape().rank() != 4 || name == "w" || name == "dw") return;
     if (value->shape()[1] % ir::channel_block(ops::bf16_layout()) != 0) return;
     value->set_layout(ops::bf16_layout());
@@ -665,7 +670,7 @@ void register_op_benchmarks() {
     if (c.flops && c.storage == Storage::Plain) {
       flavours.push_back({Backend::Native, Variant::Bf16, "native_bf16"});
       flavours.push_back({Backend::OneDnn, Variant::Bf16, "onednn_bf16"});
-      if (c.op.starts_with("conv2d")) {
+      if (c.op.starts_with("conv2d") || c.op.starts_with("matmul")) {
         flavours.push_back({Backend::Native, Variant::Bf16Activations, "native_bf16act"});
         flavours.push_back({Backend::OneDnn, Variant::Bf16Activations, "onednn_bf16act"});
       }

@@ -617,8 +617,11 @@ TEST(Precision, AnF32ProductDeclinesAFactorStoredAsBf16) {
 // in place, y^T computed; a batch of 20, a last tile of 4 columns), a read in place with b packed
 // in pairs of rows (40 columns), fc2's forward (10 outputs: a in place, b's rows gathered), a
 // transposed a stored as f32 (rounded while packed), three runs of 32 terms; bias and ReLU; the
-// same bits on 1 and 2 threads. A data gradient's shape (a [32, 96] in place, b [96, 256]
-// packed) declines.
+// same bits on 1 and 2 threads. Where the factor read in place has at most 64 rows, the other is
+// packed inside the loop in strips of column tiles: a data gradient's shape (a [32, 96] in place,
+// b [96, 4100] packed across its rows, several strips, a last tile of 4 columns) and b stored as
+// f32; with more rows, all of it first (a forward of 80 outputs). A factor of more rows read in
+// place that is not the larger declines.
 TEST(Precision, AmxBf16ProductsMatchF32OnRoundedFactors) {
   if (std::string why = native::amx_bf16_unavailable(); !why.empty())
     GTEST_SKIP() << "the AMX product " << why;
@@ -633,8 +636,11 @@ TEST(Precision, AmxBf16ProductsMatchF32OnRoundedFactors) {
       {false, true, {16, 64}, {10, 64}, true, true, true, false},
       {true, true, {64, 16}, {16, 64}, false, true, false, true},
       {false, true, {48, 96}, {32, 96}, true, true, true, false},
+      {false, false, {32, 96}, {96, 4100}, true, true, false, false},
+      {false, false, {64, 64}, {64, 200}, true, false, true, true},
+      {false, true, {20, 64}, {80, 64}, true, true, true, false},
   };
-  EXPECT_NE(native::gemm_amx_refusal({.M = 32, .N = 256, .K = 96, .a_bf16 = true, .b_bf16 = true})
+  EXPECT_NE(native::gemm_amx_refusal({.M = 80, .N = 256, .K = 96, .a_bf16 = true, .b_bf16 = true})
                 .find("needs the larger factor"),
             std::string::npos);
   for (const Case& c : cases) {

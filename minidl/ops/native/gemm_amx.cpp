@@ -24,14 +24,23 @@ namespace {
 
 using dot_bf16::kLanes;
 
-// The factor read in place must be the larger: the other is packed at every call, and packing
-// fc1's 2 MiB weight for its data gradient (a = dy in place) took 233 us per step against
-// oneDNN's 141 for the whole product (--profile).
+// A factor read in place gives C at most this many rows (groups of 2 x 2 tiles) when the other
+// is packed inside the loop, each group of column tiles right before the products that read it,
+// which then stay in one thread's L1; otherwise all are packed first and shared by the threads.
+constexpr int64_t kPackedInLoopRows = 2 * 2 * amx::kRows;
+// A strip of column tiles packed at a time there: in L2, read across its rows.
+constexpr int64_t kStripBytes = 128 * 1024;
+// How many pairs of rows ahead that pack asks for the rows it reads.
+constexpr int64_t kAheadPairs = 4;
+
+// Otherwise the factor read in place must be the larger, since every call packs the other: the
+// whole 2 MiB weight of fc1 packed ahead of its data gradient (a = dy in place) took 233 us per
+// step against oneDNN's 141 for the whole product (--profile).
 bool b_in_place(const AmxGemmShape& s) {
-  return s.tb && s.b_bf16 && s.N % amx::kRows == 0 && s.N >= s.M;
+  return s.tb && s.b_bf16 && s.N % amx::kRows == 0 && (s.N >= s.M || s.N <= kPackedInLoopRows);
 }
 bool a_in_place(const AmxGemmShape& s) {
-  return !s.ta && s.a_bf16 && s.M % amx::kRows == 0 && s.M >= s.N;
+  return !s.ta && s.a_bf16 && s.M % amx::kRows == 0 && (s.M >= s.N || s.M <= kPackedInLoopRows);
 }
 
 /// How one call runs: C [rows][cols] = A [rows][K] (in place, rows K halves apart) B [K][cols]
@@ -56,7 +65,8 @@ struct Plan {
       sc = s.tb ? s.K : 1;
     }
   }
-  int64_t pack_words() const { return cols16 * pairs; }
+  // Each column tile's pairs, and a line between tiles where they are packed inside the loop.
+  int64_t pack_words() const { return cols16 * (pairs + 1); }
 };
 
 #if defined(__x86_64__)
@@ -64,28 +74,50 @@ struct Plan {
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16")
 
+/// n <= 16 values from p (the rest 0) as bf16 bits: bf16 copied, f32 rounded.
+template <typename T>
+__m256i bf16x16(const T* p, __mmask16 mask) {
+  if constexpr (sizeof(T) == 2) {
+    return _mm256_maskz_loadu_epi16(mask, p);
+  } else {
+    return _mm512_maskz_cvtepi32_epi16(0xffff, ops::bf16_round16(_mm512_maskz_loadu_ps(mask, p)));
+  }
+}
+
+/// Column tiles c0 .. c1 - 1 of a factor whose pairs run across its rows (sc == 1), slot words
+/// apart from out on: two runs of 16 columns interleaved, a pair of rows at a time across all the
+/// tiles (each row read once, in order), the rows kAheadPairs pairs ahead asked for.
+template <typename T>
+void pack_across_rows(const Plan& pl, const T* x, int64_t c0, int64_t c1, int64_t slot,
+                      uint32_t* out) {
+  const int64_t n_last = pl.cols - (c1 - 1) * kLanes;
+  const auto last = static_cast<__mmask16>(n_last >= kLanes ? 0xffff : (1u << n_last) - 1);
+  const int64_t bytes = std::min(c1 * kLanes, pl.cols) * static_cast<int64_t>(sizeof(T)) -
+                        c0 * kLanes * static_cast<int64_t>(sizeof(T));
+  for (int64_t q = 0; q < pl.pairs; ++q) {
+    if (const int64_t r = 2 * (q + kAheadPairs); r + 1 < 2 * pl.pairs)
+      for (int64_t i = 0; i < 2; ++i) {
+        const char* row = reinterpret_cast<const char*>(x + (r + i) * pl.sk + c0 * kLanes);
+        for (int64_t byte = 0; byte < bytes; byte += 64) _mm_prefetch(row + byte, _MM_HINT_T0);
+      }
+    const T* lo = x + 2 * q * pl.sk;
+    const T* hi = lo + pl.sk;
+    for (int64_t ct = c0; ct < c1; ++ct) {
+      const __mmask16 mask = ct + 1 < c1 ? __mmask16{0xffff} : last;
+      _mm512_storeu_si512(out + (ct - c0) * slot + q * kLanes,
+                          dot_bf16::interleave(bf16x16(lo + ct * kLanes, mask),
+                                               bf16x16(hi + ct * kLanes, mask)));
+    }
+  }
+}
+
 /// Column tile ct of the pack, [pairs][16] words: word (q, j) = (X(2q, c), X(2q + 1, c)),
 /// c = 16 ct + j, zero past the columns.
 template <typename T>
 void pack_tile(const Plan& pl, const T* x, int64_t ct, uint32_t* out) {
   const int64_t c0 = ct * kLanes, n = std::min(kLanes, pl.cols - c0);
   const auto mask = static_cast<__mmask16>((1u << n) - 1);
-  if (pl.sc == 1) {  // pairs across rows: two runs of 16 columns interleaved
-    for (int64_t q = 0; q < pl.pairs; ++q) {
-      const T* lo = x + 2 * q * pl.sk + c0;
-      const T* hi = lo + pl.sk;
-      __m256i l, h;
-      if constexpr (sizeof(T) == 2) {
-        l = _mm256_maskz_loadu_epi16(mask, lo);
-        h = _mm256_maskz_loadu_epi16(mask, hi);
-      } else {
-        l = _mm512_maskz_cvtepi32_epi16(0xffff, ops::bf16_round16(_mm512_maskz_loadu_ps(mask, lo)));
-        h = _mm512_maskz_cvtepi32_epi16(0xffff, ops::bf16_round16(_mm512_maskz_loadu_ps(mask, hi)));
-      }
-      _mm512_storeu_si512(out + q * kLanes, dot_bf16::interleave(l, h));
-    }
-    return;
-  }
+  if (pl.sc == 1) return pack_across_rows(pl, x, ct, ct + 1, 0, out);
   if constexpr (sizeof(T) == 2) {
     if (pl.sk == 1 && pl.sc % 2 == 0) {  // pairs along rows: one 32-bit word each, gathered
       const __m512i rows = _mm512_maskz_mullo_epi32(
@@ -139,14 +171,14 @@ void store_tile(const Plan& pl, const float* stage, int64_t rt, int64_t ct, cons
 #pragma GCC target("amx-tile,amx-bf16")
 
 /// Tiles (rt .. rt + MT - 1) x (ct .. ct + NT - 1) of C into stage [4][16][16]: sums in tiles 0-3
-/// (C[i][j] in 2 i + j), A in 4-5 (rows lda halves apart), B in 6-7.
+/// (C[i][j] in 2 i + j), A in 4-5 (rows lda halves apart), B in 6-7 (column tile ct's pack at b0,
+/// the next b_step words on).
 template <int MT, int NT>
-void group(const uint16_t* a, int64_t lda, const uint32_t* packed, int64_t pairs, int64_t rt,
-           int64_t ct, float* stage) {
+void group(const uint16_t* a, int64_t lda, const uint32_t* b0, int64_t b_step, int64_t pairs,
+           int64_t rt, float* stage) {
   const uint16_t* a0 = a + rt * amx::kRows * lda;
   const uint16_t* a1 = a0 + amx::kRows * lda;
-  const uint32_t* b0 = packed + ct * kLanes * pairs;
-  const uint32_t* b1 = b0 + kLanes * pairs;
+  const uint32_t* b1 = b0 + b_step;
   _tile_zero(0);
   if constexpr (NT > 1) _tile_zero(1);
   if constexpr (MT > 1) _tile_zero(2);
@@ -181,8 +213,8 @@ std::string gemm_amx_refusal(const AmxGemmShape& s) {
   if (s.K % amx::kDepth != 0)
     return fmt::format("takes sums of a multiple of 32 terms only, not {}", s.K);
   if (!a_in_place(s) && !b_in_place(s))
-    return "needs the larger factor stored as bf16 with its rows along the sum, a multiple of 16 "
-           "of them (b transposed with N >= M, or a not with M >= N)";
+    return "needs the larger factor, or one of at most 64 rows, stored as bf16 with its rows along "
+           "the sum, a multiple of 16 of them (b transposed, or a not)";
   return "";
 }
 
@@ -197,34 +229,63 @@ void gemm_amx(const AmxGemmShape& s, const void* a, const void* b, const float* 
   const void* other = pl.transposed ? a : b;
   const bool other_bf16 = pl.transposed ? s.a_bf16 : s.b_bf16;
   const int64_t col_tiles = pl.cols16 / kLanes, row_tiles = pl.rows / amx::kRows;
-  parallel_for(col_tiles, pl.pairs * kLanes * 4, [&](int64_t t0, int64_t t1) {
-    for (int64_t ct = t0; ct < t1; ++ct) {
-      dot_bf16::with_stored(other, other_bf16, [&](const auto* x) {
-        pack_tile(pl, x, ct, packed + ct * kLanes * pl.pairs);
-      });
+  const int64_t tile_words = kLanes * pl.pairs;
+  auto pack_into = [&](int64_t ct, uint32_t* out) {
+    dot_bf16::with_stored(other, other_bf16,
+                          [&](const auto* x) { pack_tile(pl, x, ct, out); });
+  };
+  // The 2 x 2 tiles of C from row tile rt and column tile ct on, B's tiles packed at b, b_step
+  // words apart.
+  auto tiles = [&](int64_t rt, int64_t ct, const uint32_t* b, int64_t b_step, float* stage) {
+    const bool two_m = rt + 1 < row_tiles, two_n = ct + 1 < col_tiles;
+    if (two_m && two_n) {
+      group<2, 2>(in_place, s.K, b, b_step, pl.pairs, rt, stage);
+    } else if (two_m) {
+      group<2, 1>(in_place, s.K, b, b_step, pl.pairs, rt, stage);
+    } else if (two_n) {
+      group<1, 2>(in_place, s.K, b, b_step, pl.pairs, rt, stage);
+    } else {
+      group<1, 1>(in_place, s.K, b, b_step, pl.pairs, rt, stage);
     }
+    for (int64_t m = 0; m < (two_m ? 2 : 1); ++m)
+      for (int64_t t = 0; t < (two_n ? 2 : 1); ++t)
+        store_tile(pl, stage + (2 * m + t) * amx::kRows * kLanes, rt + m, ct + t, bias, relu, y,
+                   s.N);
+  };
+  const int64_t row_groups = (row_tiles + 1) / 2, col_groups = (col_tiles + 1) / 2;
+  if (pl.rows <= kPackedInLoopRows) {
+    // Each thread packs strips of column tiles of at most kStripBytes into its first strip's
+    // place, then runs the strip's rows. A factor packed across its rows (sc == 1: the weight of
+    // a data gradient) is read a pair of rows at a time across the strip; the strip's tiles lie
+    // a line more than a tile apart, so that its rows' stores do not meet in one set of L1.
+    const int64_t strip = std::max<int64_t>(2, kStripBytes / (4 * tile_words) / 2 * 2);
+    const int64_t strips = (col_tiles + strip - 1) / strip, slot = tile_words + kLanes;
+    parallel_for(strips, strip * pl.pairs * kLanes * (4 + 2 * pl.rows), [&](int64_t s0, int64_t s1) {
+      alignas(64) float stage[4 * amx::kRows * kLanes];
+      uint32_t* b = packed + s0 * strip * slot;
+      amx::configure();
+      for (int64_t si = s0; si < s1; ++si) {
+        const int64_t c0 = si * strip, c1 = std::min(col_tiles, c0 + strip);
+        dot_bf16::with_stored(other, other_bf16, [&](const auto* x) {
+          if (pl.sc == 1) return pack_across_rows(pl, x, c0, c1, slot, b);
+          for (int64_t ct = c0; ct < c1; ++ct) pack_tile(pl, x, ct, b + (ct - c0) * slot);
+        });
+        for (int64_t ct = c0; ct < c1; ct += 2)
+          for (int64_t rt = 0; rt < row_tiles; rt += 2) tiles(rt, ct, b + (ct - c0) * slot, slot, stage);
+      }
+    });
+    return;
+  }
+  parallel_for(col_tiles, pl.pairs * kLanes * 4, [&](int64_t t0, int64_t t1) {
+    for (int64_t ct = t0; ct < t1; ++ct) pack_into(ct, packed + ct * tile_words);
   });
   // Groups of 2 x 2 tiles of C, row pairs outer.
-  const int64_t row_groups = (row_tiles + 1) / 2, col_groups = (col_tiles + 1) / 2;
   parallel_for(row_groups * col_groups, 4 * pl.pairs * 512, [&](int64_t g0, int64_t g1) {
     alignas(64) float stage[4 * amx::kRows * kLanes];
     amx::configure();
     for (int64_t gi = g0; gi < g1; ++gi) {
       const int64_t rt = gi / col_groups * 2, ct = gi % col_groups * 2;
-      const bool two_m = rt + 1 < row_tiles, two_n = ct + 1 < col_tiles;
-      if (two_m && two_n) {
-        group<2, 2>(in_place, s.K, packed, pl.pairs, rt, ct, stage);
-      } else if (two_m) {
-        group<2, 1>(in_place, s.K, packed, pl.pairs, rt, ct, stage);
-      } else if (two_n) {
-        group<1, 2>(in_place, s.K, packed, pl.pairs, rt, ct, stage);
-      } else {
-        group<1, 1>(in_place, s.K, packed, pl.pairs, rt, ct, stage);
-      }
-      for (int64_t m = 0; m < (two_m ? 2 : 1); ++m)
-        for (int64_t t = 0; t < (two_n ? 2 : 1); ++t)
-          store_tile(pl, stage + (2 * m + t) * amx::kRows * kLanes, rt + m, ct + t, bias, relu, y,
-                     s.N);
+      tiles(rt, ct, packed + ct * tile_words, tile_words, stage);
     }
   });
 #else
