@@ -546,11 +546,11 @@ struct Flavour {
 };
 
 /// Why the variant cannot run here, or "": bf16 needs the CPU's bf16 units (as oneDNN sees
-/// them) and, for stored activations, a layout of the bf16 convolutions.
-std::string bf16_missing(Variant v) {
+/// them) and, for a convolution's stored activations, a layout of the bf16 convolutions.
+std::string bf16_missing(Variant v, const std::string& op) {
   if (v == Variant::F32) return {};
   if (std::string why = ops::bf16_unavailable(); !why.empty()) return "bf16 " + why;
-  if (v == Variant::Bf16Activations && ops::bf16_layout().empty())
+  if (v == Variant::Bf16Activations && op.starts_with("conv2d") && ops::bf16_layout().empty())
     return "oneDNN's bf16 convolutions use no layout minidl names on this CPU";
   return {};
 }
@@ -583,7 +583,7 @@ void apply_variant(ir::Node& n, Variant v) {
 void run_case(benchmark::State& state, const Case& c, const Flavour& f) {
   const ir::Backend backend = f.backend;
   try {
-    if (const std::string missing = bf16_missing(f.variant); !missing.empty()) {
+    if (const std::string missing = bf16_missing(f.variant, c.op); !missing.empty()) {
       state.SkipWithError(missing.c_str());
       return;
     }

@@ -104,9 +104,9 @@ void pack_across_rows(const Plan& pl, const T* x, int64_t c0, int64_t c1, int64_
     const T* hi = lo + pl.sk;
     for (int64_t ct = c0; ct < c1; ++ct) {
       const __mmask16 mask = ct + 1 < c1 ? __mmask16{0xffff} : last;
-      _mm512_storeu_si512(out + (ct - c0) * slot + q * kLanes,
-                          dot_bf16::interleave(bf16x16(lo + ct * kLanes, mask),
-                                               bf16x16(hi + ct * kLanes, mask)));
+      _mm512_storeu_si512(
+          out + (ct - c0) * slot + q * kLanes,
+          dot_bf16::interleave(bf16x16(lo + ct * kLanes, mask), bf16x16(hi + ct * kLanes, mask)));
     }
   }
 }
@@ -231,8 +231,7 @@ void gemm_amx(const AmxGemmShape& s, const void* a, const void* b, const float* 
   const int64_t col_tiles = pl.cols16 / kLanes, row_tiles = pl.rows / amx::kRows;
   const int64_t tile_words = kLanes * pl.pairs;
   auto pack_into = [&](int64_t ct, uint32_t* out) {
-    dot_bf16::with_stored(other, other_bf16,
-                          [&](const auto* x) { pack_tile(pl, x, ct, out); });
+    dot_bf16::with_stored(other, other_bf16, [&](const auto* x) { pack_tile(pl, x, ct, out); });
   };
   // The 2 x 2 tiles of C from row tile rt and column tile ct on, B's tiles packed at b, b_step
   // words apart.
@@ -260,20 +259,23 @@ void gemm_amx(const AmxGemmShape& s, const void* a, const void* b, const float* 
     // a line more than a tile apart, so that its rows' stores do not meet in one set of L1.
     const int64_t strip = std::max<int64_t>(2, kStripBytes / (4 * tile_words) / 2 * 2);
     const int64_t strips = (col_tiles + strip - 1) / strip, slot = tile_words + kLanes;
-    parallel_for(strips, strip * pl.pairs * kLanes * (4 + 2 * pl.rows), [&](int64_t s0, int64_t s1) {
-      alignas(64) float stage[4 * amx::kRows * kLanes];
-      uint32_t* b = packed + s0 * strip * slot;
-      amx::configure();
-      for (int64_t si = s0; si < s1; ++si) {
-        const int64_t c0 = si * strip, c1 = std::min(col_tiles, c0 + strip);
-        dot_bf16::with_stored(other, other_bf16, [&](const auto* x) {
-          if (pl.sc == 1) return pack_across_rows(pl, x, c0, c1, slot, b);
-          for (int64_t ct = c0; ct < c1; ++ct) pack_tile(pl, x, ct, b + (ct - c0) * slot);
-        });
-        for (int64_t ct = c0; ct < c1; ct += 2)
-          for (int64_t rt = 0; rt < row_tiles; rt += 2) tiles(rt, ct, b + (ct - c0) * slot, slot, stage);
-      }
-    });
+    parallel_for(strips, strip * pl.pairs * kLanes * (4 + 2 * pl.rows),
+                 [&](int64_t s0, int64_t s1) {
+                   alignas(64) float stage[4 * amx::kRows * kLanes];
+                   uint32_t* b = packed + s0 * strip * slot;
+                   amx::configure();
+                   for (int64_t si = s0; si < s1; ++si) {
+                     const int64_t c0 = si * strip, c1 = std::min(col_tiles, c0 + strip);
+                     dot_bf16::with_stored(other, other_bf16, [&](const auto* x) {
+                       if (pl.sc == 1) return pack_across_rows(pl, x, c0, c1, slot, b);
+                       for (int64_t ct = c0; ct < c1; ++ct)
+                         pack_tile(pl, x, ct, b + (ct - c0) * slot);
+                     });
+                     for (int64_t ct = c0; ct < c1; ct += 2)
+                       for (int64_t rt = 0; rt < row_tiles; rt += 2)
+                         tiles(rt, ct, b + (ct - c0) * slot, slot, stage);
+                   }
+                 });
     return;
   }
   parallel_for(col_tiles, pl.pairs * kLanes * 4, [&](int64_t t0, int64_t t1) {
