@@ -24,9 +24,10 @@ namespace {
 
 using dot_bf16::kLanes;
 
-// A factor read in place gives C at most this many rows (groups of 2 x 2 tiles) when the other
-// is packed inside the loop, each group of column tiles right before the products that read it,
-// which then stay in one thread's L1; otherwise all are packed first and shared by the threads.
+// A factor read in place gives C at most this many rows (two groups of 2 x 2 tiles) when the
+// other is packed inside the loop, a strip of column tiles right before the products that read
+// it, in the second-level cache of the thread that packed it; otherwise all of it is packed first
+// and shared by the threads.
 constexpr int64_t kPackedInLoopRows = 2 * 2 * amx::kRows;
 // A strip of column tiles packed at a time there: in L2, read across its rows.
 constexpr int64_t kStripBytes = 128 * 1024;

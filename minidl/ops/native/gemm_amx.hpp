@@ -4,10 +4,11 @@
 // transposed (y^T = b op(a)^T: a linear layer's forward, b its [out, in] weight), or a when it is
 // not. The other is packed per call into pairs along the sum, each 16 of its columns in one run
 // of 1 KiB per 32 terms (a B tile). Where the factor read in place has at most 64 rows (a batch:
-// a linear layer's data gradient dy w, which packs the weight), each pair of column tiles is
-// packed right before the products that read it and stays in the thread's L1; otherwise the
-// factor read in place must be the larger, and all of the other is packed first (a linear
-// layer's input, 256 KiB for the CIFAR CNN's fc1 forward) and shared by the threads.
+// a linear layer's data gradient dy w, which packs the weight), each strip of column tiles (at
+// most 128 KiB) is packed right before the products that read it, in the thread's second-level
+// cache; otherwise the factor read in place must be the larger, and all of the other is packed
+// first (a linear layer's input, 256 KiB for the CIFAR CNN's fc1 forward) and shared by the
+// threads.
 //
 // oneDNN 2.6's bf16 matmul ran the CIFAR CNN's fc1 forward and data gradient at 474-538 GFLOP/s
 // (124 and 141 us per step, --profile) on an Intel Xeon with AMX, against 2.5 TFLOP/s for conv2's
