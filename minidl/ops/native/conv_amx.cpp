@@ -562,10 +562,8 @@ void conv_amx_bwd_weights(const ConvGeom& g, int64_t K, const void* dy, ActLayou
                           const void* x, ActLayout x_layout, int64_t n0, int64_t n1, float* acc,
                           float* bias_acc, float* scratch) {
 #if defined(__x86_64__)
-  dot_bf16::with_stored(dy, dy_layout.bf16, [&](const auto* d) {
-    dot_bf16::with_stored(x, x_layout.bf16, [&](const auto* xs) {
-      bwd_weights(g, K, d, dy_layout.block, xs, x_layout.block, n0, n1, acc, bias_acc, scratch);
-    });
+  dot_bf16::with_stored(dy, dy_layout.bf16, x, x_layout.bf16, [&](const auto* d, const auto* xs) {
+    bwd_weights(g, K, d, dy_layout.block, xs, x_layout.block, n0, n1, acc, bias_acc, scratch);
   });
 #else
   (void)g, (void)K, (void)dy, (void)dy_layout, (void)x, (void)x_layout, (void)n0, (void)n1;
@@ -592,10 +590,8 @@ void conv_amx_forward(const ConvGeom& g, int64_t K, const void* x, ActLayout x_l
                       const uint16_t* packed_w, const float* bias, bool relu, void* y,
                       ActLayout y_layout, int64_t n0, int64_t n1, float* scratch) {
 #if defined(__x86_64__)
-  dot_bf16::with_stored(x, x_layout.bf16, [&](const auto* xs) {
-    dot_bf16::with_stored(y, y_layout.bf16, [&](auto* ys) {
-      forward(g, K, xs, x_layout.block, packed_w, bias, relu, ys, y_layout.block, n0, n1, scratch);
-    });
+  dot_bf16::with_stored(x, x_layout.bf16, y, y_layout.bf16, [&](const auto* xs, auto* ys) {
+    forward(g, K, xs, x_layout.block, packed_w, bias, relu, ys, y_layout.block, n0, n1, scratch);
   });
 #else
   (void)g, (void)K, (void)x, (void)x_layout, (void)packed_w, (void)bias, (void)relu, (void)y;

@@ -269,10 +269,8 @@ void conv_bf16_bwd_weights(const ConvGeom& g, int64_t K, const void* dy, ActLayo
                            const void* x, ActLayout x_layout, int64_t n0, int64_t n1, float* acc,
                            float* bias_acc, uint32_t* scratch) {
 #if defined(__x86_64__)
-  dot_bf16::with_stored(dy, dy_layout.bf16, [&](const auto* d) {
-    dot_bf16::with_stored(x, x_layout.bf16, [&](const auto* xs) {
-      bwd_weights(g, K, d, dy_layout.block, xs, x_layout.block, n0, n1, acc, bias_acc, scratch);
-    });
+  dot_bf16::with_stored(dy, dy_layout.bf16, x, x_layout.bf16, [&](const auto* d, const auto* xs) {
+    bwd_weights(g, K, d, dy_layout.block, xs, x_layout.block, n0, n1, acc, bias_acc, scratch);
   });
 #else
   (void)g, (void)K, (void)dy, (void)dy_layout, (void)x, (void)x_layout, (void)n0, (void)n1;

@@ -100,5 +100,11 @@ void with_stored(P* p, bool bf16, Fn&& fn) {
   }
 }
 
+/// fn(p, q), each typed as its values are stored (the kernels' entry points over two tensors).
+template <typename P, typename Q, typename Fn>
+void with_stored(P* p, bool p_bf16, Q* q, bool q_bf16, Fn&& fn) {
+  with_stored(p, p_bf16, [&](auto* tp) { with_stored(q, q_bf16, [&](auto* tq) { fn(tp, tq); }); });
+}
+
 }  // namespace dot_bf16
 }  // namespace minidl::native

@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cstring>
 
 #include "minidl/core/threading.hpp"
 #include "minidl/ops/bf16_round.hpp"
@@ -252,7 +251,6 @@ void gemm_amx(const AmxGemmShape& s, const void* a, const void* b, const float* 
         store_tile(pl, stage + (2 * m + t) * amx::kRows * kLanes, rt + m, ct + t, bias, relu, y,
                    s.N);
   };
-  const int64_t row_groups = (row_tiles + 1) / 2, col_groups = (col_tiles + 1) / 2;
   if (pl.rows <= kPackedInLoopRows) {
     // Each thread packs strips of column tiles of at most kStripBytes into its first strip's
     // place, then runs the strip's rows. A factor packed across its rows (sc == 1: the weight of
@@ -283,6 +281,7 @@ void gemm_amx(const AmxGemmShape& s, const void* a, const void* b, const float* 
     for (int64_t ct = t0; ct < t1; ++ct) pack_into(ct, packed + ct * tile_words);
   });
   // Groups of 2 x 2 tiles of C, row pairs outer.
+  const int64_t row_groups = (row_tiles + 1) / 2, col_groups = (col_tiles + 1) / 2;
   parallel_for(row_groups * col_groups, 4 * pl.pairs * 512, [&](int64_t g0, int64_t g1) {
     alignas(64) float stage[4 * amx::kRows * kLanes];
     amx::configure();
