@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "minidl/core/log.hpp"
 #include "minidl/ops/native/gemm_bf16.hpp"
 #include "minidl/ops/nn/window.hpp"
 #include "minidl/ops/ops.hpp"
@@ -331,6 +332,44 @@ bool FuseBiasIntoWeightGradient::run(ir::Graph& g) {
     g.remove({m.bias, m.weights});
   }
   return !matches.empty();
+}
+
+bool FusePoolBackwardIntoWeightGradient::run(ir::Graph& g) {
+  if (!enabled_) return false;
+  std::vector<std::pair<ir::Node*, ir::Node*>> pairs;  // (pooling's backward, weight gradient)
+  for (ir::Node* n : g.nodes()) {
+    if (n->op() != "max_pool2d_bwd") continue;
+    const auto& users = n->output()->users();
+    if (users.size() != 1) continue;
+    ir::Node* w = users.front();
+    if (w->op() != "conv2d_bwd_weights_bias" || w->input(0) != n->output() ||
+        w->input(1) == n->output() || w->replica() != n->replica())
+      continue;
+    pairs.emplace_back(n, w);
+  }
+  bool changed = false;
+  for (const auto& [pool, w] : pairs) {
+    ir::Attrs attrs = w->attrs();
+    attrs.set("pool_kernel", pool->attrs().get<ir::Ints>("kernel"));
+    attrs.set("pool_stride", pool_stride(pool->attrs()));
+    attrs.set("pool_pad", pool->attrs().get<ir::Ints>("pad"));
+    ir::Node* fused = g.add_node(op("conv2d_bwd_weights_bias_pooled"),
+                                 {pool->input(0), pool->input(1), w->input(1)}, std::move(attrs),
+                                 w->name() + "+pool");
+    fused->take_marks(*w);
+    if (const std::string why = pooled_weight_gradient_refusal(*fused); !why.empty()) {
+      log_verbose("dispatch", "{} stays apart from {}: {}", pool->describe(), w->describe(), why);
+      g.remove({fused});
+      continue;
+    }
+    fused->annotations().set("fused", pool->name());
+    g.move_before(fused, w);
+    g.replace_uses(w->output(0), fused->output(0));
+    g.replace_uses(w->output(1), fused->output(1));
+    g.remove({w, pool});
+    changed = true;
+  }
+  return changed;
 }
 
 bool FuseActivationBackward::run(ir::Graph& g) {

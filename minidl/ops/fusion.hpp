@@ -113,6 +113,29 @@ class FuseBiasIntoWeightGradient final : public ir::Pass {
   bool enabled_;
 };
 
+/// In training graphs, last (it reads the layouts and stored types propagate-layouts gave): a
+/// max_pool2d_bwd(dy, argmax) whose result dx only a conv2d_bwd_weights_bias(dx, x) reads (a
+/// first layer: conv -> [relu] -> max pool, no data gradient) becomes one
+/// conv2d_bwd_weights_bias_pooled(dy, argmax, x), which packs dx's values from dy and argmax as
+/// it reads them, so dx is never written: where that op's kernel takes the node
+/// (pooled_weight_gradient_refusal: bf16 on AMX tiles, disjoint windows without padding). The
+/// same bits. The fused node takes the weight gradient's place, name (plus "+pool") and
+/// annotations, and records the pooling's backward in "fused". enabled false (--no-fuse): no
+/// change.
+class FusePoolBackwardIntoWeightGradient final : public ir::Pass {
+ public:
+  explicit FusePoolBackwardIntoWeightGradient(bool enabled = true) : enabled_(enabled) {}
+  std::string_view name() const override { return "fuse-pool-backward-into-weight-gradient"; }
+  std::vector<std::string> needs() const override { return {"layouts-assigned"}; }
+  bool run(ir::Graph& g) override;
+
+ private:
+  bool enabled_;
+};
+
+/// Why conv2d_bwd_weights_bias_pooled's kernel cannot take node n, or "" (ops/nn/conv2d.cpp).
+std::string pooled_weight_gradient_refusal(const ir::Node& n);
+
 /// In training graphs after autograd, fusion and thread-replicas: a relu_bwd(dy, y) disappears
 /// into the nodes reading its result dx, when every reader either takes the mask itself or is
 /// the one gradient sum that folds into it:

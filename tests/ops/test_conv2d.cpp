@@ -1214,3 +1214,253 @@ TEST(Conv2d, AmxBf16ForwardAndDataGradientRefusals) {
     }
   }
 }
+
+// ---- the weight gradient through a max pooling's backward
+// (fuse-pool-backward-into-weight-gradient)
+
+// Shapes only: the kernel runs bf16 on AMX tiles alone, and is checked against the unfused pair
+// below.
+static const std::vector<BadCase> kPooledWgradBad = {
+    {{{2, 16, 16, 16}, {2, 16, 16, 16}, {2, 3, 32, 32}},
+     {DType::F32, DType::F32, DType::F32},
+     {{"kernel", Ints{3, 3}},
+      {"pad", Ints{1, 1}},
+      {"pool_kernel", Ints{2, 2}},
+      {"pool_stride", Ints{2, 2}}},
+     "expected f32 dy, i32 argmax and f32 x"},
+    {{{2, 16, 16, 16}, {2, 16, 16, 15}, {2, 3, 32, 32}},
+     {DType::F32, DType::I32, DType::F32},
+     {{"kernel", Ints{3, 3}},
+      {"pad", Ints{1, 1}},
+      {"pool_kernel", Ints{2, 2}},
+      {"pool_stride", Ints{2, 2}}},
+     "argmax [2,16,16,15] must have dy's shape [2,16,16,16]"},
+    {{{2, 16, 15, 16}, {2, 16, 15, 16}, {2, 3, 32, 32}},
+     {DType::F32, DType::I32, DType::F32},
+     {{"kernel", Ints{3, 3}},
+      {"pad", Ints{1, 1}},
+      {"pool_kernel", Ints{2, 2}},
+      {"pool_stride", Ints{2, 2}}},
+     "the convolution's output [2,16,32,32] pools to 16x16, dy is 15x16"},
+    {{{2, 16, 16, 16}, {2, 16, 16, 16}, {3, 3, 32, 32}},
+     {DType::F32, DType::I32, DType::F32},
+     {{"kernel", Ints{3, 3}},
+      {"pad", Ints{1, 1}},
+      {"pool_kernel", Ints{2, 2}},
+      {"pool_stride", Ints{2, 2}}},
+     "batch mismatch: dy has 2 samples, x has 3"},
+    {{{2, 16, 16, 16}, {2, 16, 16, 16}, {2, 3, 32, 32}},
+     {DType::F32, DType::I32, DType::F32},
+     {{"kernel", Ints{3, 3}},
+      {"pad", Ints{1, 1}},
+      {"pool_kernel", Ints{2, 2}},
+      {"pool_stride", Ints{2, 2}},
+      {"pool_pad", Ints{2, 0}}},
+     "pool_pad [2,0] exceeds half the pool_kernel 2x2"},
+};
+MINIDL_OP_TEST(conv2d_bwd_weights_bias_pooled, std::vector<OpCase>{}, kPooledWgradBad)
+
+namespace {
+
+struct PooledCase {
+  Shape x;             // the convolution's input [N, C, H, W]
+  std::int64_t K = 0;  // its filters
+  Ints kernel, pad;    // its window (stride 1)
+  Ints pool_kernel, pool_stride;
+  Stored sx, sdy;  // x's and the pooling's gradient's (and argmax's) layout and type
+};
+
+/// The pooling's output gradient [N, K, POH, POW] and argmax for case c: each window's argmax a
+/// random element of it, or -1 (a fused relu's clamp) for about one window in eight; the
+/// gradient normal, with every seventh element -0 and every eleventh +0.
+struct PooledInputs {
+  Shape y, pooled;
+  Tensor dy;
+  std::vector<std::int32_t> argmax;
+};
+
+PooledInputs pooled_inputs(const PooledCase& c) {
+  PooledInputs in;
+  const native::ConvGeom g = native::ConvGeom{.C = c.x[1],
+                                              .H = c.x[2],
+                                              .W = c.x[3],
+                                              .KH = c.kernel[0],
+                                              .KW = c.kernel[1],
+                                              .SH = 1,
+                                              .SW = 1,
+                                              .PH = c.pad[0],
+                                              .PW = c.pad[1],
+                                              .OH = c.x[2] + 2 * c.pad[0] - c.kernel[0] + 1,
+                                              .OW = c.x[3] + 2 * c.pad[1] - c.kernel[1] + 1};
+  in.y = Shape{c.x[0], c.K, g.OH, g.OW};
+  const std::int64_t POH = (g.OH - c.pool_kernel[0]) / c.pool_stride[0] + 1,
+                     POW = (g.OW - c.pool_kernel[1]) / c.pool_stride[1] + 1;
+  in.pooled = Shape{c.x[0], c.K, POH, POW};
+  in.dy = Tensor::empty(in.pooled);
+  const CounterRng rng(91);
+  rng.fill_normal(in.dy, 1, 0.0f, 1.0f);
+  for (std::int64_t i = 0; i < in.dy.numel(); ++i) {
+    if (i % 7 == 3) in.dy.data<float>()[i] = -0.0f;
+    if (i % 11 == 5) in.dy.data<float>()[i] = 0.0f;
+  }
+  in.argmax.resize(static_cast<std::size_t>(in.dy.numel()));
+  std::uint64_t state = 12345;
+  const auto next = [&] {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return static_cast<std::int64_t>(state >> 33);
+  };
+  for (std::int64_t i = 0; i < in.dy.numel(); ++i) {
+    const std::int64_t ow = i % POW, oh = i / POW % POH;
+    const std::int64_t r = next() % c.pool_kernel[0], s = next() % c.pool_kernel[1];
+    const bool clamped = next() % 8 == 0;
+    in.argmax[static_cast<std::size_t>(i)] =
+        clamped ? -1
+                : static_cast<std::int32_t>((oh * c.pool_stride[0] + r) * g.OW +
+                                            ow * c.pool_stride[1] + s);
+  }
+  return in;
+}
+
+/// argmax (plain [N, C, ...] i32) into `buffer`, a value in `layout`.
+void store_argmax(const std::vector<std::int32_t>& plain, const Shape& sh, const Tensor& buffer,
+                  const std::string& layout) {
+  const std::int64_t ch = sh[1], sp = sh[2] * sh[3];
+  const std::int64_t block = layout == "nhwc" ? ch : ir::channel_block(layout);
+  for (std::int64_t n = 0; n < sh[0]; ++n)
+    for (std::int64_t c = 0; c < ch; ++c)
+      for (std::int64_t p = 0; p < sp; ++p)
+        buffer.data<std::int32_t>()[((n * ch + c - c % block) * sp) + p * block + c % block] =
+            plain[static_cast<std::size_t>((n * ch + c) * sp + p)];
+}
+
+/// dw and db of case c: the pooling's backward and the weight gradient as two nodes (their
+/// intermediate dx stored as --precision bf16 keeps it: bf16, in the gradient's layout), or, with
+/// `fuse`, after fuse-pool-backward-into-weight-gradient. `kernels`: the executable's table.
+std::vector<Tensor> run_pooled(const PooledCase& c, const PooledInputs& in, const Tensor& x,
+                               bool fuse, std::string* kernels) {
+  ir::Graph g;
+  ir::Value* xv = ops::input(g, "x", c.x);
+  ir::Value* dyv = ops::input(g, "dy", in.pooled);
+  ir::Value* am = ops::input(g, "argmax", in.pooled, DType::I32);
+  ir::Node* pool = ops::apply_node("max_pool2d_bwd", {dyv, am},
+                                   {{"kernel", c.pool_kernel},
+                                    {"stride", c.pool_stride},
+                                    {"pad", Ints{0, 0}},
+                                    {"in_shape", in.y.dims()}});
+  ir::Node* w = ops::apply_node("conv2d_bwd_weights_bias", {pool->output(), xv},
+                                {{"stride", Ints{1, 1}}, {"pad", c.pad}, {"kernel", c.kernel}});
+  w->annotations().set("precision", std::string("bf16"));
+  xv->set_layout(c.sx.layout);
+  if (c.sx.bf16) xv->set_stored(DType::BF16);
+  for (ir::Value* v : {dyv, am, pool->output()}) v->set_layout(c.sdy.layout);
+  if (c.sdy.bf16) dyv->set_stored(DType::BF16);
+  pool->output()->set_stored(DType::BF16);
+  for (ir::Value* out : w->outputs()) g.add_output(out);
+  if (fuse) EXPECT_TRUE(ops::FusePoolBackwardIntoWeightGradient().run(g));
+  runtime::Executable exe(g);
+  store_as(x, exe.input("x"), c.sx);
+  store_as(in.dy, exe.input("dy"), c.sdy);
+  store_argmax(in.argmax, in.pooled, exe.input("argmax"), c.sdy.layout);
+  exe.run();
+  if (kernels != nullptr) *kernels = exe.kernel_table();
+  std::vector<Tensor> out;
+  for (ir::Value* v : g.outputs()) out.push_back(exe.value(v).clone());
+  return out;
+}
+
+}  // namespace
+
+// The fused node against the two it replaces, bitwise, on 1 and 2 threads: the CIFAR CNN's first
+// layer (smaller: the image's bf16 copy plain, the gradients nhwc bf16, 2x2 windows), its
+// gradient in nChw16c and f32 (rounded as it is packed), nChw8c (8 channels to a block: the
+// packing's scalar path), a convolution's output the windows do not cover whole (7x9 under 2x2:
+// a last row and column of zeros), 3x3 windows and 2x2 windows 3 apart (positions between them).
+// The gradients hold -0 (the pooling's backward makes it +0; the fused kernel packs it as -0,
+// which changes no sum) and windows clamped by a relu.
+TEST(Conv2d, PooledWeightGradientMatchesTheUnfusedPair) {
+  if (const std::string why = native::amx_bf16_unavailable(); !why.empty())
+    GTEST_SKIP() << "the fused kernel runs on AMX tiles only: " << why;
+  const PooledCase cases[] = {
+      {{4, 3, 12, 14}, 32, {3, 3}, {1, 1}, {2, 2}, {2, 2}, {"", true}, {"nhwc", true}},
+      {{3, 3, 10, 16}, 32, {3, 3}, {1, 1}, {2, 2}, {2, 2}, {"", true}, {"nChw16c", false}},
+      {{2, 16, 8, 8}, 16, {3, 3}, {1, 1}, {2, 2}, {2, 2}, {"nhwc", true}, {"nChw8c", true}},
+      {{3, 3, 9, 11}, 16, {3, 3}, {0, 0}, {2, 2}, {2, 2}, {"", true}, {"nhwc", true}},
+      {{2, 3, 12, 12}, 32, {3, 3}, {1, 1}, {3, 3}, {3, 3}, {"", true}, {"nhwc", true}},
+      {{2, 3, 11, 14}, 16, {3, 3}, {1, 1}, {2, 2}, {3, 3}, {"", true}, {"nhwc", true}},
+  };
+  const CounterRng rng(97);
+  for (const PooledCase& c : cases) {
+    SCOPED_TRACE(fmt::format("x {} K {} pool {}x{} stride {} dy {} {}", c.x.str(), c.K,
+                             c.pool_kernel[0], c.pool_kernel[1], c.pool_stride[0],
+                             c.sdy.layout.empty() ? "plain" : c.sdy.layout,
+                             c.sdy.bf16 ? "bf16" : "f32"));
+    const PooledInputs in = pooled_inputs(c);
+    Tensor x = Tensor::empty(c.x);
+    rng.fill_normal(x, 1, 0.0f, 1.0f);
+    std::string unfused_kernels, fused_kernels;
+    const std::vector<Tensor> want = run_pooled(c, in, x, false, &unfused_kernels);
+    EXPECT_THAT(unfused_kernels, ::testing::HasSubstr("conv2d_bwd_weights_bias"));
+    const int saved = max_threads();
+    for (const int threads : {1, 2}) {
+      SCOPED_TRACE(fmt::format("{} thread(s)", threads));
+      set_num_threads(threads);
+      const std::vector<Tensor> got = run_pooled(c, in, x, true, &fused_kernels);
+      EXPECT_THAT(fused_kernels, ::testing::HasSubstr("conv2d_bwd_weights_bias_pooled"));
+      EXPECT_THAT(fused_kernels, ::testing::Not(::testing::HasSubstr("max_pool2d_bwd")));
+      ASSERT_EQ(got.size(), want.size());
+      for (std::size_t t = 0; t < want.size(); ++t) {
+        SCOPED_TRACE(t == 0 ? "dw" : "db");
+        ASSERT_EQ(got[t].shape(), want[t].shape());
+        EXPECT_EQ(0, std::memcmp(got[t].raw(), want[t].raw(), want[t].nbytes()));
+      }
+    }
+    set_num_threads(saved);
+  }
+}
+
+// Where the pass leaves the pair apart, and why: a weight gradient in f32, overlapping windows,
+// and a pooling's result that another node reads too (a convolution's data gradient).
+TEST(Conv2d, PooledWeightGradientFusesOnlyWhereItsKernelTakes) {
+  const auto build = [](ir::Graph& g, const char* precision, Ints pool_stride, bool data_grad) {
+    ir::Value* x = ops::input(g, "x", Shape{2, 3, 8, 8});
+    const Ints pk{2, 2};
+    const std::int64_t p = (8 - 2) / pool_stride[0] + 1;
+    ir::Value* dy = ops::input(g, "dy", Shape{2, 16, p, p});
+    ir::Value* am = ops::input(g, "argmax", Shape{2, 16, p, p}, DType::I32);
+    ir::Node* pool = ops::apply_node("max_pool2d_bwd", {dy, am},
+                                     {{"kernel", pk},
+                                      {"stride", pool_stride},
+                                      {"pad", Ints{0, 0}},
+                                      {"in_shape", Ints{2, 16, 8, 8}}});
+    ir::Node* w =
+        ops::apply_node("conv2d_bwd_weights_bias", {pool->output(), x},
+                        {{"stride", Ints{1, 1}}, {"pad", Ints{1, 1}}, {"kernel", Ints{3, 3}}});
+    w->annotations().set("precision", std::string(precision));
+    for (ir::Value* out : w->outputs()) g.add_output(out);
+    if (data_grad) {
+      ir::Value* wt = ops::input(g, "w", Shape{16, 3, 3, 3});
+      g.add_output(ops::apply(
+          "conv2d_bwd_data", {pool->output(), wt},
+          {{"stride", Ints{1, 1}}, {"pad", Ints{1, 1}}, {"in_shape", Ints{2, 3, 8, 8}}}));
+    }
+  };
+  const bool amx = native::amx_bf16_unavailable().empty();
+  struct Case {
+    const char* precision;
+    Ints pool_stride;
+    bool data_grad;
+    bool fuses;
+  };
+  for (const Case& c : {Case{"bf16", {2, 2}, false, amx}, Case{"f32", {2, 2}, false, false},
+                        Case{"bf16", {1, 1}, false, false}, Case{"bf16", {2, 2}, true, false}}) {
+    SCOPED_TRACE(fmt::format("{} pool stride {} data gradient {}", c.precision, c.pool_stride[0],
+                             c.data_grad));
+    ir::Graph g;
+    build(g, c.precision, c.pool_stride, c.data_grad);
+    EXPECT_EQ(ops::FusePoolBackwardIntoWeightGradient().run(g), c.fuses);
+    bool pooled = false;
+    for (const ir::Node* n : g.nodes()) pooled |= n->op() == "conv2d_bwd_weights_bias_pooled";
+    EXPECT_EQ(pooled, c.fuses);
+    EXPECT_FALSE(ops::FusePoolBackwardIntoWeightGradient(false).run(g));
+  }
+}

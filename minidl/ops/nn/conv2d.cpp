@@ -98,6 +98,33 @@ void infer_bwd_weights(ir::InferCtx& c) {
   if (c.node().def().output_names().size() > 1) c.set_output(1, Shape{dy[1]});  // dbias
 }
 
+// dy [N,K,POH,POW] and argmax (i32, dy's shape): a max pooling's output gradient and argmax over
+// the convolution's output [N,K,OH,OW]; x [N,C,H,W] -> dw [K,C,KH,KW], dbias [K].
+void infer_bwd_weights_pooled(ir::InferCtx& c) {
+  const Shape& dy = c.input(0);
+  const Shape& x = c.input(2);
+  MINIDL_CHECK_NODE(c, dy.rank() == 4 && x.rank() == 4,
+                    "expected dy [N,K,POH,POW], argmax of dy's shape, x [N,C,H,W]");
+  MINIDL_CHECK_NODE(
+      c, c.dtype(0) == DType::F32 && c.dtype(1) == DType::I32 && c.dtype(2) == DType::F32,
+      "expected f32 dy, i32 argmax and f32 x");
+  MINIDL_CHECK_NODE(c, c.input(1) == dy, "argmax ", c.input(1), " must have dy's shape ", dy);
+  MINIDL_CHECK_NODE(c, dy[0] == x[0], "batch mismatch: dy has ", dy[0], " samples, x has ", x[0]);
+  const Int2 kernel = int2_attr(c, "kernel", 1);
+  const ConvGeom g =
+      checked_window_geom(c, x, kernel, int2_attr(c, "stride", 1), int2_attr(c, "pad", 0));
+  const Int2 pk = int2_attr(c, "pool_kernel", 1), ps = int2_attr(c, "pool_stride", 1),
+             pp = int2_attr(c, "pool_pad", 0);
+  MINIDL_CHECK_NODE(c, 2 * pp[0] <= pk[0] && 2 * pp[1] <= pk[1], "pool_pad ",
+                    ints_str({pp[0], pp[1]}), " exceeds half the pool_kernel ", pk[0], "x", pk[1]);
+  const Shape y{x[0], dy[1], g.OH, g.OW};
+  const ConvGeom pg = checked_window_geom(c, y, pk, ps, pp);
+  MINIDL_CHECK_NODE(c, pg.OH == dy[2] && pg.OW == dy[3], "the convolution's output ", y,
+                    " pools to ", pg.OH, "x", pg.OW, ", dy is ", dy[2], "x", dy[3]);
+  c.set_output(0, Shape{dy[1], x[1], kernel[0], kernel[1]});
+  c.set_output(1, Shape{dy[1]});
+}
+
 // ---- native kernels -------------------------------------------------------------------------
 
 ConvGeom node_geom(const Shape& x, std::int64_t kh, std::int64_t kw, const ir::Attrs& a) {
@@ -520,37 +547,24 @@ native::ActLayout act_layout(const ir::Value& v) {
 
 /// Samples summed in chunks as the 16-channel kernel's (make_conv16_bwd_weights), each chunk into
 /// its own accumulator and then the chunks in order: the bits depend on the shapes only.
-ir::Kernel make_bf16_wgrad(const ir::Node& node) {
-  const Shape& dys = node.input(0)->shape();
-  const ir::Ints& kernel = node.attrs().get<ir::Ints>("kernel");
-  const ConvGeom g = node_geom(node.input(1)->shape(), kernel[0], kernel[1], node.attrs());
-  const int64_t n = dys[0], filters = dys[1], rows = g.rows();
+/// sum(k, n0, n1, acc, bias_acc, scratch) sums samples [n0, n1) of the node's inputs into acc
+/// (and bias_acc, unless null); scratch holds scratch_floats floats.
+template <typename Sum>
+ir::Kernel chunked_wgrad(const ir::Node& node, const ConvGeom& g, std::size_t scratch_floats,
+                         Sum sum) {
+  const int64_t n = node.input(0)->shape()[0], filters = node.output(0)->shape()[0],
+                rows = g.rows();
   const int64_t chunks = std::min<int64_t>(16, (n + 7) / 8);
   const int64_t part = rows * filters + filters;  // dw's accumulator, then db's
   const Tensor acc = Tensor::empty(Shape{chunks, part});
   const bool bias = node.outputs().size() > 1;
-  const native::ActLayout dy_layout = act_layout(*node.input(0)),
-                          x_layout = act_layout(*node.input(1));
-  const bool amx = native::amx_bf16_unavailable().empty();
-  // thread_scratch gives floats; the dot-product kernel packs 32-bit words of two bf16 into it.
-  const auto scratch_floats =
-      static_cast<std::size_t>(amx ? native::conv_amx_scratch_floats(g, filters)
-                                   : native::conv_bf16_scratch_words(g, filters));
   return [=](const ir::KernelArgs& k) {
     float* a = acc.data<float>();
     for_each_item(chunks, [&](int64_t ci, bool) {
       float* p = a + ci * part;
       float* db = bias ? p + rows * filters : nullptr;
       std::fill_n(p + rows * filters, filters, 0.0f);
-      float* scratch = native::thread_scratch(scratch_floats);
-      const int64_t n0 = n * ci / chunks, n1 = n * (ci + 1) / chunks;
-      if (amx) {
-        native::conv_amx_bwd_weights(g, filters, k.in[0].raw(), dy_layout, k.in[1].raw(), x_layout,
-                                     n0, n1, p, db, scratch);
-      } else {
-        native::conv_bf16_bwd_weights(g, filters, k.in[0].raw(), dy_layout, k.in[1].raw(), x_layout,
-                                      n0, n1, p, db, reinterpret_cast<std::uint32_t*>(scratch));
-      }
+      sum(k, n * ci / chunks, n * (ci + 1) / chunks, p, db, native::thread_scratch(scratch_floats));
     });
     float* dw = k.out[0].data<float>();
     parallel_for(rows, filters * chunks, [&](int64_t i0, int64_t i1) {
@@ -564,6 +578,85 @@ ir::Kernel make_bf16_wgrad(const ir::Node& node) {
       db[f] = s;
     }
   };
+}
+
+ir::Kernel make_bf16_wgrad(const ir::Node& node) {
+  const ir::Ints& kernel = node.attrs().get<ir::Ints>("kernel");
+  const ConvGeom g = node_geom(node.input(1)->shape(), kernel[0], kernel[1], node.attrs());
+  const int64_t filters = node.input(0)->shape()[1];
+  const native::ActLayout dy_layout = act_layout(*node.input(0)),
+                          x_layout = act_layout(*node.input(1));
+  const bool amx = native::amx_bf16_unavailable().empty();
+  // thread_scratch gives floats; the dot-product kernel packs 32-bit words of two bf16 into it.
+  const auto scratch_floats =
+      static_cast<std::size_t>(amx ? native::conv_amx_scratch_floats(g, filters)
+                                   : native::conv_bf16_scratch_words(g, filters));
+  return chunked_wgrad(
+      node, g, scratch_floats,
+      [=](const ir::KernelArgs& k, int64_t n0, int64_t n1, float* p, float* db, float* scratch) {
+        if (amx) {
+          native::conv_amx_bwd_weights(g, filters, k.in[0].raw(), dy_layout, k.in[1].raw(),
+                                       x_layout, n0, n1, p, db, scratch);
+        } else {
+          native::conv_bf16_bwd_weights(g, filters, k.in[0].raw(), dy_layout, k.in[1].raw(),
+                                        x_layout, n0, n1, p, db,
+                                        reinterpret_cast<std::uint32_t*>(scratch));
+        }
+      });
+}
+
+// conv2d_bwd_weights_bias_pooled on AMX tiles: the weight gradient's kernel above, packing dy
+// from the pooling's output gradient and argmax (native::PooledGrad).
+
+/// Why the kernel cannot take node n, or "".
+std::string pooled_wgrad_refusal(const ir::Node& n) {
+  if (ir::node_precision(n) != ir::Precision::BF16)
+    return "computes in bf16 only (nodes marked precision=bf16)";
+  if (std::string why = native::amx_bf16_unavailable(); !why.empty()) return why;
+  const ir::Ints& stride = n.attrs().get<ir::Ints>("stride");
+  if (stride[0] != 1 || stride[1] != 1) return "takes stride 1 only";
+  if (const int64_t filters = n.input(0)->shape()[1]; filters % 16 != 0)
+    return fmt::format("takes filter counts that are multiples of 16, not {}", filters);
+  const ir::Ints& pk = n.attrs().get<ir::Ints>("pool_kernel");
+  const ir::Ints& ps = n.attrs().get<ir::Ints>("pool_stride");
+  const ir::Ints& pp = n.attrs().get<ir::Ints>("pool_pad");
+  if (pp[0] != 0 || pp[1] != 0 || ps[0] < pk[0] || ps[1] < pk[1])
+    return "takes poolings of disjoint windows without padding only";
+  if (n.input(0)->layout() != n.input(1)->layout())
+    return fmt::format("takes {} in {}'s layout only", n.input(1)->ref(), n.input(0)->ref());
+  for (const ir::Value* v : n.outputs())
+    if (!v->layout().empty()) return fmt::format("writes {} plain only", v->ref());
+  return "";
+}
+
+bool pooled_wgrad_supports(const ir::Node& n, std::string* why) {
+  return decline(pooled_wgrad_refusal(n), why);
+}
+
+ir::Kernel make_pooled_wgrad(const ir::Node& node) {
+  const ir::Ints& kernel = node.attrs().get<ir::Ints>("kernel");
+  const ConvGeom g = node_geom(node.input(2)->shape(), kernel[0], kernel[1], node.attrs());
+  const Shape& dys = node.input(0)->shape();
+  const int64_t filters = dys[1];
+  const ir::Ints& pk = node.attrs().get<ir::Ints>("pool_kernel");
+  const ir::Ints& ps = node.attrs().get<ir::Ints>("pool_stride");
+  const native::PooledGrad pooled{.layout = act_layout(*node.input(0)),
+                                  .POH = dys[2],
+                                  .POW = dys[3],
+                                  .KH = pk[0],
+                                  .KW = pk[1],
+                                  .SH = ps[0],
+                                  .SW = ps[1]};
+  const native::ActLayout x_layout = act_layout(*node.input(2));
+  return chunked_wgrad(
+      node, g, static_cast<std::size_t>(native::conv_amx_scratch_floats(g, filters)),
+      [=](const ir::KernelArgs& k, int64_t n0, int64_t n1, float* p, float* db, float* scratch) {
+        native::PooledGrad dy = pooled;
+        dy.dy = k.in[0].raw();
+        dy.argmax = k.in[1].data<std::int32_t>();
+        native::conv_amx_bwd_weights_pooled(g, filters, dy, k.in[2].raw(), x_layout, n0, n1, p, db,
+                                            scratch);
+      });
 }
 
 // ---- bf16 forward and data gradient on AMX tiles --------------------------------------------
@@ -680,6 +773,13 @@ void grad(ir::GradCtx& g) {
 // the product's output is one of y, dy, dw and each element sums C*R*S or N*OH*OW terms.
 std::int64_t conv_flops(const ir::Node& n) {
   const bool dw = n.op() == "conv2d_bwd_weights" || n.op() == "conv2d_bwd_weights_bias";
+  if (n.op() == "conv2d_bwd_weights_bias_pooled") {
+    // The convolution's output positions: what the unpooled weight gradient multiplies.
+    const Shape& w = n.output(0)->shape();
+    const Shape& x = n.input(2)->shape();
+    const ConvGeom g = node_geom(x, w[2], w[3], n.attrs());
+    return 2 * x[0] * w[0] * g.OH * g.OW * (w.numel() / w[0]);
+  }
   const Shape& w = dw ? n.output(0)->shape() : n.input(1)->shape();
   const Shape& y = n.op() == "conv2d" ? n.output()->shape() : n.input(0)->shape();
   return 2 * y.numel() * (w.numel() / w[0]);
@@ -788,5 +888,29 @@ MINIDL_OP(conv2d_bwd_weights_bias)
 #endif
     .kernel_factory(ir::Backend::Native, "native", make_conv2d_bwd_weights)
     .no_grad("backward-only op; second derivatives are not supported");
+
+// conv2d_bwd_weights_bias(max_pool2d_bwd(dy, argmax), x) in one node, the pooling's input
+// gradient never written: a convolution whose output only a max pooling reads, and whose output
+// gradient only its weight gradient reads (a first layer). Made by
+// fuse-pool-backward-into-weight-gradient (ops/fusion.hpp) where its kernel takes the node: bf16
+// on AMX tiles, disjoint windows; the same bits as the two nodes it replaces.
+MINIDL_OP(conv2d_bwd_weights_bias_pooled)
+    .inputs({"dy", "argmax", "x"})
+    .outputs({"dw", "dbias"})
+    .attr<ir::Ints>("stride", ir::Ints{1, 1})
+    .attr<ir::Ints>("pad", ir::Ints{0, 0})
+    .attr<ir::Ints>("kernel")
+    .attr<ir::Ints>("pool_kernel")
+    .attr<ir::Ints>("pool_stride")
+    .attr<ir::Ints>("pool_pad", ir::Ints{0, 0})
+    .infer(infer_bwd_weights_pooled)
+    .flops(conv_flops)
+    .kernel_factory(ir::Backend::Native, "native", make_pooled_wgrad, pooled_wgrad_supports)
+    .layout_aware()
+    .mixed_precision()
+    .bf16_values()
+    .no_grad("backward-only op; second derivatives are not supported");
+
+std::string pooled_weight_gradient_refusal(const ir::Node& n) { return pooled_wgrad_refusal(n); }
 
 }  // namespace minidl::ops
