@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "minidl/core/log.hpp"
+#include "minidl/ops/common.hpp"
 #include "minidl/ops/native/gemm_bf16.hpp"
 #include "minidl/ops/nn/window.hpp"
 #include "minidl/ops/ops.hpp"
@@ -367,6 +368,48 @@ bool FusePoolBackwardIntoWeightGradient::run(ir::Graph& g) {
     g.replace_uses(w->output(0), fused->output(0));
     g.replace_uses(w->output(1), fused->output(1));
     g.remove({w, pool});
+    changed = true;
+  }
+  return changed;
+}
+
+bool FuseMaxPoolIntoConvolution::run(ir::Graph& g) {
+  if (!enabled_) return false;
+  std::vector<std::pair<ir::Node*, ir::Node*>> pairs;  // (convolution, pooling)
+  for (ir::Node* p : g.nodes()) {
+    if (p->op() != "max_pool2d") continue;
+    ir::Value* y = p->input(0);
+    ir::Node* c = y->producer();
+    if (c->op() != "conv2d" || y->users().size() != 1 || y->stored() != DType::BF16 ||
+        activation_of(c->attrs()) != Activation::None || c->replica() != p->replica())
+      continue;
+    pairs.emplace_back(c, p);
+  }
+  bool changed = false;
+  for (const auto& [c, p] : pairs) {
+    ir::Attrs attrs{{"stride", c->attrs().get<ir::Ints>("stride")},
+                    {"pad", c->attrs().get<ir::Ints>("pad")},
+                    {"pool_kernel", p->attrs().get<ir::Ints>("kernel")},
+                    {"pool_stride", pool_stride(p->attrs())},
+                    {"pool_pad", p->attrs().get<ir::Ints>("pad")},
+                    {"activation", p->attrs().get<std::string>("activation")}};
+    ir::Node* fused =
+        g.add_node(op("conv2d_max_pool2d"), c->inputs(), std::move(attrs), c->name() + "+pool");
+    fused->take_marks(*c);
+    for (int o = 0; o < 2; ++o) {
+      fused->output(o)->set_layout(p->output(o)->layout());
+      fused->output(o)->set_stored(p->output(o)->stored());
+    }
+    if (const std::string why = pooled_forward_kernel_refusal(*fused); !why.empty()) {
+      log_verbose("dispatch", "{} stays apart from {}: {}", p->describe(), c->describe(), why);
+      g.remove({fused});
+      continue;
+    }
+    fused->annotations().set("fused", p->name());
+    g.move_before(fused, c);
+    g.replace_uses(p->output(0), fused->output(0));
+    g.replace_uses(p->output(1), fused->output(1));
+    g.remove({p, c});
     changed = true;
   }
   return changed;

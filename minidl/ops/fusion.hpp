@@ -136,6 +136,28 @@ class FusePoolBackwardIntoWeightGradient final : public ir::Pass {
 /// Why conv2d_bwd_weights_bias_pooled's kernel cannot take node n, or "" (ops/nn/conv2d.cpp).
 std::string pooled_weight_gradient_refusal(const ir::Node& n);
 
+/// In every graph, last (it reads the layouts and stored types propagate-layouts gave): a
+/// max_pool2d(y) whose input y only it reads, y a conv2d's output without activation stored as
+/// bf16, becomes one conv2d_max_pool2d(x, w, bias) with the pooling's outputs, their layouts and
+/// its activation, which pools each sample's convolution output while it is in cache: y is never
+/// written whole. Only where that op's kernel takes the node (pooled_forward_kernel_refusal: bf16
+/// on AMX tiles, window rows of fewer than 32 values: a first layer). The same bits. The fused
+/// node takes the convolution's place, name (plus "+pool") and annotations, and records the
+/// pooling in "fused". enabled false (--no-fuse): no change.
+class FuseMaxPoolIntoConvolution final : public ir::Pass {
+ public:
+  explicit FuseMaxPoolIntoConvolution(bool enabled = true) : enabled_(enabled) {}
+  std::string_view name() const override { return "fuse-max-pool-into-convolution"; }
+  std::vector<std::string> needs() const override { return {"layouts-assigned"}; }
+  bool run(ir::Graph& g) override;
+
+ private:
+  bool enabled_;
+};
+
+/// Why conv2d_max_pool2d's kernel cannot take node n, or "" (ops/nn/conv2d.cpp).
+std::string pooled_forward_kernel_refusal(const ir::Node& n);
+
 /// In training graphs after autograd, fusion and thread-replicas: a relu_bwd(dy, y) disappears
 /// into the nodes reading its result dx, when every reader either takes the mask itself or is
 /// the one gradient sum that folds into it:

@@ -93,6 +93,7 @@ ir::PassManager pipeline(Job job, const StepOptions& o, parallel::Communicator& 
   }
   // It reads the kernels the runtime will pick, which the passes above may change.
   pm.add(std::make_unique<ops::PropagateLayouts>(o.compile.backend));
+  pm.add(std::make_unique<ops::FuseMaxPoolIntoConvolution>(o.fuse));
   if (job != Job::Evaluate)
     pm.add(std::make_unique<ops::FusePoolBackwardIntoWeightGradient>(o.fuse));
   return pm;

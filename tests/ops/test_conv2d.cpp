@@ -1464,3 +1464,162 @@ TEST(Conv2d, PooledWeightGradientFusesOnlyWhereItsKernelTakes) {
     EXPECT_FALSE(ops::FusePoolBackwardIntoWeightGradient(false).run(g));
   }
 }
+
+// ---- the forward through a max pooling (fuse-max-pool-into-convolution)
+
+// Shapes only: the kernel runs bf16 on AMX tiles alone, and is checked against the unfused pair
+// below.
+static const std::vector<BadCase> kPooledForwardBad = {
+    {{{2, 3, 32, 32}, {16, 4, 3, 3}},
+     {},
+     {{"pad", Ints{1, 1}}, {"pool_kernel", Ints{2, 2}}, {"pool_stride", Ints{2, 2}}},
+     "channel mismatch: x has 3 channels, w expects 4"},
+    {{{2, 3, 32, 32}, {16, 3, 3, 3}, {8}},
+     {},
+     {{"pad", Ints{1, 1}}, {"pool_kernel", Ints{2, 2}}, {"pool_stride", Ints{2, 2}}},
+     "bias must be [16], one per filter"},
+    {{{2, 3, 4, 4}, {16, 3, 3, 3}},
+     {},
+     {{"pool_kernel", Ints{3, 3}}, {"pool_stride", Ints{1, 1}}},
+     "kernel 3x3 exceeds padded input 2x2"},
+    {{{2, 3, 8, 8}, {16, 3, 3, 3}},
+     {},
+     {{"pool_kernel", Ints{2, 2}},
+      {"pool_stride", Ints{2, 2}},
+      {"activation", std::string("gelu")}},
+     "gelu"},
+};
+MINIDL_OP_TEST(conv2d_max_pool2d, std::vector<OpCase>{}, kPooledForwardBad)
+
+namespace {
+
+struct PooledForwardCase {
+  Shape x;
+  std::int64_t K = 0;
+  Ints pad, pool_kernel, pool_stride, pool_pad;
+  std::string activation;  // of the pooling
+  Stored sy;               // the pooling's output: layout and type (argmax in its layout)
+};
+
+/// y and argmax of case c: conv2d (bf16, its output stored as bf16 nhwc) and max_pool2d as two
+/// nodes, or, with `fuse`, after fuse-max-pool-into-convolution.
+std::vector<Tensor> run_pooled_forward(const PooledForwardCase& c, const Tensor& x, const Tensor& w,
+                                       const Tensor& b, bool fuse, std::string* kernels) {
+  ir::Graph g;
+  ir::Value* xv = ops::input(g, "x", c.x);
+  ir::Value* wv = ops::input(g, "w", w.shape());
+  ir::Value* bv = ops::input(g, "b", b.shape());
+  ir::Node* conv = ops::apply_node("conv2d", {xv, wv, bv}, conv_attrs({1, 1}, c.pad));
+  conv->annotations().set("precision", std::string("bf16"));
+  ir::Node* pool = ops::apply_node("max_pool2d", {conv->output()},
+                                   {{"kernel", c.pool_kernel},
+                                    {"stride", c.pool_stride},
+                                    {"pad", c.pool_pad},
+                                    {"activation", c.activation}});
+  xv->set_stored(DType::BF16);
+  conv->output()->set_layout("nhwc");
+  conv->output()->set_stored(DType::BF16);
+  for (ir::Value* v : pool->outputs()) v->set_layout(c.sy.layout);
+  if (c.sy.bf16) pool->output(0)->set_stored(DType::BF16);
+  for (ir::Value* out : pool->outputs()) g.add_output(out);
+  if (fuse) EXPECT_TRUE(ops::FuseMaxPoolIntoConvolution().run(g));
+  runtime::Executable exe(g);
+  store_as(x, exe.input("x"), {"", true});
+  Tensor(exe.input("w")).copy_from(w);
+  Tensor(exe.input("b")).copy_from(b);
+  exe.run();
+  if (kernels != nullptr) *kernels = exe.kernel_table();
+  std::vector<Tensor> out;
+  for (ir::Value* v : g.outputs()) out.push_back(exe.value(v).clone());
+  return out;
+}
+
+}  // namespace
+
+// The fused node against the two it replaces, bitwise (y as stored, argmax), on 1 and 2 threads:
+// the CIFAR CNN's first layer (smaller; 2x2 windows with the relu the pooling takes over, y nhwc
+// bf16), y plain f32 (the pooling's transposing path), overlapping padded 3x3 windows without a
+// relu, y in nChw16c, 64 filters (two pairs of tiles) and odd sizes. Inputs with ties (a
+// quarter of x zero) so that the first maximum must win, as in the pooling alone.
+TEST(Conv2d, PooledForwardMatchesTheUnfusedPair) {
+  if (const std::string why = native::amx_bf16_unavailable(); !why.empty())
+    GTEST_SKIP() << "the fused kernel runs on AMX tiles only: " << why;
+  const PooledForwardCase cases[] = {
+      {{4, 3, 12, 14}, 32, {1, 1}, {2, 2}, {2, 2}, {0, 0}, "relu", {"nhwc", true}},
+      {{3, 3, 10, 16}, 16, {1, 1}, {2, 2}, {2, 2}, {0, 0}, "relu", {"", false}},
+      {{2, 3, 11, 9}, 32, {0, 0}, {3, 3}, {2, 2}, {1, 1}, "none", {"nhwc", true}},
+      {{3, 2, 9, 13}, 64, {1, 1}, {2, 2}, {2, 2}, {0, 0}, "relu", {"nChw16c", true}},
+  };
+  const CounterRng rng(101);
+  for (const PooledForwardCase& c : cases) {
+    SCOPED_TRACE(fmt::format("x {} K {} pool {}x{} stride {} pad {} {} y {} {}", c.x.str(), c.K,
+                             c.pool_kernel[0], c.pool_kernel[1], c.pool_stride[0], c.pool_pad[0],
+                             c.activation, c.sy.layout.empty() ? "plain" : c.sy.layout,
+                             c.sy.bf16 ? "bf16" : "f32"));
+    Tensor x = Tensor::empty(c.x), w = Tensor::empty(Shape{c.K, c.x[1], 3, 3}),
+           b = Tensor::empty(Shape{c.K});
+    rng.fill_normal(x, 1, 0.0f, 1.0f);
+    rng.fill_normal(w, 2, 0.0f, 0.5f);
+    rng.fill_normal(b, 3, 0.0f, 0.5f);
+    for (std::int64_t i = 0; i < x.numel(); i += 4) x.data<float>()[i] = 0.0f;
+    std::string kernels;
+    const std::vector<Tensor> want = run_pooled_forward(c, x, w, b, false, &kernels);
+    // The reference's convolution on AMX tiles too (the AMX forward, bf16 output).
+    EXPECT_THAT(kernels, ::testing::ContainsRegex("conv2d 'conv2d' \\(%[0-9]+\\) -> native bf16"));
+    const int saved = max_threads();
+    for (const int threads : {1, 2}) {
+      SCOPED_TRACE(fmt::format("{} thread(s)", threads));
+      set_num_threads(threads);
+      const std::vector<Tensor> got = run_pooled_forward(c, x, w, b, true, &kernels);
+      EXPECT_THAT(kernels, ::testing::HasSubstr("conv2d_max_pool2d"));
+      ASSERT_EQ(got.size(), 2u);
+      for (std::size_t t = 0; t < 2; ++t) {
+        SCOPED_TRACE(t == 0 ? "y" : "argmax");
+        ASSERT_EQ(got[t].shape(), want[t].shape());
+        EXPECT_EQ(0, std::memcmp(got[t].raw(), want[t].raw(), want[t].nbytes()));
+      }
+    }
+    set_num_threads(saved);
+  }
+}
+
+// Where the pass leaves the pair apart: an f32 convolution, a convolution's output stored as
+// f32 (the fused kernel would round it to bf16 before comparing), read by another node too, or
+// with its own relu; and window rows of 32 values or more (oneDNN's forward is faster there).
+TEST(Conv2d, PooledForwardFusesOnlyWhereItsKernelTakes) {
+  struct Case {
+    const char* precision;
+    DType stored;
+    bool other_reader;
+    const char* conv_activation;
+    std::int64_t channels;
+    bool fuses;
+  };
+  const bool amx = native::amx_bf16_unavailable().empty();
+  for (const Case& c : {Case{"bf16", DType::BF16, false, "none", 3, amx},
+                        Case{"f32", DType::BF16, false, "none", 3, false},
+                        Case{"bf16", DType::F32, false, "none", 3, false},
+                        Case{"bf16", DType::BF16, true, "none", 3, false},
+                        Case{"bf16", DType::BF16, false, "relu", 3, false},
+                        Case{"bf16", DType::BF16, false, "none", 16, false}}) {
+    SCOPED_TRACE(fmt::format("{} stored {} other reader {} conv activation {} channels {}",
+                             c.precision, c.stored, c.other_reader, c.conv_activation, c.channels));
+    ir::Graph g;
+    ir::Value* x = ops::input(g, "x", Shape{2, c.channels, 8, 8});
+    ir::Value* w = ops::input(g, "w", Shape{16, c.channels, 3, 3});
+    ir::Node* conv =
+        ops::apply_node("conv2d", {x, w}, conv_attrs({1, 1}, {1, 1}, c.conv_activation));
+    conv->annotations().set("precision", std::string(c.precision));
+    x->set_stored(DType::BF16);
+    conv->output()->set_stored(c.stored);
+    ir::Node* pool = ops::apply_node("max_pool2d", {conv->output()},
+                                     {{"kernel", Ints{2, 2}}, {"stride", Ints{2, 2}}});
+    for (ir::Value* out : pool->outputs()) g.add_output(out);
+    if (c.other_reader) g.add_output(ops::apply("relu", {conv->output()}));
+    EXPECT_EQ(ops::FuseMaxPoolIntoConvolution().run(g), c.fuses);
+    bool fused = false;
+    for (const ir::Node* n : g.nodes()) fused |= n->op() == "conv2d_max_pool2d";
+    EXPECT_EQ(fused, c.fuses);
+    EXPECT_FALSE(ops::FuseMaxPoolIntoConvolution(false).run(g));
+  }
+}

@@ -28,6 +28,7 @@
 #include "minidl/ops/native/direct_conv.hpp"
 #include "minidl/ops/native/gemm.hpp"
 #include "minidl/ops/native/im2col.hpp"
+#include "minidl/ops/nn/max_pool2d_lanes.hpp"
 #include "minidl/ops/nn/window.hpp"
 #include "minidl/ops/onednn/kernels.hpp"
 #include "minidl/ops/op_table.hpp"
@@ -41,7 +42,9 @@ using std::int64_t;
 
 // ---- shape rules ----------------------------------------------------------------------------
 
-void infer(ir::InferCtx& c) {
+// The convolution's output geometry over x [N,C,H,W] and w [K,C,KH,KW] (bias [K] optional),
+// checked.
+ConvGeom checked_conv_geom(ir::InferCtx& c) {
   const Shape& x = c.input(0);
   const Shape& w = c.input(1);
   MINIDL_CHECK_NODE(c, x.rank() == 4, "expected x [N,C,H,W], got rank ", x.rank());
@@ -57,8 +60,28 @@ void infer(ir::InferCtx& c) {
     MINIDL_CHECK_NODE(c, c.dtype(2) == DType::F32, "expected an f32 bias");
     MINIDL_CHECK_NODE(c, c.input(2) == Shape{w[0]}, "bias must be [", w[0], "], one per filter");
   }
+  return g;
+}
+
+void infer(ir::InferCtx& c) {
+  const ConvGeom g = checked_conv_geom(c);
   (void)activation_attr(c);
-  c.set_output(0, window_out_shape(x, w[0], g));
+  c.set_output(0, window_out_shape(c.input(0), c.input(1)[0], g));
+}
+
+// x, w, bias? -> y [N,K,POH,POW], argmax (i32): the max pooling (pool_kernel, pool_stride,
+// pool_pad, then `activation`) of the convolution's output [N,K,OH,OW].
+void infer_pooled_forward(ir::InferCtx& c) {
+  const ConvGeom g = checked_conv_geom(c);
+  const Shape y{c.input(0)[0], c.input(1)[0], g.OH, g.OW};
+  const Int2 pk = int2_attr(c, "pool_kernel", 1), ps = int2_attr(c, "pool_stride", 1),
+             pp = int2_attr(c, "pool_pad", 0);
+  MINIDL_CHECK_NODE(c, 2 * pp[0] <= pk[0] && 2 * pp[1] <= pk[1], "pool_pad ",
+                    ints_str({pp[0], pp[1]}), " exceeds half the pool_kernel ", pk[0], "x", pk[1]);
+  const ConvGeom pg = checked_window_geom(c, y, pk, ps, pp);
+  (void)activation_attr(c);
+  c.set_output(0, window_out_shape(y, y[1], pg));
+  c.set_output(1, window_out_shape(y, y[1], pg), DType::I32);
 }
 
 // dy [N,K,OH,OW], w [K,C,KH,KW] -> dx `in_shape` [N,C,H,W]
@@ -748,6 +771,88 @@ ir::Kernel make_amx_conv(const ir::Node& node, bool data_grad) {
 }
 
 ir::Kernel make_amx_conv_fwd(const ir::Node& node) { return make_amx_conv(node, false); }
+
+// conv2d_max_pool2d on AMX tiles: per sample, the forward above into a per-thread buffer (bf16,
+// nhwc: 64 KiB for the CIFAR CNN's first layer, in the second-level cache), then max_pool2d's
+// own row kernel over it into y and argmax. The bits of the two nodes it replaces, whose
+// convolution output was stored as bf16.
+
+/// Why the kernel cannot take node n, or "".
+std::string pooled_forward_refusal(const ir::Node& n) {
+  if (ir::node_precision(n) != ir::Precision::BF16)
+    return "computes in bf16 only (nodes marked precision=bf16)";
+  if (std::string why = native::amx_bf16_unavailable(); !why.empty()) return why;
+  if (!pool::avx512_kernels()) return "runs max_pool2d's AVX-512 kernels only";
+  const ir::Ints& stride = n.attrs().get<ir::Ints>("stride");
+  if (stride[0] != 1 || stride[1] != 1) return "takes stride 1 only";
+  const ir::Value& w = *n.input(1);
+  if (!w.layout().empty()) return fmt::format("takes {} plain only", w.ref());
+  if (n.input(0)->stored() != DType::BF16)
+    return fmt::format("takes {} stored as bf16 only", n.input(0)->ref());
+  if (w.shape()[0] % 16 != 0)
+    return fmt::format("takes filter counts that are multiples of 16, not {}", w.shape()[0]);
+  // As the AMX forward: window rows of 32 values or more run faster in oneDNN's forward.
+  if (const int64_t row = w.shape()[3] * w.shape()[1]; row >= 32)
+    return fmt::format("leaves window rows of 32 values or more ({} x {}) to oneDNN's forward",
+                       w.shape()[3], w.shape()[1]);
+  return "";
+}
+
+bool pooled_forward_supports(const ir::Node& n, std::string* why) {
+  return decline(pooled_forward_refusal(n), why);
+}
+
+ir::Kernel make_pooled_forward(const ir::Node& node) {
+  const Shape& ws = node.input(1)->shape();
+  const Shape& xs = node.input(0)->shape();
+  const ConvGeom g = node_geom(xs, ws[2], ws[3], node.attrs());
+  const int64_t n = xs[0], K = ws[0];
+  const Tensor packed = Tensor::empty(Shape{(native::conv_amx_weight_halves(g, K) + 1) / 2});
+  const bool bias = node.inputs().size() > 2;
+  const bool w_bf16 = node.input(1)->stored() == DType::BF16;
+  const native::ActLayout x_layout = act_layout(*node.input(0));
+  // The pooling over the convolution's output, one sample of it in the buffer (n = 0).
+  pool::FwdArgs a;
+  a.g = window_geom(Shape{1, K, g.OH, g.OW}, node.attrs().get<ir::Ints>("pool_kernel")[0],
+                    node.attrs().get<ir::Ints>("pool_kernel")[1],
+                    node.attrs().get<ir::Ints>("pool_stride"),
+                    node.attrs().get<ir::Ints>("pool_pad"));
+  a.x = {.channels = K, .plane = g.OH * g.OW, .block = K, .nhwc = true};
+  a.y = pool::addr_of(*node.output(0), a.g.OH * a.g.OW);
+  a.am = pool::addr_of(*node.output(1), a.g.OH * a.g.OW);
+  a.groups_per_n = 1;
+  a.contiguous = pool::same_addr(a.x, a.y) && pool::same_addr(a.x, a.am);
+  a.relu = activation_of(node.attrs()) == Activation::Relu;
+  const auto plain = [](const pool::Addr& v) { return v.block == 1 && !v.nhwc; };
+  const bool to_plain = !a.contiguous && plain(a.y) && plain(a.am);
+  const bool y_bf16 = node.output(0)->stored() == DType::BF16;
+  const int64_t conv_floats = native::conv_amx_forward_scratch_floats(g, K),
+                y_halves = K * g.OH * g.OW, y_sample = K * a.g.OH * a.g.OW,
+                x_bytes = g.C * g.H * g.W * (x_layout.bf16 ? 2 : 4);
+  const auto scratch_floats = static_cast<std::size_t>(conv_floats + (y_halves + 1) / 2 + 16);
+  return [=](const ir::KernelArgs& k) {
+    auto* pw = reinterpret_cast<std::uint16_t*>(packed.data<float>());
+    native::conv_amx_pack_weights(g, K, {k.in[1].raw(), w_bf16, false}, pw);
+    const float* b = bias ? k.in[2].data<float>() : nullptr;
+    for_each_item(n, [&](int64_t i, bool) {
+      float* scratch = native::thread_scratch(scratch_floats);
+      auto* y1 = reinterpret_cast<std::uint16_t*>(scratch + conv_floats + 16 - conv_floats % 16);
+      native::conv_amx_forward(g, K, static_cast<const char*>(k.in[0].raw()) + i * x_bytes,
+                               x_layout, pw, b, false, y1, {.block = K, .bf16 = true}, 0, 1,
+                               scratch);
+      std::int32_t* am = k.out[1].data<std::int32_t>() + i * y_sample;
+      const auto pool_into = [&](auto* y) {
+        if (to_plain) return pool::fwd_planes_to_plain_avx512(a, y1, y, am, 0, 1);
+        pool::fwd_rows_avx512(a, y1, y, am, 0, a.g.OH);
+      };
+      if (y_bf16) {
+        pool_into(static_cast<std::uint16_t*>(k.out[0].raw()) + i * y_sample);
+      } else {
+        pool_into(k.out[0].data<float>() + i * y_sample);
+      }
+    });
+  };
+}
 ir::Kernel make_amx_conv_bwd_data(const ir::Node& node) { return make_amx_conv(node, true); }
 
 // ---- gradient -------------------------------------------------------------------------------
@@ -781,6 +886,11 @@ std::int64_t conv_flops(const ir::Node& n) {
     return 2 * x[0] * w[0] * g.OH * g.OW * (w.numel() / w[0]);
   }
   const Shape& w = dw ? n.output(0)->shape() : n.input(1)->shape();
+  if (n.op() == "conv2d_max_pool2d") {
+    const Shape& x = n.input(0)->shape();
+    const ConvGeom g = node_geom(x, w[2], w[3], n.attrs());
+    return 2 * x[0] * w[0] * g.OH * g.OW * (w.numel() / w[0]);
+  }
   const Shape& y = n.op() == "conv2d" ? n.output()->shape() : n.input(0)->shape();
   return 2 * y.numel() * (w.numel() / w[0]);
 }
@@ -911,6 +1021,29 @@ MINIDL_OP(conv2d_bwd_weights_bias_pooled)
     .bf16_values()
     .no_grad("backward-only op; second derivatives are not supported");
 
+// max_pool2d(conv2d(x, w, bias)) in one node, the convolution's output never written whole: a
+// convolution whose output only a max pooling reads. Made by fuse-max-pool-into-convolution
+// (ops/fusion.hpp) where its kernel takes the node: bf16 on AMX tiles, window rows of fewer than
+// 32 values (a first layer); the same bits as the two nodes it replaces.
+MINIDL_OP(conv2d_max_pool2d)
+    .inputs({"x", "w", "bias?"})
+    .outputs({"y", "argmax"})
+    .attr<ir::Ints>("stride", ir::Ints{1, 1})
+    .attr<ir::Ints>("pad", ir::Ints{0, 0})
+    .attr<ir::Ints>("pool_kernel")
+    .attr<ir::Ints>("pool_stride")
+    .attr<ir::Ints>("pool_pad", ir::Ints{0, 0})
+    // relu applied to the pooled y (max_pool2d's, marking argmax -1 where it clamps): none or relu
+    .attr<std::string>("activation", "none")
+    .infer(infer_pooled_forward)
+    .flops(conv_flops)
+    .kernel_factory(ir::Backend::Native, "native", make_pooled_forward, pooled_forward_supports)
+    .layout_aware()
+    .mixed_precision()
+    .bf16_values()
+    .no_grad("a forward fused after autograd (conv2d and max_pool2d keep the gradient rules)");
+
 std::string pooled_weight_gradient_refusal(const ir::Node& n) { return pooled_wgrad_refusal(n); }
+std::string pooled_forward_kernel_refusal(const ir::Node& n) { return pooled_forward_refusal(n); }
 
 }  // namespace minidl::ops
