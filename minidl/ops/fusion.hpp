@@ -141,7 +141,7 @@ std::string pooled_weight_gradient_refusal(const ir::Node& n);
 /// bf16, becomes one conv2d_max_pool2d(x, w, bias) with the pooling's outputs, their layouts and
 /// its activation, which pools each sample's convolution output while it is in cache: y is never
 /// written whole. Only where that op's kernel takes the node (pooled_forward_kernel_refusal: bf16
-/// on AMX tiles, window rows of fewer than 32 values: a first layer). The same bits. The fused
+/// on AMX tiles, the input stored as bf16). The bits of the AMX forward and the pooling. The fused
 /// node takes the convolution's place, name (plus "+pool") and annotations, and records the
 /// pooling in "fused". enabled false (--no-fuse): no change.
 class FuseMaxPoolIntoConvolution final : public ir::Pass {
