@@ -853,6 +853,7 @@ ir::Kernel make_pooled_forward(const ir::Node& node) {
     });
   };
 }
+
 ir::Kernel make_amx_conv_bwd_data(const ir::Node& node) { return make_amx_conv(node, true); }
 
 // ---- gradient -------------------------------------------------------------------------------
@@ -877,20 +878,16 @@ void grad(ir::GradCtx& g) {
 // 2 * (elements of the product's output) * (inputs each sums over): for every convolution pass
 // the product's output is one of y, dy, dw and each element sums C*R*S or N*OH*OW terms.
 std::int64_t conv_flops(const ir::Node& n) {
+  const bool fwd = n.op() == "conv2d_max_pool2d";
+  if (fwd || n.op() == "conv2d_bwd_weights_bias_pooled") {
+    // The convolution's own product, over its output positions (the pooling's input).
+    const Shape& w = fwd ? n.input(1)->shape() : n.output(0)->shape();
+    const Shape& x = n.input(fwd ? 0 : 2)->shape();
+    const ConvGeom g = node_geom(x, w[2], w[3], n.attrs());
+    return 2 * x[0] * w[0] * g.OH * g.OW * (w.numel() / w[0]);
+  }
   const bool dw = n.op() == "conv2d_bwd_weights" || n.op() == "conv2d_bwd_weights_bias";
-  if (n.op() == "conv2d_bwd_weights_bias_pooled") {
-    // The convolution's output positions: what the unpooled weight gradient multiplies.
-    const Shape& w = n.output(0)->shape();
-    const Shape& x = n.input(2)->shape();
-    const ConvGeom g = node_geom(x, w[2], w[3], n.attrs());
-    return 2 * x[0] * w[0] * g.OH * g.OW * (w.numel() / w[0]);
-  }
   const Shape& w = dw ? n.output(0)->shape() : n.input(1)->shape();
-  if (n.op() == "conv2d_max_pool2d") {
-    const Shape& x = n.input(0)->shape();
-    const ConvGeom g = node_geom(x, w[2], w[3], n.attrs());
-    return 2 * x[0] * w[0] * g.OH * g.OW * (w.numel() / w[0]);
-  }
   const Shape& y = n.op() == "conv2d" ? n.output()->shape() : n.input(0)->shape();
   return 2 * y.numel() * (w.numel() / w[0]);
 }
