@@ -113,7 +113,7 @@ class FuseBiasIntoWeightGradient final : public ir::Pass {
   bool enabled_;
 };
 
-/// In training graphs, last (it reads the layouts and stored types propagate-layouts gave): a
+/// In training graphs, after propagate-layouts (it reads the layouts and stored types that gave): a
 /// max_pool2d_bwd(dy, argmax) whose result dx only a conv2d_bwd_weights_bias(dx, x) reads (a
 /// first layer: conv -> [relu] -> max pool, no data gradient) becomes one
 /// conv2d_bwd_weights_bias_pooled(dy, argmax, x), which packs dx's values from dy and argmax as
@@ -136,7 +136,7 @@ class FusePoolBackwardIntoWeightGradient final : public ir::Pass {
 /// Why conv2d_bwd_weights_bias_pooled's kernel cannot take node n, or "" (ops/nn/conv2d.cpp).
 std::string pooled_weight_gradient_refusal(const ir::Node& n);
 
-/// In every graph, last (it reads the layouts and stored types propagate-layouts gave): a
+/// In every graph, after propagate-layouts (it reads the layouts and stored types that gave): a
 /// max_pool2d(y) whose input y only it reads, y a conv2d's output without activation stored as
 /// bf16, becomes one conv2d_max_pool2d(x, w, bias) with the pooling's outputs, their layouts and
 /// its activation, which pools each sample's convolution output while it is in cache: y is never
