@@ -59,9 +59,9 @@ struct Plan {
     section(Mpad * K);               // the sums, [Mpad][K]
     dy_at = section(seg_t / 2 * K);  // a segment of dy in pairs of positions, [seg_t / 2][K] words
     pos_at = section(Tpad);          // each position's index in dy, or -1 (int32)
-    pooled_at = section(Tpad);       // with a pooled dy, its window's index, or -1 (int32)
     planes_at = section(g.C * L / 2);                  // the padded planes, [C][L] halves
     rows_at = section(planes ? 0 : Mpad * seg_t / 2);  // a segment of A's rows, [Mpad][seg_t]
+    pooled_at = section(Tpad);  // with a pooled dy, each position's window, or -1 (int32)
   }
 };
 
@@ -161,49 +161,65 @@ void pack_planes_blocked(const ConvGeom& g, const Plan& pl, const uint16_t* x, i
   }
 }
 
-/// Where pack_dy reads dy's values: in place, or made from a pooling's output gradient and
-/// argmax (conv_amx.hpp's PooledGrad), the pooling's backward never written.
-template <typename TD>
+/// Where pack_dy reads dy's values: in place, or (kPooled) made from a pooling's output gradient
+/// and argmax (conv_amx.hpp's PooledGrad), the pooling's backward never written.
+template <typename TD, bool kPooled>
 struct DySource {
   const TD* dy = nullptr;  // dy, or the pooling's output gradient
   int64_t block = 1;       // of dy (and of argmax)
   int64_t plane = 0;       // positions in one of dy's channel planes (the pooling's output's)
-  const int32_t* argmax = nullptr;  // null: dy read in place
-  const int32_t* pooled = nullptr;  // position t's window, or -1 (pooled only)
+  const int32_t* argmax = nullptr;  // kPooled only
+  const int32_t* pooled = nullptr;  // kPooled only: position t's window, or -1
 
-  /// Where channel c's position 0 lies (also in argmax).
-  int64_t channel(int64_t c) const { return channel_offset(c, block, plane); }
-  /// Position t (plane index p, or -1) of the channels 16 from `at` (channel(c0)), as bf16 bits.
-  __m256i load(int64_t at, int64_t t, int32_t p) const {
-    if (argmax == nullptr) return p >= 0 ? load16(dy + at + p * block) : _mm256_setzero_si256();
-    const int32_t w = pooled[t];
-    if (w < 0) return _mm256_setzero_si256();
-    const int64_t i = at + w * block;
-    const __mmask16 chosen =
-        _mm512_cmpeq_epi32_mask(_mm512_loadu_si512(argmax + i), _mm512_set1_epi32(p));
-    // The pooling's backward writes 0 + dy, a -0 as +0; packed as -0 it changes no sum, which
-    // starts from +0 (+0 + -0 is +0).
-    if constexpr (sizeof(TD) == 2) {
-      return _mm256_maskz_loadu_epi16(chosen, dy + i);
+  /// dy and argmax where channel c's position 0 lies (argmax null unless kPooled).
+  const TD* dy_at(int64_t c) const { return dy + channel_offset(c, block, plane); }
+  const int32_t* argmax_at(int64_t c) const {
+    return kPooled ? argmax + channel_offset(c, block, plane) : nullptr;
+  }
+  /// Position t (plane index p, or -1) of the 16 channels from d and am (dy_at, argmax_at), as
+  /// bf16 bits.
+  [[gnu::always_inline]] __m256i load(const TD* d, const int32_t* am, int64_t t, int32_t p) const {
+    if constexpr (!kPooled) {
+      (void)am, (void)t;
+      return p >= 0 ? load16(d + p * block) : _mm256_setzero_si256();
     } else {
-      return _mm512_maskz_cvtepi32_epi16(0xffff,
-                                         ops::bf16_round16(_mm512_maskz_loadu_ps(chosen, dy + i)));
+      const int32_t w = pooled[t];
+      if (w < 0) return _mm256_setzero_si256();
+      const int64_t i = w * block;
+      const __mmask16 chosen =
+          _mm512_cmpeq_epi32_mask(_mm512_loadu_si512(am + i), _mm512_set1_epi32(p));
+      // The pooling's backward writes 0 + dy, a -0 as +0; packed as -0 it changes no sum, which
+      // starts from +0 (+0 + -0 is +0).
+      if constexpr (sizeof(TD) == 2) {
+        return _mm256_maskz_loadu_epi16(chosen, d + i);
+      } else {
+        return _mm512_maskz_cvtepi32_epi16(0xffff,
+                                           ops::bf16_round16(_mm512_maskz_loadu_ps(chosen, d + i)));
+      }
     }
   }
-  /// The same for one channel at c's offset `at` (the scalar path).
-  uint16_t load1(int64_t at, int64_t t, int32_t p) const {
-    if (argmax == nullptr) return p >= 0 ? to_bf16(dy[at + p * block]) : uint16_t{0};
-    const int32_t w = pooled[t];
-    if (w < 0 || argmax[at + w * block] != p) return uint16_t{0};
-    return to_bf16(dy[at + w * block]);
+  /// The same for one channel (the scalar path).
+  [[gnu::always_inline]] uint16_t load1(const TD* d, const int32_t* am, int64_t t,
+                                        int32_t p) const {
+    if constexpr (!kPooled) {
+      (void)am, (void)t;
+      return p >= 0 ? to_bf16(d[p * block]) : uint16_t{0};
+    } else {
+      const int32_t w = pooled[t];
+      if (w < 0 || am[w * block] != p) return uint16_t{0};
+      return to_bf16(d[w * block]);
+    }
   }
 };
 
 /// dy's positions in pairs, [Tpad / 2][K] words, zero where `pos` is -1; each filter's sum of the
 /// packed values added to bias when it is not null. t0: the first position's index in pos.
-template <typename TD>
-void pack_dy(int64_t Q, int64_t K, const DySource<TD>& src, int64_t t0, const int32_t* pos,
-             uint32_t* dyp, float* bias) {
+template <typename TD, bool kPooled>
+void pack_dy(int64_t Q, int64_t K, const DySource<TD, kPooled>& source, int64_t t0,
+             const int32_t* pos, uint32_t* dyp, float* bias) {
+  // A copy no store can reach: read through the reference, its fields were loaded again after
+  // every vector store (which may alias anything).
+  const DySource<TD, kPooled> src = source;
   if (src.block % kLanes == 0) {
     // The bias sums on dot products with pairs of ones: one instruction adds both positions.
     const auto ones = reinterpret_cast<__m512bh>(_mm512_set1_epi16(0x3f80));
@@ -211,16 +227,19 @@ void pack_dy(int64_t Q, int64_t K, const DySource<TD>& src, int64_t t0, const in
     for (int64_t kb = 0; kb < K; kb += kMaxVectors * kLanes) {
       const int64_t vectors = std::min(kMaxVectors, (K - kb) / kLanes);
       __m512 sum[kMaxVectors];
-      int64_t at[kMaxVectors];
+      const TD* bases[kMaxVectors];
+      const int32_t* argmaxes[kMaxVectors];
       for (int64_t v = 0; v < vectors; ++v) {
         sum[v] = _mm512_setzero_ps();
-        at[v] = src.channel(kb + v * kLanes);
+        bases[v] = src.dy_at(kb + v * kLanes);
+        argmaxes[v] = src.argmax_at(kb + v * kLanes);
       }
       for (int64_t q = 0; q < Q; ++q) {
         const int64_t t = t0 + 2 * q;
         const int32_t p0 = pos[t], p1 = pos[t + 1];
         for (int64_t v = 0; v < vectors; ++v) {
-          const __m512i pairs = interleave(src.load(at[v], t, p0), src.load(at[v], t + 1, p1));
+          const __m512i pairs = interleave(src.load(bases[v], argmaxes[v], t, p0),
+                                           src.load(bases[v], argmaxes[v], t + 1, p1));
           _mm512_storeu_si512(dyp + q * K + kb + v * kLanes, pairs);
           sum[v] = _mm512_dpbf16_ps(sum[v], reinterpret_cast<__m512bh>(pairs), ones);
         }
@@ -234,12 +253,13 @@ void pack_dy(int64_t Q, int64_t K, const DySource<TD>& src, int64_t t0, const in
     return;
   }
   for (int64_t k = 0; k < K; ++k) {
-    const int64_t at = src.channel(k);
+    const TD* d = src.dy_at(k);
+    const int32_t* am = src.argmax_at(k);
     float s = 0.0f;
     for (int64_t q = 0; q < Q; ++q) {
       const int64_t t = t0 + 2 * q;
-      const uint16_t a = src.load1(at, t, pos[t]);
-      const uint16_t b = src.load1(at, t + 1, pos[t + 1]);
+      const uint16_t a = src.load1(d, am, t, pos[t]);
+      const uint16_t b = src.load1(d, am, t + 1, pos[t + 1]);
       dyp[q * K + k] = pair(a, b);
       s += widened(a);
       s += widened(b);
@@ -294,16 +314,10 @@ void tile_group(const uint16_t* a0, const uint16_t* a1, int64_t a_stride, const 
 
 #pragma GCC pop_options
 
-/// The pooling whose backward gives dy (PooledGrad), or none.
-struct Pooling {
-  const int32_t* argmax = nullptr;  // null: none
-  int64_t POH = 0, POW = 0, KH = 0, KW = 0, SH = 0, SW = 0;
-};
-
 template <typename TD, typename TX>
-void bwd_weights(const ConvGeom& g, int64_t K, const TD* dy, int64_t dy_block, const Pooling& pool,
-                 const TX* x, int64_t x_block, int64_t n0, int64_t n1, float* out, float* bias,
-                 float* scratch) {
+void bwd_weights(const ConvGeom& g, int64_t K, const TD* dy, int64_t dy_block,
+                 const PooledGrad* pool, const TX* x, int64_t x_block, int64_t n0, int64_t n1,
+                 float* out, float* bias, float* scratch) {
   const Plan pl(g, K);
   float* acc = scratch;  // [Mpad][K], rows in the product's order
   auto* dyp = reinterpret_cast<uint32_t*>(scratch + pl.dy_at);
@@ -311,20 +325,20 @@ void bwd_weights(const ConvGeom& g, int64_t K, const TD* dy, int64_t dy_block, c
   auto* pooled = reinterpret_cast<int32_t*>(scratch + pl.pooled_at);
   auto* xp = reinterpret_cast<uint16_t*>(scratch + pl.planes_at);
   auto* rows = reinterpret_cast<uint16_t*>(scratch + pl.rows_at);
-  const int64_t P = pool.argmax ? pool.POH * pool.POW : g.OH * g.OW, dy_sample = K * P,
+  const int64_t P = pool ? pool->POH * pool->POW : g.OH * g.OW, dy_sample = K * P,
                 x_sample = g.C * g.H * g.W;
   std::fill_n(pos, pl.Tpad, -1);
-  std::fill_n(pooled, pl.Tpad, -1);
+  if (pool != nullptr) std::fill_n(pooled, pl.Tpad, -1);
   for (int64_t oh = 0; oh < g.OH; ++oh)
     for (int64_t ow = 0; ow < g.OW; ++ow) {
       const int64_t t = oh * pl.WP + ow;
       pos[t] = static_cast<int32_t>(oh * g.OW + ow);
-      if (pool.argmax == nullptr) continue;
+      if (pool == nullptr) continue;
       // The window covering (oh, ow), if any: windows do not overlap and have no padding.
-      const int64_t wh = oh / pool.SH, ww = ow / pool.SW;
-      if (wh < pool.POH && ww < pool.POW && oh - wh * pool.SH < pool.KH &&
-          ow - ww * pool.SW < pool.KW)
-        pooled[t] = static_cast<int32_t>(wh * pool.POW + ww);
+      const int64_t wh = oh / pool->SH, ww = ow / pool->SW;
+      if (wh < pool->POH && ww < pool->POW && oh - wh * pool->SH < pool->KH &&
+          ow - ww * pool->SW < pool->KW)
+        pooled[t] = static_cast<int32_t>(wh * pool->POW + ww);
     }
   const int64_t seg_t = pl.seg * amx::kDepth;
   if (!pl.planes) std::fill_n(rows + pl.M * seg_t, (pl.Mpad - pl.M) * seg_t, uint16_t{0});
@@ -353,12 +367,20 @@ void bwd_weights(const ConvGeom& g, int64_t K, const TD* dy, int64_t dy_block, c
     }
     for (int64_t t0 = 0; t0 < pl.Tpad; t0 += seg_t) {
       const int64_t len = std::min(seg_t, pl.Tpad - t0), steps = len / amx::kDepth;
-      const DySource<TD> src{.dy = dy + n * dy_sample,
-                             .block = dy_block,
-                             .plane = P,
-                             .argmax = pool.argmax ? pool.argmax + n * dy_sample : nullptr,
-                             .pooled = pooled};
-      pack_dy(len / 2, K, src, t0, pos, dyp, bias);
+      if (pool == nullptr) {
+        pack_dy(len / 2, K,
+                DySource<TD, false>{.dy = dy + n * dy_sample, .block = dy_block, .plane = P}, t0,
+                pos, dyp, bias);
+      } else {
+        const auto* am = pool->argmax + n * dy_sample;
+        pack_dy(len / 2, K,
+                DySource<TD, true>{.dy = dy + n * dy_sample,
+                                   .block = dy_block,
+                                   .plane = P,
+                                   .argmax = am,
+                                   .pooled = pooled},
+                t0, pos, dyp, bias);
+      }
       if (!pl.planes)  // row (c, r, s): channel c's run from r WP + s
         for (int64_t m = 0; m < pl.M; ++m) {
           const int64_t c = m / (g.KH * g.KW), r = m / g.KW % g.KH, s = m % g.KW;
@@ -621,7 +643,7 @@ void conv_amx_bwd_weights(const ConvGeom& g, int64_t K, const void* dy, ActLayou
                           float* bias_acc, float* scratch) {
 #if defined(__x86_64__)
   dot_bf16::with_stored(dy, dy_layout.bf16, x, x_layout.bf16, [&](const auto* d, const auto* xs) {
-    bwd_weights(g, K, d, dy_layout.block, Pooling{}, xs, x_layout.block, n0, n1, acc, bias_acc,
+    bwd_weights(g, K, d, dy_layout.block, nullptr, xs, x_layout.block, n0, n1, acc, bias_acc,
                 scratch);
   });
 #else
@@ -634,16 +656,9 @@ void conv_amx_bwd_weights_pooled(const ConvGeom& g, int64_t K, const PooledGrad&
                                  ActLayout x_layout, int64_t n0, int64_t n1, float* acc,
                                  float* bias_acc, float* scratch) {
 #if defined(__x86_64__)
-  const Pooling pool{.argmax = dy.argmax,
-                     .POH = dy.POH,
-                     .POW = dy.POW,
-                     .KH = dy.KH,
-                     .KW = dy.KW,
-                     .SH = dy.SH,
-                     .SW = dy.SW};
   dot_bf16::with_stored(dy.dy, dy.layout.bf16, x, x_layout.bf16,
                         [&](const auto* d, const auto* xs) {
-                          bwd_weights(g, K, d, dy.layout.block, pool, xs, x_layout.block, n0, n1,
+                          bwd_weights(g, K, d, dy.layout.block, &dy, xs, x_layout.block, n0, n1,
                                       acc, bias_acc, scratch);
                         });
 #else

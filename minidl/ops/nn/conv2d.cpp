@@ -631,13 +631,20 @@ ir::Kernel make_bf16_wgrad(const ir::Node& node) {
 // conv2d_bwd_weights_bias_pooled on AMX tiles: the weight gradient's kernel above, packing dy
 // from the pooling's output gradient and argmax (native::PooledGrad).
 
-/// Why the kernel cannot take node n, or "".
-std::string pooled_wgrad_refusal(const ir::Node& n) {
+/// What every convolution kernel on AMX tiles asks of node n: marked bf16, a CPU with usable
+/// AMX-BF16, stride 1; "" when it has them.
+std::string amx_node_refusal(const ir::Node& n) {
   if (ir::node_precision(n) != ir::Precision::BF16)
     return "computes in bf16 only (nodes marked precision=bf16)";
   if (std::string why = native::amx_bf16_unavailable(); !why.empty()) return why;
   const ir::Ints& stride = n.attrs().get<ir::Ints>("stride");
   if (stride[0] != 1 || stride[1] != 1) return "takes stride 1 only";
+  return "";
+}
+
+/// Why the kernel cannot take node n, or "".
+std::string pooled_wgrad_refusal(const ir::Node& n) {
+  if (std::string why = amx_node_refusal(n); !why.empty()) return why;
   if (const int64_t filters = n.input(0)->shape()[1]; filters % 16 != 0)
     return fmt::format("takes filter counts that are multiples of 16, not {}", filters);
   const ir::Ints& pk = n.attrs().get<ir::Ints>("pool_kernel");
@@ -690,11 +697,7 @@ ir::Kernel make_pooled_wgrad(const ir::Node& node) {
 
 /// Why the kernel cannot take node n (conv2d, or conv2d_bwd_data when `data_grad`), or "".
 std::string amx_conv_refusal(const ir::Node& n, bool data_grad) {
-  if (ir::node_precision(n) != ir::Precision::BF16)
-    return "computes in bf16 only (nodes marked precision=bf16)";
-  if (std::string why = native::amx_bf16_unavailable(); !why.empty()) return why;
-  const ir::Ints& stride = n.attrs().get<ir::Ints>("stride");
-  if (stride[0] != 1 || stride[1] != 1) return "takes stride 1 only";
+  if (std::string why = amx_node_refusal(n); !why.empty()) return why;
   const ir::Value& w = *n.input(1);
   if (!w.layout().empty()) return fmt::format("takes {} plain only", w.ref());
   // f32 activations it would convert element by element: ResNet-20's first stage, between f32
@@ -779,12 +782,8 @@ ir::Kernel make_amx_conv_fwd(const ir::Node& node) { return make_amx_conv(node, 
 
 /// Why the kernel cannot take node n, or "".
 std::string pooled_forward_refusal(const ir::Node& n) {
-  if (ir::node_precision(n) != ir::Precision::BF16)
-    return "computes in bf16 only (nodes marked precision=bf16)";
-  if (std::string why = native::amx_bf16_unavailable(); !why.empty()) return why;
+  if (std::string why = amx_node_refusal(n); !why.empty()) return why;
   if (!pool::avx512_kernels()) return "runs max_pool2d's AVX-512 kernels only";
-  const ir::Ints& stride = n.attrs().get<ir::Ints>("stride");
-  if (stride[0] != 1 || stride[1] != 1) return "takes stride 1 only";
   const ir::Value& w = *n.input(1);
   if (!w.layout().empty()) return fmt::format("takes {} plain only", w.ref());
   if (n.input(0)->stored() != DType::BF16)
