@@ -157,9 +157,13 @@ ConvGeom node_geom(const Shape& x, std::int64_t kh, std::int64_t kw, const ir::A
 /// Calls fn(i, inner) for every i in [0, n). With at least as many items as threads the items
 /// are spread over the threads and fn must run serially (inner = false: its GEMM sees that it is
 /// inside a parallel region); otherwise the items run in order and fn parallelises within
-/// (inner = true). Items are handed out dynamically, so a thread that the OS preempts does not
-/// hold up the others; every item writes its own output, so the results do not depend on who
-/// ran what.
+/// (inner = true). Each thread takes one contiguous block of items, the same block in every
+/// kernel of a step (and the block the elementwise and pooling kernels give it: parallel_for's),
+/// so that a sample's values stay in the cache of the core that wrote them: handed out
+/// dynamically, one at a time, the CIFAR CNN's samples were read by the other core at every
+/// node, and its bf16 step took 1844 against 1717 us in kernels (--profile, 10 000 samples, the
+/// weight gradients 34 and 18 us, the forwards 7 and 17 us longer). Every item writes its own
+/// output, so the results do not depend on who ran what.
 template <typename Fn>
 void for_each_item(int64_t n, Fn&& fn) {
   const int threads = omp_in_parallel() ? 1 : max_threads();
@@ -168,7 +172,7 @@ void for_each_item(int64_t n, Fn&& fn) {
     return;
   }
   std::exception_ptr error;
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     try {
       fn(i, false);
