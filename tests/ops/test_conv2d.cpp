@@ -1075,7 +1075,8 @@ Tensor run_amx_conv(const AmxConvCase& c, const Tensor& in, const Tensor& w, con
 // layer's data gradient (64 channels of dy, six runs per window row), smaller; output rows that
 // fill no chunk of 16 positions (21, 17, 10, 12), 1 to 4 tiles of output channels, windows of 1x1
 // to 5x5 and 3x7, the data gradient's turned padding (0 -> 2), ReLU, outputs in nhwc, nChw16c and
-// plain; the same bits on 1 and 2 threads.
+// plain; plain inputs of 2 to 4 channels, whose rows are interleaved 32 positions at a time (rows
+// of 10, 33 and 40); the same bits on 1 and 2 threads.
 TEST(Conv2d, AmxBf16ForwardAndDataGradientMatchF32OnRoundedFactors) {
   if (const std::string why = native::amx_bf16_unavailable(); !why.empty())
     GTEST_SKIP() << "the AMX convolution " << why;
@@ -1084,6 +1085,8 @@ TEST(Conv2d, AmxBf16ForwardAndDataGradientMatchF32OnRoundedFactors) {
       {false, {2, 3, 32, 32}, {16, 3, 3, 3}, {1, 1}, false, true, {"nhwc"}, {"nChw16c"}},
       {false, {2, 2, 7, 10}, {48, 2, 5, 5}, {2, 2}, true, true, {""}, {"nhwc"}},
       {false, {2, 4, 6, 18}, {64, 4, 3, 7}, {1, 3}, true, false, {"nhwc"}, {""}},
+      {false, {2, 3, 5, 40}, {16, 3, 3, 3}, {1, 1}, true, true, {""}, {"nhwc"}},
+      {false, {1, 4, 4, 33}, {32, 4, 3, 3}, {1, 1}, false, false, {""}, {""}},
       {true, {3, 64, 9, 17}, {64, 32, 3, 3}, {1, 1}, false, false, {"nhwc"}, {"nhwc"}},
       {true, {2, 16, 6, 6}, {16, 48, 3, 3}, {0, 0}, false, false, {"nChw16c"}, {"nhwc"}},
       {true, {2, 16, 5, 12}, {16, 16, 1, 1}, {0, 0}, false, false, {"nhwc"}, {""}},
