@@ -2,6 +2,7 @@
 // native where oneDNN has no kernel, a node's "backend" annotation over the global choice, and
 // the same training on both backends; the choice recorded once per node and dropped when the
 // node changes.
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -26,9 +27,10 @@ namespace {
 #define SKIP_WITHOUT_ONEDNN() (void)0
 #endif
 
-// x [8,20] -> relu(bias_add(matmul(x, w^T), b)) [8,16]
+// x [8,20] -> relu(bias_add(matmul(x, w^T), b)) [8,32] (a product the native GEMM is not
+// preferred for: wider than 16, a small weight)
 struct Layer {
-  Tensor w = Tensor::empty({16, 20}), b = Tensor::zeros({16});
+  Tensor w = Tensor::empty({32, 20}), b = Tensor::zeros({32});
   ir::Graph g;
   ir::Node* matmul = nullptr;
   ir::Value* y = nullptr;
@@ -72,6 +74,41 @@ TEST(Dispatch, OneDnnBackendPicksOneDnnAndFallsBackToNative) {
   EXPECT_EQ(kernel_of(exe, "matmul"), "onednn");
   EXPECT_EQ(kernel_of(exe, "bias_add"), "native");  // oneDNN has no bias_add kernel here
   EXPECT_EQ(kernel_of(exe, "relu"), "onednn");
+}
+
+// The native f32 GEMM goes before oneDNN's matmul where it was measured faster (matmul.cpp):
+// narrow products (at most 16 columns in the sum or the output: a classifier and its data
+// gradient) and a batch of at most 64 rows against a weight of 1 MiB or more; a node's backend
+// annotation still wins.
+TEST(Dispatch, NativeGemmIsPreferredForNarrowAndLargeWeightProducts) {
+  SKIP_WITHOUT_ONEDNN();
+  struct Case {
+    Shape x, w;  // y = x w^T
+    const char* want;
+  };
+  const Case cases[] = {
+      {{32, 256}, {10, 256}, "native"},     // a classifier's forward
+      {{32, 10}, {256, 10}, "native"},      // its data gradient's shape: a sum of 10 terms
+      {{32, 4096}, {256, 4096}, "native"},  // the CIFAR CNN's fc1: a 4 MiB weight
+      {{65, 4096}, {256, 4096}, "onednn"},  // more rows than a batch of 64
+      {{64, 784}, {256, 784}, "onednn"},    // the MLP's first layer: 0.8 MiB
+      {{8, 20}, {32, 20}, "onednn"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(fmt::format("x {} w {}", c.x.str(), c.w.str()));
+    ir::Graph g;
+    g.add_output(ops::matmul(ops::input(g, "x", c.x), ops::parameter(g, "w", Tensor::zeros(c.w)),
+                             false, true));
+    runtime::Executable exe(g, {.backend = ir::Backend::OneDnn});
+    EXPECT_EQ(kernel_of(exe, "matmul"), c.want);
+  }
+  ir::Graph g;
+  ir::Value* y = ops::matmul(ops::input(g, "x", {32, 256}),
+                             ops::parameter(g, "w", Tensor::zeros({10, 256})), false, true);
+  y->producer()->annotations().set("backend", std::string("onednn"));
+  g.add_output(y);
+  runtime::Executable exe(g, {.backend = ir::Backend::OneDnn});
+  EXPECT_EQ(kernel_of(exe, "matmul"), "onednn");
 }
 
 TEST(Dispatch, NodeAnnotationOverridesTheGlobalBackend) {

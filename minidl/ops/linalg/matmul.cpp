@@ -85,6 +85,36 @@ void matmul_native(const ir::KernelArgs& k) {
   native_product(k, 1.0f, 0.0f, epilogue);
 }
 
+// The native f32 GEMM is tried before oneDNN's matmul (declared preferred) on the products where
+// it was measured faster, in minidl_bench and in the CIFAR CNN's f32 step on an Intel Xeon with
+// AVX-512 and AMX (2 threads; --profile, 10 000 samples, four alternating runs of each build):
+// - narrow products, whose sum or output has at most 16 columns (a classifier of 10 classes, its
+//   data gradient): oneDNN's call costs more than the product (fc2's forward 5.5-6.9 against
+//   16-19 us per step, its data gradient 4.8-5.1 against 8.6-8.9; minidl_bench 1.1-1.95x);
+// - a batch of at most 64 rows against a weight of 1 MiB or more, which comes from memory at
+//   every step (fc1, 4 MiB: the data gradient 321-331 against 364-380 us, the forward 362-380
+//   against 372-390). The MLP's smaller weights (0.8 MiB and less) stay with oneDNN, which was
+//   1.04-1.07x faster on them in minidl_bench.
+std::string native_f32_refusal(const ir::Node& n) {
+  const Shape& a = n.input(0)->shape();
+  const Shape& b = n.input(1)->shape();
+  const bool ta = n.attrs().get<bool>("trans_a"), tb = n.attrs().get<bool>("trans_b");
+  const std::int64_t m = ta ? a[1] : a[0], k = ta ? a[0] : a[1], cols = tb ? b[0] : b[1];
+  constexpr std::int64_t kNarrow = 16, kBatch = 64, kLargeWeight = std::int64_t{1} << 20;
+  if (std::min(k, cols) <= kNarrow) return "";
+  if (m <= kBatch && k * cols * static_cast<std::int64_t>(sizeof(float)) >= kLargeWeight) return "";
+  return fmt::format(
+      "is preferred only for products with at most {} columns in the sum or the output, or of at "
+      "most {} rows against a weight of 1 MiB or more (this one: [{}, {}] x [{}, {}])",
+      kNarrow, kBatch, m, k, k, cols);
+}
+
+bool native_f32_supports(const ir::Node& n, std::string* why) {
+  const std::string refusal = native_f32_refusal(n);
+  if (!refusal.empty() && why != nullptr) *why = refusal;
+  return refusal.empty();
+}
+
 // In place: out[0] is in[2]'s buffer.
 void matmul_accumulate_native(const ir::KernelArgs& k) {
   native_product(k, k.attrs().get<float>("alpha") * scalar_input(k, 3, 1.0f),
@@ -298,6 +328,8 @@ MINIDL_OP(matmul)
     .mixed_precision()
     .bf16_values()  // factors shared as bf16 (bf16_copy); the result stays f32
 #endif
+    .kernel(ir::Backend::Native, matmul_native, native_f32_supports)
+    .preferred()
     .kernel(ir::Backend::Native, matmul_native)
     .grad(grad);
 
