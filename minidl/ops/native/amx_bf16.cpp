@@ -1,6 +1,7 @@
 #include "minidl/ops/native/amx_bf16.hpp"
 
 #include <cstdint>
+#include <cstring>
 
 #include "minidl/core/log.hpp"
 
@@ -56,7 +57,16 @@ static_assert(sizeof(TileConfig) == 64);
 constexpr TileConfig kConfig;
 }  // namespace
 
-__attribute__((target("amx-tile"))) void configure() { _tile_loadconfig(&kConfig); }
+// The kernels configure the tiles for every sample (and oneDNN's AMX kernels load configurations
+// of their own in between): the thread's configuration is read first and loaded only when it
+// differs. ldtilecfg took 53 ns, sttilecfg and the comparison 7.6 ns (a loop of a million calls
+// on the Intel Xeon with AMX), against about 200 calls per step of the CIFAR CNN.
+__attribute__((target("amx-tile"))) void configure() {
+  TileConfig now;
+  _tile_storeconfig(&now);
+  if (std::memcmp(&now, &kConfig, sizeof now) == 0) return;
+  _tile_loadconfig(&kConfig);
+}
 
 #else
 void configure() {}

@@ -27,7 +27,8 @@ constexpr std::int64_t kDepth = 32;     // bf16 terms each tdpbf16ps adds to a s
 /// Configures every tile of the calling thread as 16 rows of 64 bytes (the only shape the kernels
 /// use). The kernels call it first and leave the tiles configured, as oneDNN's do (each kernel,
 /// theirs too, loads its own configuration): releasing them after every call (tilerelease) came
-/// with 5-10% longer steps in the oneDNN kernels around (--profile, CIFAR CNN, bf16).
+/// with 5-10% longer steps in the oneDNN kernels around (--profile, CIFAR CNN, bf16). A thread
+/// whose tiles are configured so already skips the load (ldtilecfg, which also zeroes them).
 void configure();
 
 }  // namespace amx
