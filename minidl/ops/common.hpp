@@ -9,6 +9,14 @@
 
 namespace minidl::ops {
 
+/// A kernel's supports() from its refusal: true when `why` is empty, else false with `why` in
+/// *out (when given).
+inline bool decline(const std::string& why, std::string* out) {
+  if (why.empty()) return true;
+  if (out != nullptr) *out = why;
+  return false;
+}
+
 /// Output 0 has input 0's shape and dtype.
 void infer_like_input0(ir::InferCtx& c);
 /// All inputs have the same shape as input 0 (f32); output 0 too.

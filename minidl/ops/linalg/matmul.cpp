@@ -110,9 +110,7 @@ std::string native_f32_refusal(const ir::Node& n) {
 }
 
 bool native_f32_supports(const ir::Node& n, std::string* why) {
-  const std::string refusal = native_f32_refusal(n);
-  if (!refusal.empty() && why != nullptr) *why = refusal;
-  return refusal.empty();
+  return decline(native_f32_refusal(n), why);
 }
 
 // In place: out[0] is in[2]'s buffer.
@@ -238,9 +236,7 @@ ir::Kernel make_sgd_momentum_bf16(const ir::Node& node) {
 }
 
 bool sgd_momentum_bf16_supports(const ir::Node& n, std::string* why) {
-  const std::string refusal = bf16_momentum_refusal(n);
-  if (!refusal.empty() && why != nullptr) *why = refusal;
-  return refusal.empty();
+  return decline(bf16_momentum_refusal(n), why);
 }
 
 // Under --precision bf16 on AMX (native/gemm_amx.hpp): the factors as they are stored (the bf16
@@ -270,9 +266,7 @@ std::string amx_matmul_refusal(const ir::Node& n) {
 }
 
 bool amx_matmul_supports(const ir::Node& n, std::string* why) {
-  const std::string refusal = amx_matmul_refusal(n);
-  if (!refusal.empty() && why != nullptr) *why = refusal;
-  return refusal.empty();
+  return decline(amx_matmul_refusal(n), why);
 }
 
 ir::Kernel make_amx_matmul(const ir::Node& node) {

@@ -74,11 +74,7 @@ void infer(ir::InferCtx& c) {
 void infer_pooled_forward(ir::InferCtx& c) {
   const ConvGeom g = checked_conv_geom(c);
   const Shape y{c.input(0)[0], c.input(1)[0], g.OH, g.OW};
-  const Int2 pk = int2_attr(c, "pool_kernel", 1), ps = int2_attr(c, "pool_stride", 1),
-             pp = int2_attr(c, "pool_pad", 0);
-  MINIDL_CHECK_NODE(c, 2 * pp[0] <= pk[0] && 2 * pp[1] <= pk[1], "pool_pad ",
-                    ints_str({pp[0], pp[1]}), " exceeds half the pool_kernel ", pk[0], "x", pk[1]);
-  const ConvGeom pg = checked_window_geom(c, y, pk, ps, pp);
+  const ConvGeom pg = checked_pool_geom(c, y, "pool_");
   (void)activation_attr(c);
   c.set_output(0, window_out_shape(y, y[1], pg));
   c.set_output(1, window_out_shape(y, y[1], pg), DType::I32);
@@ -136,12 +132,8 @@ void infer_bwd_weights_pooled(ir::InferCtx& c) {
   const Int2 kernel = int2_attr(c, "kernel", 1);
   const ConvGeom g =
       checked_window_geom(c, x, kernel, int2_attr(c, "stride", 1), int2_attr(c, "pad", 0));
-  const Int2 pk = int2_attr(c, "pool_kernel", 1), ps = int2_attr(c, "pool_stride", 1),
-             pp = int2_attr(c, "pool_pad", 0);
-  MINIDL_CHECK_NODE(c, 2 * pp[0] <= pk[0] && 2 * pp[1] <= pk[1], "pool_pad ",
-                    ints_str({pp[0], pp[1]}), " exceeds half the pool_kernel ", pk[0], "x", pk[1]);
   const Shape y{x[0], dy[1], g.OH, g.OW};
-  const ConvGeom pg = checked_window_geom(c, y, pk, ps, pp);
+  const ConvGeom pg = checked_pool_geom(c, y, "pool_");
   MINIDL_CHECK_NODE(c, pg.OH == dy[2] && pg.OW == dy[3], "the convolution's output ", y,
                     " pools to ", pg.OH, "x", pg.OW, ", dy is ", dy[2], "x", dy[3]);
   c.set_output(0, Shape{dy[1], x[1], kernel[0], kernel[1]});
@@ -434,12 +426,6 @@ std::string conv16_refusal(const ir::Node& n, const ConvGeom& g, int64_t filters
   return "";
 }
 
-bool decline(const std::string& why, std::string* out) {
-  if (why.empty()) return true;
-  if (out != nullptr) *out = why;
-  return false;
-}
-
 ConvGeom conv16_geom(const ir::Node& n, const Shape& x) { return node_geom(x, 3, 3, n.attrs()); }
 
 /// The forward and the data gradient: x and y, or dy and dx, around w [16,16,3,3]; `x_side` is
@@ -652,7 +638,7 @@ std::string pooled_wgrad_refusal(const ir::Node& n) {
   if (const int64_t filters = n.input(0)->shape()[1]; filters % 16 != 0)
     return fmt::format("takes filter counts that are multiples of 16, not {}", filters);
   const ir::Ints& pk = n.attrs().get<ir::Ints>("pool_kernel");
-  const ir::Ints& ps = n.attrs().get<ir::Ints>("pool_stride");
+  const ir::Ints ps = pool_stride(n.attrs(), "pool_");
   const ir::Ints& pp = n.attrs().get<ir::Ints>("pool_pad");
   if (pp[0] != 0 || pp[1] != 0 || ps[0] < pk[0] || ps[1] < pk[1])
     return "takes poolings of disjoint windows without padding only";
@@ -673,7 +659,7 @@ ir::Kernel make_pooled_wgrad(const ir::Node& node) {
   const Shape& dys = node.input(0)->shape();
   const int64_t filters = dys[1];
   const ir::Ints& pk = node.attrs().get<ir::Ints>("pool_kernel");
-  const ir::Ints& ps = node.attrs().get<ir::Ints>("pool_stride");
+  const ir::Ints ps = pool_stride(node.attrs(), "pool_");
   const native::PooledGrad pooled{.layout = act_layout(*node.input(0)),
                                   .POH = dys[2],
                                   .POW = dys[3],
@@ -816,10 +802,7 @@ ir::Kernel make_pooled_forward(const ir::Node& node) {
   const native::ActLayout x_layout = act_layout(*node.input(0));
   // The pooling over the convolution's output, one sample of it in the buffer (n = 0).
   pool::FwdArgs a;
-  a.g = window_geom(Shape{1, K, g.OH, g.OW}, node.attrs().get<ir::Ints>("pool_kernel")[0],
-                    node.attrs().get<ir::Ints>("pool_kernel")[1],
-                    node.attrs().get<ir::Ints>("pool_stride"),
-                    node.attrs().get<ir::Ints>("pool_pad"));
+  a.g = pool_geom(Shape{1, K, g.OH, g.OW}, node.attrs(), "pool_");
   a.x = {.channels = K, .plane = g.OH * g.OW, .block = K, .nhwc = true};
   a.y = pool::addr_of(*node.output(0), a.g.OH * a.g.OW);
   a.am = pool::addr_of(*node.output(1), a.g.OH * a.g.OW);

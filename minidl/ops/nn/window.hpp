@@ -33,10 +33,12 @@ inline bool argmax_masks_relu(const ir::Value* v) {
          pool->attrs().get<std::string>("activation") == "relu";
 }
 
-/// A pooling op's stride: its `stride` attribute, or the kernel when that is empty.
-inline ir::Ints pool_stride(const ir::Attrs& a) {
-  auto s = a.get<ir::Ints>("stride");
-  return s.empty() ? a.get<ir::Ints>("kernel") : s;
+/// A pooling's stride: its `stride` attribute, or the kernel when that is empty. `prefix` names
+/// the attributes (prefix + "kernel", "stride", "pad"): "pool_" for the pooling a fused op holds.
+inline ir::Ints pool_stride(const ir::Attrs& a, std::string_view prefix = "") {
+  const std::string p(prefix);
+  auto s = a.get<ir::Ints>(p + "stride");
+  return s.empty() ? a.get<ir::Ints>(p + "kernel") : s;
 }
 
 /// The geometry of a kh x kw window over x [N,C,H,W]; no checks (kernels use it on nodes whose
@@ -64,24 +66,29 @@ inline native::ConvGeom checked_window_geom(const ir::InferCtx& c, const Shape& 
   return window_geom(x, kernel[0], kernel[1], {stride[0], stride[1]}, {pad[0], pad[1]});
 }
 
-/// A pooling op's geometry over x, checked: kernel positive, stride positive or empty (the
-/// kernel), pad non-negative and at most half the kernel (PyTorch's rule, so every window holds
-/// at least one input element), the window inside the padded input.
-inline native::ConvGeom checked_pool_geom(const ir::InferCtx& c, const Shape& x) {
+/// A pooling's geometry over x, checked: kernel positive, stride positive or empty (the kernel),
+/// pad non-negative and at most half the kernel (PyTorch's rule, so every window holds at least
+/// one input element), the window inside the padded input. `prefix` as pool_stride's.
+inline native::ConvGeom checked_pool_geom(const ir::InferCtx& c, const Shape& x,
+                                          std::string_view prefix = "") {
   MINIDL_CHECK_NODE(c, x.rank() == 4, "expected 4-D input [N,C,H,W], got ", x);
-  const Int2 kernel = int2_attr(c, "kernel", 1);
-  const Int2 stride = c.attr<ir::Ints>("stride").empty() ? kernel : int2_attr(c, "stride", 1);
-  const Int2 pad = int2_attr(c, "pad", 0);
-  MINIDL_CHECK_NODE(c, 2 * pad[0] <= kernel[0] && 2 * pad[1] <= kernel[1], "pad ",
-                    ints_str({pad[0], pad[1]}), " exceeds half the kernel ", kernel[0], "x",
+  const std::string k = std::string(prefix) + "kernel", s = std::string(prefix) + "stride",
+                    p = std::string(prefix) + "pad";
+  const Int2 kernel = int2_attr(c, k, 1);
+  const Int2 stride = c.attr<ir::Ints>(s).empty() ? kernel : int2_attr(c, s, 1);
+  const Int2 pad = int2_attr(c, p, 0);
+  MINIDL_CHECK_NODE(c, 2 * pad[0] <= kernel[0] && 2 * pad[1] <= kernel[1], p, " ",
+                    ints_str({pad[0], pad[1]}), " exceeds half the ", k, " ", kernel[0], "x",
                     kernel[1]);
   return checked_window_geom(c, x, kernel, stride, pad);
 }
 
-/// A pooling node's geometry over x (unchecked, for kernels).
-inline native::ConvGeom pool_geom(const Shape& x, const ir::Attrs& a) {
-  const auto kernel = a.get<ir::Ints>("kernel");
-  return window_geom(x, kernel[0], kernel[1], pool_stride(a), a.get<ir::Ints>("pad"));
+/// A pooling's geometry over x (unchecked, for kernels). `prefix` as pool_stride's.
+inline native::ConvGeom pool_geom(const Shape& x, const ir::Attrs& a,
+                                  std::string_view prefix = "") {
+  const std::string p(prefix);
+  const auto kernel = a.get<ir::Ints>(p + "kernel");
+  return window_geom(x, kernel[0], kernel[1], pool_stride(a, prefix), a.get<ir::Ints>(p + "pad"));
 }
 
 /// The output [N,C,OH,OW] of a window op with geometry g over x.
