@@ -65,6 +65,13 @@ bool masks_by_argmax(const ir::Node& n, const ir::Value* y) {
          n.input(1)->producer()->output(0) == y;
 }
 
+// Why no kernel of a fused node's op takes it (each kernel's refusal), or "" when one does. The
+// fused ops have native kernels only, so the preferred backend changes nothing.
+std::string no_kernel_takes(const ir::Node& fused) {
+  const ir::KernelChoice c = ir::choose_kernel(fused, ir::Backend::Native);
+  return c.kernel != nullptr ? "" : c.declined.substr(2);
+}
+
 // Whether v is read only by its one user inside the graph: a graph output has an outside reader.
 bool read_once(const ir::Graph& g, const ir::Value* v) {
   return v->users().size() == 1 &&
@@ -358,7 +365,7 @@ bool FusePoolBackwardIntoWeightGradient::run(ir::Graph& g) {
                                  {pool->input(0), pool->input(1), w->input(1)}, std::move(attrs),
                                  w->name() + "+pool");
     fused->take_marks(*w);
-    if (const std::string why = pooled_weight_gradient_refusal(*fused); !why.empty()) {
+    if (const std::string why = no_kernel_takes(*fused); !why.empty()) {
       log_verbose("dispatch", "{} stays apart from {}: {}", pool->describe(), w->describe(), why);
       g.remove({fused});
       continue;
@@ -400,7 +407,7 @@ bool FuseMaxPoolIntoConvolution::run(ir::Graph& g) {
       fused->output(o)->set_layout(p->output(o)->layout());
       fused->output(o)->set_stored(p->output(o)->stored());
     }
-    if (const std::string why = pooled_forward_kernel_refusal(*fused); !why.empty()) {
+    if (const std::string why = no_kernel_takes(*fused); !why.empty()) {
       log_verbose("dispatch", "{} stays apart from {}: {}", p->describe(), c->describe(), why);
       g.remove({fused});
       continue;

@@ -117,11 +117,12 @@ class FuseBiasIntoWeightGradient final : public ir::Pass {
 /// max_pool2d_bwd(dy, argmax) whose result dx only a conv2d_bwd_weights_bias(dx, x) reads (a
 /// first layer: conv -> [relu] -> max pool, no data gradient) becomes one
 /// conv2d_bwd_weights_bias_pooled(dy, argmax, x), which packs dx's values from dy and argmax as
-/// it reads them, so dx is never written: where that op's kernel takes the node
-/// (pooled_weight_gradient_refusal: bf16 on AMX tiles, disjoint windows without padding). The
-/// same bits. The fused node takes the weight gradient's place, name (plus "+pool") and
-/// annotations, and records the pooling's backward in "fused". enabled false (--no-fuse): no
-/// change.
+/// it reads them, so dx is never written: where one of that op's kernels takes the node (bf16 on
+/// AMX tiles, or f32 for few input channels; disjoint windows without padding). The AMX kernel
+/// gives the same bits as the two nodes; the f32 one multiplies only the position each window's
+/// argmax names, in another order. The fused node takes the weight gradient's place, name (plus
+/// "+pool") and annotations, and records the pooling's backward in "fused". enabled false
+/// (--no-fuse): no change.
 class FusePoolBackwardIntoWeightGradient final : public ir::Pass {
  public:
   explicit FusePoolBackwardIntoWeightGradient(bool enabled = true) : enabled_(enabled) {}
@@ -133,17 +134,14 @@ class FusePoolBackwardIntoWeightGradient final : public ir::Pass {
   bool enabled_;
 };
 
-/// Why conv2d_bwd_weights_bias_pooled's kernel cannot take node n, or "" (ops/nn/conv2d.cpp).
-std::string pooled_weight_gradient_refusal(const ir::Node& n);
-
 /// In every graph, after propagate-layouts (it reads the layouts and stored types that gave): a
 /// max_pool2d(y) whose input y only it reads, y a conv2d's output without activation stored as
 /// bf16, becomes one conv2d_max_pool2d(x, w, bias) with the pooling's outputs, their layouts and
 /// its activation, which pools each sample's convolution output while it is in cache: y is never
-/// written whole. Only where that op's kernel takes the node (pooled_forward_kernel_refusal: bf16
-/// on AMX tiles, the input stored as bf16). The bits of the AMX forward and the pooling. The fused
-/// node takes the convolution's place, name (plus "+pool") and annotations, and records the
-/// pooling in "fused". enabled false (--no-fuse): no change.
+/// written whole. Only where that op's kernel takes the node (bf16 on AMX tiles, the input stored
+/// as bf16). The bits of the AMX forward and the pooling. The fused node takes the convolution's
+/// place, name (plus "+pool") and annotations, and records the pooling in "fused". enabled false
+/// (--no-fuse): no change.
 class FuseMaxPoolIntoConvolution final : public ir::Pass {
  public:
   explicit FuseMaxPoolIntoConvolution(bool enabled = true) : enabled_(enabled) {}
@@ -154,9 +152,6 @@ class FuseMaxPoolIntoConvolution final : public ir::Pass {
  private:
   bool enabled_;
 };
-
-/// Why conv2d_max_pool2d's kernel cannot take node n, or "" (ops/nn/conv2d.cpp).
-std::string pooled_forward_kernel_refusal(const ir::Node& n);
 
 /// In training graphs after autograd, fusion and thread-replicas: a relu_bwd(dy, y) disappears
 /// into the nodes reading its result dx, when every reader either takes the mask itself or is

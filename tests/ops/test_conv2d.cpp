@@ -1,5 +1,6 @@
 #include <gmock/gmock.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 
@@ -1221,8 +1222,8 @@ TEST(Conv2d, AmxBf16ForwardAndDataGradientRefusals) {
 // ---- the weight gradient through a max pooling's backward
 // (fuse-pool-backward-into-weight-gradient)
 
-// Shapes only: the kernel runs bf16 on AMX tiles alone, and is checked against the unfused pair
-// below.
+// Shapes only: the kernels (bf16 on AMX tiles, f32 for few input channels) are checked against
+// the unfused pair and the definition below.
 static const std::vector<BadCase> kPooledWgradBad = {
     {{{2, 16, 16, 16}, {2, 16, 16, 16}, {2, 3, 32, 32}},
      {DType::F32, DType::F32, DType::F32},
@@ -1338,9 +1339,10 @@ void store_argmax(const std::vector<std::int32_t>& plain, const Shape& sh, const
 
 /// dw and db of case c: the pooling's backward and the weight gradient as two nodes (their
 /// intermediate dx stored as --precision bf16 keeps it: bf16, in the gradient's layout), or, with
-/// `fuse`, after fuse-pool-backward-into-weight-gradient. `kernels`: the executable's table.
+/// `fuse`, after fuse-pool-backward-into-weight-gradient. `kernels`: the executable's table;
+/// `precision`: the weight gradient's mark.
 std::vector<Tensor> run_pooled(const PooledCase& c, const PooledInputs& in, const Tensor& x,
-                               bool fuse, std::string* kernels) {
+                               bool fuse, std::string* kernels, const char* precision = "bf16") {
   ir::Graph g;
   ir::Value* xv = ops::input(g, "x", c.x);
   ir::Value* dyv = ops::input(g, "dy", in.pooled);
@@ -1352,7 +1354,7 @@ std::vector<Tensor> run_pooled(const PooledCase& c, const PooledInputs& in, cons
                                     {"in_shape", in.y.dims()}});
   ir::Node* w = ops::apply_node("conv2d_bwd_weights_bias", {pool->output(), xv},
                                 {{"stride", Ints{1, 1}}, {"pad", c.pad}, {"kernel", c.kernel}});
-  w->annotations().set("precision", std::string("bf16"));
+  w->annotations().set("precision", std::string(precision));
   xv->set_layout(c.sx.layout);
   if (c.sx.bf16) xv->set_stored(DType::BF16);
   for (ir::Value* v : {dyv, am, pool->output()}) v->set_layout(c.sdy.layout);
@@ -1421,11 +1423,95 @@ TEST(Conv2d, PooledWeightGradientMatchesTheUnfusedPair) {
   }
 }
 
-// Where the pass leaves the pair apart, and why: a weight gradient in f32, overlapping windows,
-// and a pooling's result that another node reads too (a convolution's data gradient).
+// The f32 kernel (a few input channels, on any CPU with AVX-512) against the definition in
+// double: dw[k][c][r][s] = the sum over samples and windows not clamped (argmax -1) of the
+// window's gradient times x at the position its argmax names, zero-padded; db[k] = the sum of
+// the windows' gradients; the same bits on 1 and 2 threads. The CIFAR CNN's first layer (smaller;
+// the gradient in nChw16c), gradients plain with 6 filters (four at a time, then one), the MNIST
+// CNN's layer (1 channel, no padding; nhwc), x and the gradient stored as bf16, a 5x5 window (15
+// values to a window row) under 3x3 windows that leave the last rows and columns uncovered, and
+// 2x2 windows 3 apart.
+TEST(Conv2d, PooledWeightGradientInF32MatchesItsDefinition) {
+  if (!native::direct_kernels_enabled())
+    GTEST_SKIP() << "the f32 kernel runs on AVX-512 only (or MINIDL_DIRECT_CONV is off)";
+  const PooledCase cases[] = {
+      {{4, 3, 12, 14}, 32, {3, 3}, {1, 1}, {2, 2}, {2, 2}, {"", false}, {"nChw16c", false}},
+      {{3, 3, 10, 8}, 6, {3, 3}, {1, 1}, {2, 2}, {2, 2}, {"", false}, {"", false}},
+      {{3, 1, 10, 10}, 8, {3, 3}, {0, 0}, {2, 2}, {2, 2}, {"", false}, {"nhwc", false}},
+      {{2, 3, 12, 12}, 16, {3, 3}, {1, 1}, {2, 2}, {2, 2}, {"", true}, {"nhwc", true}},
+      {{2, 3, 11, 13}, 8, {5, 5}, {2, 2}, {3, 3}, {3, 3}, {"", false}, {"nChw8c", false}},
+      {{2, 3, 11, 14}, 16, {3, 3}, {1, 1}, {2, 2}, {3, 3}, {"", false}, {"nChw16c", false}},
+  };
+  const CounterRng rng(101);
+  const auto stored = [](float v, bool bf16) {
+    return bf16 ? std::bit_cast<float>(std::uint32_t{bf16_bits(v)} << 16) : v;
+  };
+  for (const PooledCase& c : cases) {
+    SCOPED_TRACE(fmt::format("x {} K {} window {}x{} pool {}x{} stride {} dy {} {}", c.x.str(), c.K,
+                             c.kernel[0], c.kernel[1], c.pool_kernel[0], c.pool_kernel[1],
+                             c.pool_stride[0], c.sdy.layout.empty() ? "plain" : c.sdy.layout,
+                             c.sdy.bf16 ? "bf16" : "f32"));
+    const PooledInputs in = pooled_inputs(c);
+    Tensor x = Tensor::empty(c.x);
+    rng.fill_normal(x, 1, 0.0f, 1.0f);
+    const std::int64_t N = c.x[0], C = c.x[1], H = c.x[2], W = c.x[3], OW = in.y[3],
+                       P = in.pooled[2] * in.pooled[3], KH = c.kernel[0], KW = c.kernel[1];
+    std::vector<double> dw(static_cast<std::size_t>(c.K * C * KH * KW)), db(c.K), mag(dw.size());
+    for (std::int64_t n = 0; n < N; ++n)
+      for (std::int64_t k = 0; k < c.K; ++k)
+        for (std::int64_t q = 0; q < P; ++q) {
+          const std::int64_t i = (n * c.K + k) * P + q;
+          const std::int32_t a = in.argmax[static_cast<std::size_t>(i)];
+          if (a < 0) continue;
+          const double gv = stored(in.dy.at(i), c.sdy.bf16);
+          db[static_cast<std::size_t>(k)] += gv;
+          const std::int64_t oh = a / OW, ow = a % OW;
+          for (std::int64_t ch = 0; ch < C; ++ch)
+            for (std::int64_t r = 0; r < KH; ++r)
+              for (std::int64_t s = 0; s < KW; ++s) {
+                const std::int64_t h = oh - c.pad[0] + r, w = ow - c.pad[1] + s;
+                if (h < 0 || h >= H || w < 0 || w >= W) continue;
+                const double t = gv * stored(x.at(((n * C + ch) * H + h) * W + w), c.sx.bf16);
+                const auto at = static_cast<std::size_t>(((k * C + ch) * KH + r) * KW + s);
+                dw[at] += t;
+                mag[at] += std::abs(t);
+              }
+        }
+    const int saved = max_threads();
+    std::vector<Tensor> first;
+    for (const int threads : {1, 2}) {
+      SCOPED_TRACE(fmt::format("{} thread(s)", threads));
+      set_num_threads(threads);
+      std::string kernels;
+      const std::vector<Tensor> got = run_pooled(c, in, x, true, &kernels, "f32");
+      EXPECT_THAT(kernels, ::testing::HasSubstr("conv2d_bwd_weights_bias_pooled"));
+      EXPECT_THAT(kernels, ::testing::Not(::testing::HasSubstr("max_pool2d_bwd")));
+      ASSERT_EQ(got.size(), 2u);
+      ASSERT_EQ(got[0].shape(), (Shape{c.K, C, KH, KW}));
+      for (std::size_t i = 0; i < dw.size(); ++i)
+        ASSERT_NEAR(got[0].at(static_cast<std::int64_t>(i)), dw[i], 1e-5 * mag[i] + 1e-6)
+            << "dw element " << i;
+      for (std::int64_t k = 0; k < c.K; ++k)
+        ASSERT_NEAR(got[1].at(k), db[static_cast<std::size_t>(k)], 1e-4) << "db element " << k;
+      if (first.empty()) {
+        first = got;
+        continue;
+      }
+      for (std::size_t t = 0; t < got.size(); ++t)
+        EXPECT_EQ(0, std::memcmp(got[t].raw(), first[t].raw(), got[t].nbytes()));
+    }
+    set_num_threads(saved);
+  }
+}
+
+// Where the pass fuses the pair and where it leaves it apart: in bf16 where the CPU has AMX, in
+// f32 where it has AVX-512 and the window rows hold at most 16 values (3 x 3 channels do, 3 x 8
+// do not); never for overlapping windows or a pooling's result that another node reads too (a
+// convolution's data gradient).
 TEST(Conv2d, PooledWeightGradientFusesOnlyWhereItsKernelTakes) {
-  const auto build = [](ir::Graph& g, const char* precision, Ints pool_stride, bool data_grad) {
-    ir::Value* x = ops::input(g, "x", Shape{2, 3, 8, 8});
+  const auto build = [](ir::Graph& g, const char* precision, Ints pool_stride, bool data_grad,
+                        std::int64_t channels) {
+    ir::Value* x = ops::input(g, "x", Shape{2, channels, 8, 8});
     const Ints pk{2, 2};
     const std::int64_t p = (8 - 2) / pool_stride[0] + 1;
     ir::Value* dy = ops::input(g, "dy", Shape{2, 16, p, p});
@@ -1441,25 +1527,29 @@ TEST(Conv2d, PooledWeightGradientFusesOnlyWhereItsKernelTakes) {
     w->annotations().set("precision", std::string(precision));
     for (ir::Value* out : w->outputs()) g.add_output(out);
     if (data_grad) {
-      ir::Value* wt = ops::input(g, "w", Shape{16, 3, 3, 3});
+      ir::Value* wt = ops::input(g, "w", Shape{16, channels, 3, 3});
       g.add_output(ops::apply(
           "conv2d_bwd_data", {pool->output(), wt},
-          {{"stride", Ints{1, 1}}, {"pad", Ints{1, 1}}, {"in_shape", Ints{2, 3, 8, 8}}}));
+          {{"stride", Ints{1, 1}}, {"pad", Ints{1, 1}}, {"in_shape", Ints{2, channels, 8, 8}}}));
     }
   };
-  const bool amx = native::amx_bf16_unavailable().empty();
+  const bool amx = native::amx_bf16_unavailable().empty(),
+             avx512 = native::direct_kernels_enabled();
   struct Case {
     const char* precision;
     Ints pool_stride;
     bool data_grad;
+    std::int64_t channels;
     bool fuses;
   };
-  for (const Case& c : {Case{"bf16", {2, 2}, false, amx}, Case{"f32", {2, 2}, false, false},
-                        Case{"bf16", {1, 1}, false, false}, Case{"bf16", {2, 2}, true, false}}) {
-    SCOPED_TRACE(fmt::format("{} pool stride {} data gradient {}", c.precision, c.pool_stride[0],
-                             c.data_grad));
+  for (const Case& c :
+       {Case{"bf16", {2, 2}, false, 3, amx || avx512}, Case{"f32", {2, 2}, false, 3, avx512},
+        Case{"f32", {2, 2}, false, 8, false}, Case{"bf16", {2, 2}, false, 16, amx},
+        Case{"bf16", {1, 1}, false, 3, false}, Case{"bf16", {2, 2}, true, 3, false}}) {
+    SCOPED_TRACE(fmt::format("{} pool stride {} data gradient {} channels {}", c.precision,
+                             c.pool_stride[0], c.data_grad, c.channels));
     ir::Graph g;
-    build(g, c.precision, c.pool_stride, c.data_grad);
+    build(g, c.precision, c.pool_stride, c.data_grad, c.channels);
     EXPECT_EQ(ops::FusePoolBackwardIntoWeightGradient().run(g), c.fuses);
     bool pooled = false;
     for (const ir::Node* n : g.nodes()) pooled |= n->op() == "conv2d_bwd_weights_bias_pooled";

@@ -36,20 +36,6 @@ void conv_amx_bwd_weights(const ConvGeom& g, std::int64_t K, const void* dy, Act
                           const void* x, ActLayout x_layout, std::int64_t n0, std::int64_t n1,
                           float* acc, float* bias_acc, float* scratch);
 
-/// dy made by a max pooling's backward over the convolution's output (ops max_pool2d_bwd), its
-/// windows disjoint and unpadded (stride >= window, pad 0): the pooling's output gradient dy
-/// [N, K, POH, POW] and its argmax (i32, each window's chosen position in the plane, oh * OW +
-/// ow, or -1 for none), both in `layout` (argmax's channels where dy's are; argmax's `bf16`
-/// ignored). Position (oh, ow) takes its window's gradient where the window's argmax names it,
-/// else 0. The backward writes 0 + the gradient, +0 for a -0; packed as -0 it changes no sum.
-struct PooledGrad {
-  const void* dy = nullptr;
-  ActLayout layout;
-  const std::int32_t* argmax = nullptr;
-  std::int64_t POH = 0, POW = 0;  // the pooling's output plane
-  std::int64_t KH = 0, KW = 0, SH = 0, SW = 0;
-};
-
 /// conv_amx_bwd_weights on the pooling's gradient as PooledGrad says: the same sums, in the same
 /// order, as conv_amx_bwd_weights on the pooling's backward's result, which is never written.
 void conv_amx_bwd_weights_pooled(const ConvGeom& g, std::int64_t K, const PooledGrad& dy,

@@ -34,6 +34,20 @@ struct ActLayout {
   bool bf16 = false;  // stored as bf16 (the upper half of an f32), else f32 (rounded when packed)
 };
 
+/// dy made by a max pooling's backward over the convolution's output (ops max_pool2d_bwd), its
+/// windows disjoint and unpadded (stride >= window, pad 0): the pooling's output gradient dy
+/// [N, K, POH, POW] and its argmax (i32, each window's chosen position in the plane, oh * OW +
+/// ow, or -1 for none), both in `layout` (argmax's channels where dy's are; argmax's `bf16`
+/// ignored). Position (oh, ow) takes its window's gradient where the window's argmax names it,
+/// else 0. The backward writes 0 + the gradient, +0 for a -0; packed as -0 it changes no sum.
+struct PooledGrad {
+  const void* dy = nullptr;
+  ActLayout layout;
+  const std::int32_t* argmax = nullptr;
+  std::int64_t POH = 0, POW = 0;  // the pooling's output plane
+  std::int64_t KH = 0, KW = 0, SH = 0, SW = 0;
+};
+
 /// Where channel c of a sample starts (ActLayout): position p lies block * p further on.
 inline std::int64_t channel_offset(std::int64_t c, std::int64_t block, std::int64_t plane) {
   return (c - c % block) * plane + c % block;

@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 
 #include "minidl/core/error.hpp"
 #include "minidl/core/log.hpp"
 #include "minidl/core/threading.hpp"
+#include "minidl/ops/native/dot_bf16.hpp"
 
 // The library is built for baseline x86-64; these kernels are compiled for AVX-512 and chosen at
 // run time (direct_conv_supports), as the GEMM's and im2col's AVX-512 paths are.
@@ -285,6 +287,193 @@ void direct_conv_bwd_weights(const DirectConv& d, const float* dy, const float* 
   } else {
     run(0, items);
   }
+}
+
+// ---- the weight gradient through a max pooling ---------------------------------------------
+
+namespace {
+
+/// Where direct_conv_bwd_weights_pooled's scratch holds what (in floats): the padded input
+/// [HP][WP][C] and 16 floats for the last window row's overreach, the accumulators [K][KH][16],
+/// the offsets of the positions' windows in the padded input [OH * OW] (int32), and one sample's
+/// prepared windows G and O [K * POH * POW] (f32, int32).
+struct PooledPlan {
+  int64_t HP = 0, WP = 0, acc_at = 0, offs_at = 0, g_at = 0, o_at = 0, end = 0;
+  PooledPlan(const ConvGeom& g, int64_t K, int64_t windows)
+      : HP(g.H + 2 * g.PH), WP(g.W + 2 * g.PW) {
+    const auto up = [](int64_t n) { return (n + 15) / 16 * 16; };
+    acc_at = up(HP * WP * g.C + 16);
+    offs_at = acc_at + K * g.KH * 16;
+    g_at = offs_at + up(g.OH * g.OW);
+    o_at = g_at + up(K * windows);
+    end = o_at + up(K * windows);
+  }
+};
+
+/// The f32 value of a stored one (f32, or bf16 bits).
+inline float value_of(float v) { return v; }
+inline float value_of(std::uint16_t v) { return dot_bf16::widened(v); }
+
+/// 16 values from p as f32 (f32, or bf16 bits widened).
+MINIDL_TARGET_AVX512 inline __m512 load_values(const float* p) { return _mm512_loadu_ps(p); }
+MINIDL_TARGET_AVX512 inline __m512 load_values(const std::uint16_t* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/// n windows of one sample, in their stored order (dy's and argmax's layout): each window's
+/// gradient into G, and into O the offset in the padded input of the position its argmax names
+/// (offs). A window whose argmax is negative (none, or clamped by a fused ReLU) gets gradient +0
+/// and offset 0. Sixteen windows a vector.
+template <typename TD>
+MINIDL_TARGET_AVX512 void pooled_prepare(const TD* dy, const int32_t* am, int64_t n,
+                                         const int32_t* offs, float* G, int32_t* O) {
+  const __m512i zero = _mm512_setzero_si512();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512i w = _mm512_loadu_si512(am + i);
+    const __mmask16 on = _mm512_cmpge_epi32_mask(w, zero);
+    _mm512_storeu_ps(G + i, _mm512_maskz_mov_ps(on, load_values(dy + i)));
+    _mm512_storeu_si512(O + i, _mm512_mask_i32gather_epi32(zero, on, w, offs, 4));
+  }
+  for (; i < n; ++i) {
+    const bool on = am[i] >= 0;
+    G[i] = on ? value_of(dy[i]) : 0.0f;
+    O[i] = on ? offs[am[i]] : 0;
+  }
+}
+
+/// Filters [k0, k0 + F) over the prepared windows of one sample (pooled_prepare), filter
+/// k0 + f's window q at G and O + q * qstride + f * fstride: every window's gradient times the
+/// window rows of the input at its offset, into acc [K][R][16] (the vector of row r holding
+/// (s, c) at lane s * C + c, lanes past KW * C unused), and the gradients' sum into bias[k].
+template <int F, int R>
+MINIDL_TARGET_AVX512 void pooled_filters(const float* G, const int32_t* O, int64_t qstride,
+                                         int64_t fstride, int64_t P, int64_t k0, const float* xpad,
+                                         int64_t row, float* acc, float* bias) {
+  __m512 a[F][R];
+  float b[F];
+  for (int f = 0; f < F; ++f) {
+    for (int r = 0; r < R; ++r) a[f][r] = _mm512_loadu_ps(acc + ((k0 + f) * R + r) * 16);
+    b[f] = 0.0f;
+  }
+  for (int64_t q = 0; q < P; ++q) {
+    const float* gq = G + q * qstride;
+    const int32_t* oq = O + q * qstride;
+    for (int f = 0; f < F; ++f) {
+      const float* x = xpad + oq[f * fstride];
+      const __m512 gb = _mm512_set1_ps(gq[f * fstride]);
+      for (int r = 0; r < R; ++r)
+        a[f][r] = _mm512_fmadd_ps(gb, _mm512_loadu_ps(x + r * row), a[f][r]);
+      b[f] += gq[f * fstride];
+    }
+  }
+  for (int f = 0; f < F; ++f) {
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(acc + ((k0 + f) * R + r) * 16, a[f][r]);
+    if (bias != nullptr) bias[k0 + f] += b[f];
+  }
+}
+
+/// Every filter over one sample's prepared windows, four at a time where four filters' windows
+/// lie a fixed stride apart (plain planes, or within one channel block).
+template <int R>
+MINIDL_TARGET_AVX512 void pooled_sample(const PooledGrad& p, int64_t K, const float* G,
+                                        const int32_t* O, const float* xpad, int64_t row,
+                                        float* acc, float* bias) {
+  const int64_t P = p.POH * p.POW, block = p.layout.block;
+  const int64_t fstride = block == 1 ? P : 1;
+  int64_t k = 0;
+  if (block == 1 || block % 4 == 0) {
+    for (; k + 4 <= K; k += 4) {
+      const int64_t at = channel_offset(k, block, P);
+      pooled_filters<4, R>(G + at, O + at, block, fstride, P, k, xpad, row, acc, bias);
+    }
+  }
+  for (; k < K; ++k) {
+    const int64_t at = channel_offset(k, block, P);
+    pooled_filters<1, R>(G + at, O + at, block, fstride, P, k, xpad, row, acc, bias);
+  }
+}
+
+template <typename TD, typename TX>
+void bwd_weights_pooled(const ConvGeom& g, int64_t K, const PooledGrad& p, const TD* dy,
+                        const TX* x, int64_t x_block, int64_t n0, int64_t n1, float* out,
+                        float* bias, float* scratch) {
+  const int64_t C = g.C, plane = g.H * g.W, P = p.POH * p.POW;
+  const PooledPlan pl(g, K, P);
+  float* xpad = scratch;
+  float* acc = scratch + pl.acc_at;
+  auto* offs = reinterpret_cast<int32_t*>(scratch + pl.offs_at);
+  float* G = scratch + pl.g_at;
+  auto* O = reinterpret_cast<int32_t*>(scratch + pl.o_at);
+  const int64_t row = pl.WP * C;
+  std::fill_n(xpad, pl.acc_at, 0.0f);  // the padding stays 0; each sample fills the rest
+  std::fill_n(acc, K * g.KH * 16, 0.0f);
+  for (int64_t oh = 0; oh < g.OH; ++oh)
+    for (int64_t ow = 0; ow < g.OW; ++ow)
+      offs[oh * g.OW + ow] = static_cast<int32_t>((oh * pl.WP + ow) * C);
+  for (int64_t n = n0; n < n1; ++n) {
+    const TX* xn = x + n * C * plane;
+    for (int64_t c = 0; c < C; ++c) {
+      const TX* xc = xn + channel_offset(c, x_block, plane);
+      for (int64_t h = 0; h < g.H; ++h) {
+        float* dst = xpad + ((h + g.PH) * pl.WP + g.PW) * C + c;
+        for (int64_t w = 0; w < g.W; ++w) dst[w * C] = value_of(xc[(h * g.W + w) * x_block]);
+      }
+    }
+    pooled_prepare(dy + n * K * P, p.argmax + n * K * P, K * P, offs, G, O);
+    switch (g.KH) {
+      case 1:
+        pooled_sample<1>(p, K, G, O, xpad, row, acc, bias);
+        break;
+      case 2:
+        pooled_sample<2>(p, K, G, O, xpad, row, acc, bias);
+        break;
+      case 3:
+        pooled_sample<3>(p, K, G, O, xpad, row, acc, bias);
+        break;
+      case 4:
+        pooled_sample<4>(p, K, G, O, xpad, row, acc, bias);
+        break;
+      case 5:
+        pooled_sample<5>(p, K, G, O, xpad, row, acc, bias);
+        break;
+      default:
+        MINIDL_FAIL("direct_conv_bwd_weights_pooled: ", g.KH, " window rows");
+    }
+  }
+  // acc [K][KH][(s, c)] -> out [(c, r, s)][K]
+  for (int64_t k = 0; k < K; ++k)
+    for (int64_t r = 0; r < g.KH; ++r)
+      for (int64_t s = 0; s < g.KW; ++s)
+        for (int64_t c = 0; c < C; ++c)
+          out[((c * g.KH + r) * g.KW + s) * K + k] = acc[(k * g.KH + r) * 16 + s * C + c];
+}
+
+}  // namespace
+
+std::string direct_conv_pooled_refusal(const ConvGeom& g) {
+  if (!direct_kernels_enabled() || g_force_off.load(std::memory_order_relaxed))
+    return "runs minidl's AVX-512 convolution kernels only (MINIDL_DIRECT_CONV, the CPU)";
+  if (g.SH != 1 || g.SW != 1) return "takes stride 1 only";
+  if (g.KW * g.C > 16)
+    return fmt::format("takes window rows of at most 16 values, not {} x {}", g.KW, g.C);
+  if (g.KH > kPooledMaxRows)
+    return fmt::format("takes windows of at most {} rows, not {}", kPooledMaxRows, g.KH);
+  return "";
+}
+
+int64_t direct_conv_pooled_scratch_floats(const ConvGeom& g, int64_t K, int64_t windows) {
+  return PooledPlan(g, K, windows).end;
+}
+
+void direct_conv_bwd_weights_pooled(const ConvGeom& g, int64_t K, const PooledGrad& dy,
+                                    const void* x, ActLayout x_layout, int64_t n0, int64_t n1,
+                                    float* acc, float* bias_acc, float* scratch) {
+  dot_bf16::with_stored(
+      dy.dy, dy.layout.bf16, x, x_layout.bf16, [&](const auto* d, const auto* xs) {
+        bwd_weights_pooled(g, K, dy, d, xs, x_layout.block, n0, n1, acc, bias_acc, scratch);
+      });
 }
 
 }  // namespace minidl::native

@@ -8,8 +8,10 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
+#include "minidl/ops/native/conv_bf16.hpp"
 #include "minidl/ops/native/im2col.hpp"
 
 namespace minidl::native {
@@ -69,5 +71,36 @@ void direct_conv_fwd(const DirectConv& d, const float* packed, const float* x, f
 /// items (filter blocks by tap rows) are spread over the OpenMP threads, with the same bits.
 void direct_conv_bwd_weights(const DirectConv& d, const float* dy, const float* x, std::int64_t n,
                              float* dw, float* db, bool parallel);
+
+// ---- the weight gradient through a max pooling, in f32 --------------------------------------
+// dw[k][c][r][s] = sum over samples and windows of dy[k][window] * x[c][oh - PH + r][ow - PW + s]
+// at the position (oh, ow) the window's argmax names (PooledGrad): the pooling's windows being
+// disjoint, every other position's gradient is 0, so only one position in a window's
+// KH x KW (a quarter for 2x2 windows) is multiplied, where a dense weight gradient over the
+// pooling's backward multiplies them all. Each sample's input is copied zero-padded, channels
+// innermost, so that a window row (s, c) is KW * C contiguous values: one vector of 16 lanes
+// when KW * C <= 16, added times the window's gradient into the filter's accumulator for that row.
+
+/// At most this many window rows (KH): the accumulators of four filters stay in registers.
+constexpr std::int64_t kPooledMaxRows = 5;
+
+/// Why direct_conv_bwd_weights_pooled cannot take geometry g (stride 1, KW * C <= 16, KH <=
+/// kPooledMaxRows, AVX-512 and the direct kernels enabled), or "" when it can.
+std::string direct_conv_pooled_refusal(const ConvGeom& g);
+
+/// Floats of per-thread scratch direct_conv_bwd_weights_pooled needs for g, K filters and
+/// `windows` pooling windows per filter (POH * POW).
+std::int64_t direct_conv_pooled_scratch_floats(const ConvGeom& g, std::int64_t K,
+                                               std::int64_t windows);
+
+/// conv_amx_bwd_weights_pooled's contract in f32: the sum over samples [n0, n1) of the weight
+/// gradient through the pooling (PooledGrad, dy f32 or bf16) against x (ActLayout, f32 or bf16)
+/// into acc [C*KH*KW][K] (overwritten; rows in (c, r, s) order, n1 > n0), and the sum of dy over
+/// the windows added to bias_acc [K] when it is not null. `scratch` holds
+/// direct_conv_pooled_scratch_floats(g, K) floats. Each element's terms are added in an order
+/// fixed by the shapes: samples, then windows in order.
+void direct_conv_bwd_weights_pooled(const ConvGeom& g, std::int64_t K, const PooledGrad& dy,
+                                    const void* x, ActLayout x_layout, std::int64_t n0,
+                                    std::int64_t n1, float* acc, float* bias_acc, float* scratch);
 
 }  // namespace minidl::native
