@@ -318,7 +318,9 @@ inline float value_of(std::uint16_t v) { return dot_bf16::widened(v); }
 MINIDL_TARGET_AVX512 inline __m512 load_values(const float* p) { return _mm512_loadu_ps(p); }
 MINIDL_TARGET_AVX512 inline __m512 load_values(const std::uint16_t* p) {
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  // The masked forms with every lane selected: GCC 12's plain ones trip -Wmaybe-uninitialized.
+  return _mm512_castsi512_ps(
+      _mm512_maskz_slli_epi32(0xffff, _mm512_maskz_cvtepu16_epi32(0xffff, h), 16));
 }
 
 /// n windows of one sample, in their stored order (dy's and argmax's layout): each window's
@@ -407,6 +409,11 @@ void bwd_weights_pooled(const ConvGeom& g, int64_t K, const PooledGrad& p, const
   float* G = scratch + pl.g_at;
   auto* O = reinterpret_cast<int32_t*>(scratch + pl.o_at);
   const int64_t row = pl.WP * C;
+  // One instance per window height (direct_conv_pooled_refusal keeps it in range).
+  constexpr decltype(&pooled_sample<1>) kSamples[kPooledMaxRows] = {
+      pooled_sample<1>, pooled_sample<2>, pooled_sample<3>, pooled_sample<4>, pooled_sample<5>};
+  MINIDL_ASSERT(g.KH >= 1 && g.KH <= kPooledMaxRows);
+  const auto sample = kSamples[g.KH - 1];
   std::fill_n(xpad, pl.acc_at, 0.0f);  // the padding stays 0; each sample fills the rest
   std::fill_n(acc, K * g.KH * 16, 0.0f);
   for (int64_t oh = 0; oh < g.OH; ++oh)
@@ -422,25 +429,7 @@ void bwd_weights_pooled(const ConvGeom& g, int64_t K, const PooledGrad& p, const
       }
     }
     pooled_prepare(dy + n * K * P, p.argmax + n * K * P, K * P, offs, G, O);
-    switch (g.KH) {
-      case 1:
-        pooled_sample<1>(p, K, G, O, xpad, row, acc, bias);
-        break;
-      case 2:
-        pooled_sample<2>(p, K, G, O, xpad, row, acc, bias);
-        break;
-      case 3:
-        pooled_sample<3>(p, K, G, O, xpad, row, acc, bias);
-        break;
-      case 4:
-        pooled_sample<4>(p, K, G, O, xpad, row, acc, bias);
-        break;
-      case 5:
-        pooled_sample<5>(p, K, G, O, xpad, row, acc, bias);
-        break;
-      default:
-        MINIDL_FAIL("direct_conv_bwd_weights_pooled: ", g.KH, " window rows");
-    }
+    sample(p, K, G, O, xpad, row, acc, bias);
   }
   // acc [K][KH][(s, c)] -> out [(c, r, s)][K]
   for (int64_t k = 0; k < K; ++k)
