@@ -97,8 +97,8 @@ std::int64_t direct_conv_pooled_scratch_floats(const ConvGeom& g, std::int64_t K
 /// gradient through the pooling (PooledGrad, dy f32 or bf16) against x (ActLayout, f32 or bf16)
 /// into acc [C*KH*KW][K] (overwritten; rows in (c, r, s) order, n1 > n0), and the sum of dy over
 /// the windows added to bias_acc [K] when it is not null. `scratch` holds
-/// direct_conv_pooled_scratch_floats(g, K) floats. Each element's terms are added in an order
-/// fixed by the shapes: samples, then windows in order.
+/// direct_conv_pooled_scratch_floats(g, K, dy.POH * dy.POW) floats. Each element's terms are
+/// added in an order fixed by the shapes: samples, then windows in order.
 void direct_conv_bwd_weights_pooled(const ConvGeom& g, std::int64_t K, const PooledGrad& dy,
                                     const void* x, ActLayout x_layout, std::int64_t n0,
                                     std::int64_t n1, float* acc, float* bias_acc, float* scratch);
