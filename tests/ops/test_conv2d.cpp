@@ -1361,7 +1361,9 @@ std::vector<Tensor> run_pooled(const PooledCase& c, const PooledInputs& in, cons
   if (c.sdy.bf16) dyv->set_stored(DType::BF16);
   pool->output()->set_stored(DType::BF16);
   for (ir::Value* out : w->outputs()) g.add_output(out);
-  if (fuse) EXPECT_TRUE(ops::FusePoolBackwardIntoWeightGradient().run(g));
+  if (fuse) {
+    EXPECT_TRUE(ops::FusePoolBackwardIntoWeightGradient().run(g));
+  }
   runtime::Executable exe(g);
   store_as(x, exe.input("x"), c.sx);
   store_as(in.dy, exe.input("dy"), c.sdy);
@@ -1615,7 +1617,9 @@ std::vector<Tensor> run_pooled_forward(const PooledForwardCase& c, const Tensor&
   for (ir::Value* v : pool->outputs()) v->set_layout(c.sy.layout);
   if (c.sy.bf16) pool->output(0)->set_stored(DType::BF16);
   for (ir::Value* out : pool->outputs()) g.add_output(out);
-  if (fuse) EXPECT_TRUE(ops::FuseMaxPoolIntoConvolution().run(g));
+  if (fuse) {
+    EXPECT_TRUE(ops::FuseMaxPoolIntoConvolution().run(g));
+  }
   runtime::Executable exe(g);
   store_as(x, exe.input("x"), {"", true});
   Tensor(exe.input("w")).copy_from(w);

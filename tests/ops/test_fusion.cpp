@@ -403,7 +403,9 @@ TEST(Fusion, FusesBatchNormAndResidualReluBothWays) {
   // Left: the identity block's relu_bwd, which adds conv1's data gradient (its input's sum).
   ASSERT_EQ(count_op(fused.g, "relu_bwd"), 1u) << ir::to_text(fused.g);
   for (const ir::Node* n : fused.g.nodes())
-    if (n->op() == "relu_bwd") EXPECT_EQ(n->inputs().size(), 3u) << n->describe();
+    if (n->op() == "relu_bwd") {
+      EXPECT_EQ(n->inputs().size(), 3u) << n->describe();
+    }
   // The forward sums stay (with their ReLU); one of the two gradient sums is folded.
   EXPECT_EQ(count_op(fused.g, "add"), count_op(plain.g, "add") - 1);
   EXPECT_FALSE(ops::FuseActivationBackward(false).run(plain.g));

@@ -391,7 +391,9 @@ TEST(Layouts, Bf16ValuesBetweenBf16Kernels) {
   EXPECT_EQ(stored("x"), DType::F32);
   for (const ir::Value* v : g.outputs()) EXPECT_EQ(v->stored(), DType::F32) << v->ref();
   for (const ir::Node* n : g.nodes())
-    if (n->def().is_source()) EXPECT_EQ(n->output()->stored(), n->output()->dtype());
+    if (n->def().is_source()) {
+      EXPECT_EQ(n->output()->stored(), n->output()->dtype());
+    }
   EXPECT_THAT(ir::to_text(g), HasSubstr("(stored bf16)"));
 
   runtime::Executable f32_exe(f32.g, {.backend = ir::Backend::OneDnn});

@@ -520,7 +520,9 @@ std::array<std::vector<Tensor>, 2> unshared_and_shared(
     ops::MixedPrecision(ir::Precision::BF16, share).run(g);
     runtime::Executable exe(g, {.backend = ir::Backend::OneDnn});
     const std::string table = exe.kernel_table();
-    if (share) EXPECT_NE(table.find("bf16_copy"), std::string::npos) << table;
+    if (share) {
+      EXPECT_NE(table.find("bf16_copy"), std::string::npos) << table;
+    }
     EXPECT_EQ(table.find("-> native\n"), std::string::npos) << table;
     std::uint64_t seed = 40;
     for (const char* name : {"x", "w", "dy"}) {
@@ -586,7 +588,9 @@ TEST(Precision, ConvolutionsShareTheFactorsGivenFromOutside) {
   EXPECT_EQ(readers, (std::map<std::string, std::size_t>{{"x", 2}, {"w", 3}, {"dy", 3}}))
       << ir::to_text(g);
   for (const ir::Node* n : g.nodes())
-    if (n->op() == "relu") EXPECT_EQ(n->output()->users().size(), 2u) << ir::to_text(g);
+    if (n->op() == "relu") {
+      EXPECT_EQ(n->output()->users().size(), 2u) << ir::to_text(g);
+    }
 }
 
 TEST(Precision, SharedBf16FactorsGiveTheConvolutionsTheSameResults) {
