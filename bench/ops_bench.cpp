@@ -232,6 +232,31 @@ class Table {
          op_flops});
   }
 
+  // A first layer's weight and bias gradients through the backward of the r x r max pooling
+  // after it (stride r), as fuse-pool-backward-into-weight-gradient leaves them: the pooling's
+  // output gradient and argmax (made by max_pool2d over random values of the convolution's
+  // output), x [n,c,h,w]. Compare with the pair it replaces, the conv2d_bwd_weights_bias and
+  // max_pool2d_bwd rows of the same shapes. Its cost counts the convolution's product.
+  void pooled_weight_gradient(int64_t n, int64_t c, int64_t h, int64_t w, int64_t k, int64_t r,
+                              int64_t pad, int64_t pool) {
+    const Shape y{n, k, h + 2 * pad - r + 1, w + 2 * pad - r + 1};
+    const Shape pooled{n, k, y[2] / pool, y[3] / pool};
+    const ir::Attrs pa{{"kernel", Ints{pool, pool}}};
+    Input argmax{.shape = pooled, .dtype = DType::I32, .from = "max_pool2d", .from_attrs = pa};
+    argmax.from_shapes = {y};
+    argmax.output = 1;
+    add({"conv2d_bwd_weights_bias_pooled",
+         "conv2d_bwd_weights_bias_pooled",
+         fmt::format("N{}_C{}_H{}_W{}_K{}_R{}_P{}", n, c, h, w, k, r, pool),
+         {{"stride", Ints{1, 1}},
+          {"pad", Ints{pad, pad}},
+          {"kernel", Ints{r, r}},
+          {"pool_kernel", Ints{pool, pool}},
+          {"pool_stride", Ints{pool, pool}}},
+         {f32(pooled), argmax, f32({n, c, h, w})},
+         op_flops});
+  }
+
   // bias_add over dimension 1 of x and its backward (the bias gradient).
   void bias(const Shape& x) {
     add({"bias_add_fwd", "bias_add", nchw_label(x), {}, {f32(x), f32({x[1]})}, nullptr});
@@ -322,6 +347,7 @@ std::vector<Case> model_cases() {
   t.loss(64, 10);
   // MNIST CNN, batch 32 (report 004): conv 8 3x3 -> ReLU -> max-pool 2 -> linear 1352-10.
   t.conv(32, 1, 28, 28, 8, 3, 0);
+  t.pooled_weight_gradient(32, 1, 28, 28, 8, 3, 0, 2);
   t.bias({32, 8, 26, 26});
   t.relu({32, 8, 26, 26});
   t.pool({32, 8, 26, 26}, 2);
@@ -331,6 +357,7 @@ std::vector<Case> model_cases() {
   // CIFAR-10 CNN, batch 32 (report 002): conv 32 3x3 pad 1 -> ReLU -> max-pool 2 -> conv 64 3x3
   // pad 1 -> ReLU -> max-pool 2 -> linear 4096-256 -> ReLU -> linear 256-10.
   t.conv(32, 3, 32, 32, 32, 3, 1);
+  t.pooled_weight_gradient(32, 3, 32, 32, 32, 3, 1, 2);
   t.bias({32, 32, 32, 32});
   t.relu({32, 32, 32, 32});
   t.pool({32, 32, 32, 32}, 2);
@@ -556,7 +583,8 @@ std::string bf16_missing(Variant v, const std::string& op) {
 }
 
 /// Marks the node bf16 and, for Bf16Activations, stores its 4-D activations (not the weights "w"
-/// or their gradient "dw") as bf16 in the bf16 convolutions' layout; as under --precision bf16,
+/// or their gradient "dw") as bf16 in the bf16 convolutions' layout (a pooling's i32 argmax
+/// takes the layout only); as under --precision bf16,
 /// an activation whose channels do not fill that layout's blocks (the 1-channel image with
 /// AVX512-BF16's nChw16c) stays f32 and plain. A product's factors "a" and "b" are stored as
 /// bf16 (plain), as the shared copies of --precision bf16 give them.
@@ -572,7 +600,7 @@ void apply_variant(ir::Node& n, Variant v) {
     if (value->shape().rank() != 4 || name == "w" || name == "dw") return;
     if (value->shape()[1] % ir::channel_block(ops::bf16_layout()) != 0) return;
     value->set_layout(ops::bf16_layout());
-    value->set_stored(DType::BF16);
+    if (value->dtype() == DType::F32) value->set_stored(DType::BF16);  // an argmax: the layout
   };
   for (std::size_t i = 0; i < n.inputs().size(); ++i)
     store(n.input(static_cast<int>(i)), n.def().input_names()[i]);
