@@ -58,6 +58,16 @@ Input f32(Shape s) { return {.shape = std::move(s)}; }
 Input labels(int64_t n, int64_t classes) {
   return {.shape = Shape{n}, .dtype = DType::I32, .classes = classes};
 }
+/// The argmax of an r x r max pooling (stride r) over N(0,1) values of shape x, made by
+/// max_pool2d (output 1).
+Input pool_argmax(const Shape& x, int64_t r) {
+  return {.shape = Shape{x[0], x[1], x[2] / r, x[3] / r},
+          .dtype = DType::I32,
+          .from = "max_pool2d",
+          .from_attrs = {{"kernel", Ints{r, r}}},
+          .from_shapes = {x},
+          .output = 1};
+}
 
 /// The cost of one run of a node: FLOPs (compute-bound ops), or null for memory-bound ops, whose
 /// cost is the bytes of every input read once and every output written once.
@@ -240,11 +250,7 @@ class Table {
   void pooled_weight_gradient(int64_t n, int64_t c, int64_t h, int64_t w, int64_t k, int64_t r,
                               int64_t pad, int64_t pool) {
     const Shape y{n, k, h + 2 * pad - r + 1, w + 2 * pad - r + 1};
-    const Shape pooled{n, k, y[2] / pool, y[3] / pool};
-    const ir::Attrs pa{{"kernel", Ints{pool, pool}}};
-    Input argmax{.shape = pooled, .dtype = DType::I32, .from = "max_pool2d", .from_attrs = pa};
-    argmax.from_shapes = {y};
-    argmax.output = 1;
+    const Input argmax = pool_argmax(y, pool);
     add({"conv2d_bwd_weights_bias_pooled",
          "conv2d_bwd_weights_bias_pooled",
          fmt::format("N{}_C{}_H{}_W{}_K{}_R{}_P{}", n, c, h, w, k, r, pool),
@@ -253,7 +259,7 @@ class Table {
           {"kernel", Ints{r, r}},
           {"pool_kernel", Ints{pool, pool}},
           {"pool_stride", Ints{pool, pool}}},
-         {f32(pooled), argmax, f32({n, c, h, w})},
+         {f32(argmax.shape), argmax, f32({n, c, h, w})},
          op_flops});
   }
 
@@ -285,9 +291,7 @@ class Table {
     ir::Attrs bwd = a;
     bwd.set("in_shape", x.dims());
     const Shape y{x[0], x[1], x[2] / r, x[3] / r};
-    Input argmax{.shape = y, .dtype = DType::I32, .from = "max_pool2d", .from_attrs = a};
-    argmax.from_shapes = {x};
-    argmax.output = 1;
+    const Input argmax = pool_argmax(x, r);
     const std::pair<Storage, const char*> storages[] = {
         {Storage::Plain, ""},
         {Storage::Blocked, "_blocked"},

@@ -203,10 +203,17 @@ bool direct_kernels_enabled() {
   return yes;
 }
 
+namespace {
+/// Whether the direct kernels may run: the CPU and MINIDL_DIRECT_CONV allow them, and no test
+/// switched them off (direct_conv_force_off).
+bool direct_kernels_on() {
+  return direct_kernels_enabled() && !g_force_off.load(std::memory_order_relaxed);
+}
+}  // namespace
+
 bool direct_conv_supports(const ConvGeom& g, int64_t K) {
   return K > 0 && g.C >= 1 && g.C <= kDirectConvMaxChannels && g.SW == 1 &&
-         g.KW <= kDirectConvMaxWindow && g.OH > 0 && g.OW > 0 && direct_kernels_enabled() &&
-         !g_force_off.load(std::memory_order_relaxed);
+         g.KW <= kDirectConvMaxWindow && g.OH > 0 && g.OW > 0 && direct_kernels_on();
 }
 
 void direct_conv_force_off(bool off) { g_force_off.store(off); }
@@ -442,7 +449,7 @@ void bwd_weights_pooled(const ConvGeom& g, int64_t K, const PooledGrad& p, const
 }  // namespace
 
 std::string direct_conv_pooled_refusal(const ConvGeom& g) {
-  if (!direct_kernels_enabled() || g_force_off.load(std::memory_order_relaxed))
+  if (!direct_kernels_on())
     return "runs minidl's AVX-512 convolution kernels only (MINIDL_DIRECT_CONV, the CPU)";
   if (g.SH != 1 || g.SW != 1) return "takes stride 1 only";
   if (g.KW * g.C > 16)
