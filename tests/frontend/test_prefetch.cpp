@@ -107,7 +107,9 @@ TEST(Prefetch, EpochsReportTheirDataTimes) {
       EXPECT_GT(s.data_prepare_seconds, 0.0) << prefetch;
       EXPECT_GT(s.data_wait_seconds, 0.0) << prefetch;  // at least the copies
       EXPECT_LT(s.data_wait_seconds, s.seconds) << prefetch;
-      if (!prefetch) EXPECT_EQ(s.data_wait_seconds, s.data_prepare_seconds);
+      if (!prefetch) {
+        EXPECT_EQ(s.data_wait_seconds, s.data_prepare_seconds);
+      }
     }
   }
 }

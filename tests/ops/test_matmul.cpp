@@ -53,7 +53,7 @@ TEST(MatmulAccumulate, AddsTheScaledProductIntoTheAccumulatorInPlace) {
   const std::int64_t m = 13, n = 21, k = 9;
   for (const bool ta : {false, true}) {
     for (const bool tb : {false, true}) {
-      for (const auto [alpha, beta] : {std::pair{-0.1f, 1.0f}, std::pair{0.5f, 0.25f}}) {
+      for (const auto& [alpha, beta] : {std::pair{-0.1f, 1.0f}, std::pair{0.5f, 0.25f}}) {
         SCOPED_TRACE(::testing::Message() << "trans_a " << ta << ", trans_b " << tb << ", alpha "
                                           << alpha << ", beta " << beta);
         Tensor a = Tensor::empty(ta ? Shape{k, m} : Shape{m, k});

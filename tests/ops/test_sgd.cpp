@@ -148,9 +148,10 @@ TEST(Sgd, LongTensorsGiveTheScalarRuleBitForBit) {
     for (std::int64_t i = 0; i < kN; ++i) {
       ASSERT_EQ(std::bit_cast<std::uint32_t>(p.at(i)), std::bit_cast<std::uint32_t>(rp[i]))
           << "element " << i << ": " << p.at(i) << " against " << rp[i];
-      if (momentum)
+      if (momentum) {
         ASSERT_EQ(std::bit_cast<std::uint32_t>(v.at(i)), std::bit_cast<std::uint32_t>(rv[i]))
             << "element " << i;
+      }
     }
   }
 }

@@ -130,7 +130,9 @@ TEST(Executable, ProfileAndTrace) {
     EXPECT_EQ(events[i].thread, 0);
     EXPECT_GE(events[i].duration_us, 0.0);
     EXPECT_EQ(events[i].node, e.profile()[i % kernels].node);
-    if (i > 0) EXPECT_GE(events[i].begin_us, events[i - 1].begin_us + events[i - 1].duration_us);
+    if (i > 0) {
+      EXPECT_GE(events[i].begin_us, events[i - 1].begin_us + events[i - 1].duration_us);
+    }
   }
 
   runtime::Executable limited(m.g, {.trace = true, .trace_limit = 5});

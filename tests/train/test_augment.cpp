@@ -79,7 +79,7 @@ TEST(Augment, CropShiftsThePixelsAndPadsWithZeros) {
   const Tensor image = numbered(2, 5, 6);
   const train::SampleTransform none{};
   EXPECT_EQ(std::memcmp(transformed(none, image).raw(), image.raw(), image.nbytes()), 0);
-  for (const auto [dy, dx] :
+  for (const auto& [dy, dx] :
        {std::pair{1, -2}, std::pair{-4, 4}, std::pair{4, 0}, std::pair{0, -4}, std::pair{-3, 3}}) {
     SCOPED_TRACE(::testing::Message() << "dy " << dy << ", dx " << dx);
     const Tensor out = transformed({.dy = dy, .dx = dx}, image);
@@ -236,7 +236,7 @@ TEST(Augment, AStagedBatchFeedsWhatGatherWrites) {
   const std::span<const std::int64_t> batch = std::span(order).subspan(10, 30);
   for (const train::Augment augment :
        {train::Augment{}, train::Augment{.crop = true, .flip = true}}) {
-    for (const auto [replicas, accumulate] : {std::pair{1, 1}, std::pair{2, 3}}) {
+    for (const auto& [replicas, accumulate] : {std::pair{1, 1}, std::pair{2, 3}}) {
       SCOPED_TRACE(::testing::Message() << augment.describe() << ", " << replicas
                                         << " replicas, accumulate " << accumulate);
       train::CompiledStep direct = compile(*model, loss, &sgd, 30, replicas, accumulate);
