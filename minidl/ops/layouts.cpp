@@ -204,6 +204,52 @@ int assign_bf16(ir::Graph& g, ir::Backend preferred, const std::string& layout) 
   return count;
 }
 
+/// A shared bf16 copy (share_bf16_factors) of a value its producer can store as bf16 itself: a
+/// plain f32 value, or an alias of one (a flatten), read by nothing but the copy and made by a
+/// kernel that writes bf16 values (KernelDef::bf16_values). The value is then stored as bf16,
+/// plain, the copy's readers read it and the copy goes: the producer rounds what the copy would
+/// have (the same bits), and the step makes one pass over the value fewer (the CIFAR CNN's pool2
+/// output before the flatten, which fc1's forward and weight gradient share). Returns how many
+/// copies it folded.
+int fold_bf16_copies(ir::Graph& g, ir::Backend preferred) {
+  const std::unordered_set<const ir::Value*> outputs(g.outputs().begin(), g.outputs().end());
+  std::vector<ir::Node*> copies;
+  for (ir::Node* n : g.nodes())
+    if (n->op() == "bf16_copy" && n->output()->stored() == DType::BF16 &&
+        n->output()->layout().empty())
+      copies.push_back(n);
+  int folded = 0;
+  for (ir::Node* copy : copies) {
+    // The value and the values it aliases, up to the one a kernel writes.
+    std::vector<ir::Value*> chain{copy->input(0)};
+    while (chain.back()->producer()->def().is_alias())
+      chain.push_back(chain.back()->producer()->input(0));
+    ir::Node* producer = chain.back()->producer();
+    const bool alone = std::all_of(chain.begin(), chain.end(), [&](const ir::Value* v) {
+      return v->users().size() == 1 && !outputs.count(v) && v->dtype() == DType::F32 &&
+             v->stored() == DType::F32 && v->layout().empty();
+    });
+    const ir::KernelChoice* c = producer->kernel(preferred);
+    if (!alone || producer->def().is_source() || c == nullptr || c->kernel == nullptr ||
+        !c->kernel->bf16_values)
+      continue;
+    for (ir::Value* v : chain) v->set_stored(DType::BF16);
+    // The copy's readers already read a plain bf16 value; only the producer's choice may change.
+    if (const ir::KernelChoice now = ir::choose_kernel(*producer, preferred);
+        now.kernel == nullptr) {
+      for (ir::Value* v : chain) v->set_stored(DType::F32);
+      continue;
+    }
+    g.replace_uses(copy->output(), copy->input(0));
+    g.remove({copy});
+    log_verbose("layouts", "{} stored as bf16 by {}: its copy {} folded into it",
+                chain.front()->ref(), producer->describe(), copy->name());
+    ++folded;
+  }
+  if (folded > 0) ir::choose_kernels(g, preferred);
+  return folded;
+}
+
 /// An i32 index output still plain (max pooling's argmax) takes the layout of the data output
 /// its node computes alongside it (output 0, of the same shape) when every kernel touching it
 /// takes any layout: the kernels then walk both alike. Returns how many it laid out.
@@ -270,6 +316,7 @@ bool PropagateLayouts::run(ir::Graph& g) {
       ir::choose_kernels(g, preferred_);
       count += n;
     }
+    count += fold_bf16_copies(g, preferred_);
   }
   const std::string& layout = blocked_layout();
   if (layout.empty()) return count + indices_follow_data(g, preferred_) > 0;

@@ -348,10 +348,11 @@ double scaled_difference(const Tensor& a, const Tensor& b) {
 }  // namespace
 
 // --precision bf16 on the CNN: the activations between the bf16 convolutions, their pooling and
-// the ReLU backward are stored as bf16 in the layout the bf16 convolutions want; the input
-// image, the flatten's input, parameters, their gradients and the loss stay f32. The memory plan
-// holds those values in half the bytes, the kernel table names the bf16 kernels, and loss and
-// gradients stay near the f32 run's.
+// the ReLU backward are stored as bf16 in the layout the bf16 convolutions want; the flatten's
+// input as bf16 too, plain (the pooling writes what the linear layer's shared copy would have:
+// the copy is folded into it); the input image, parameters, their gradients and the loss stay
+// f32. The memory plan holds those values in half the bytes, the kernel table names the bf16
+// kernels, and loss and gradients stay near the f32 run's.
 TEST(Layouts, Bf16ValuesBetweenBf16Kernels) {
   if (std::string why = ops::bf16_unavailable(); !why.empty()) GTEST_SKIP() << "bf16 " << why;
   const std::string& bf16 = ops::bf16_layout();
@@ -379,9 +380,16 @@ TEST(Layouts, Bf16ValuesBetweenBf16Kernels) {
     EXPECT_EQ(stored(node), DType::BF16) << node << "\n" << ir::to_text(g);
     EXPECT_EQ(layout_of(g, node), bf16) << node;
   }
-  // f32: the input image, the flatten's input, the loss and the gradients
-  // (graph outputs), the parameters.
-  EXPECT_EQ(stored("pool2.max_pool2d"), DType::F32);
+  // The flatten's input: bf16, plain, read by the linear layer's two products through the
+  // flatten, with no copy between.
+  EXPECT_EQ(stored("pool2.max_pool2d"), DType::BF16);
+  EXPECT_EQ(layout_of(g, "pool2.max_pool2d"), "");
+  for (const ir::Node* n : g.nodes()) {
+    if (n->op() == "bf16_copy") {
+      EXPECT_NE(n->input(0)->producer()->op(), "flatten") << n->describe();
+    }
+  }
+  // f32: the input image, the loss and the gradients (graph outputs), the parameters.
   EXPECT_EQ(stored("pool1.max_pool2d", 1), DType::I32);
   // Max pooling's argmax, between two poolings on bf16 values, in their layout; pool2's, whose
   // output is plain f32 before the flatten, plain like that output (its kernels then transpose
@@ -404,7 +412,8 @@ TEST(Layouts, Bf16ValuesBetweenBf16Kernels) {
   std::size_t halved = 0, copies = 0, count = 0;
   for (const ir::Node* n : g.nodes())
     for (const ir::Value* v : n->outputs()) {
-      if (v->stored() != DType::BF16) continue;
+      // An alias (the flatten) has no buffer of its own.
+      if (v->stored() != DType::BF16 || n->def().is_alias()) continue;
       ++count;
       (n->op() == "bf16_copy" ? copies : halved) += v->shape().numel() * 2;
     }
@@ -444,6 +453,43 @@ TEST(Layouts, Bf16ValuesBetweenBf16Kernels) {
   }
   EXPECT_GT(largest, 1e-4);
   RecordProperty("largest_scaled_difference", std::to_string(largest));
+}
+
+// The linear layer's shared bf16 copy of the flatten's input, folded into the pooling that makes
+// that input, gives the copy's bits: the same CNN with the pooling's output also a graph output
+// (an outside reader, so the copy stays) computes the same loss and gradients, bit for bit.
+TEST(Layouts, FoldedBf16CopyGivesTheCopysBits) {
+  if (std::string why = ops::bf16_unavailable(); !why.empty()) GTEST_SKIP() << "bf16 " << why;
+  if (ops::bf16_layout().empty())
+    GTEST_SKIP() << "oneDNN's bf16 convolutions use no layout minidl names here";
+  const Dataset batch = minidl::testing::blobs(8, 3);
+  auto model = small_cnn();
+  model->reset(5);
+  TrainingGraph folded(*model, batch);
+  TrainingGraph kept(*model, batch);
+  const std::size_t outputs = folded.g.outputs().size();
+  kept.g.add_output(kept.g.find("pool2.max_pool2d")->output(0));
+  auto copies_of_flatten = [](const ir::Graph& g) {
+    int n = 0;
+    for (const ir::Node* c : g.nodes())
+      n += c->op() == "bf16_copy" && c->input(0)->producer()->op() == "flatten";
+    return n;
+  };
+  for (TrainingGraph* t : {&folded, &kept}) {
+    ops::MixedPrecision(ir::Precision::BF16).run(t->g);
+    ops::FuseBiasActivation().run(t->g);
+    ops::PropagateLayouts(ir::Backend::OneDnn).run(t->g);
+  }
+  EXPECT_EQ(copies_of_flatten(folded.g), 0) << ir::to_text(folded.g);
+  EXPECT_EQ(copies_of_flatten(kept.g), 1) << ir::to_text(kept.g);
+  EXPECT_EQ(folded.g.find("pool2.max_pool2d")->output(0)->stored(), DType::BF16);
+  const std::vector<Tensor> want = kept.run(ir::Backend::OneDnn);
+  const std::vector<Tensor> got = folded.run(ir::Backend::OneDnn);
+  for (std::size_t i = 0; i < outputs; ++i) {
+    ASSERT_EQ(want[i].nbytes(), got[i].nbytes());
+    EXPECT_EQ(std::memcmp(want[i].raw(), got[i].raw(), got[i].nbytes()), 0)
+        << "output " << i << (i == 0 ? " (the loss)" : "");
+  }
 }
 #endif
 
