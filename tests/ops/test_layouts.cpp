@@ -392,7 +392,7 @@ TEST(Layouts, Bf16ValuesBetweenBf16Kernels) {
   // f32: the input image, the loss and the gradients (graph outputs), the parameters.
   EXPECT_EQ(stored("pool1.max_pool2d", 1), DType::I32);
   // Max pooling's argmax, between two poolings on bf16 values, in their layout; pool2's, whose
-  // output is plain f32 before the flatten, plain like that output (its kernels then transpose
+  // output is plain before the flatten, plain like that output (its kernels then transpose
   // a group at a time between x's layout and the plain values).
   EXPECT_EQ(layout_of(g, "pool1.max_pool2d", 1), bf16);
   EXPECT_EQ(layout_of(g, "pool2.max_pool2d", 1), "");
