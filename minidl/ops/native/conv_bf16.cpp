@@ -73,10 +73,7 @@ using dot_bf16::interleave;
 using dot_bf16::load16;
 using dot_bf16::to_bf16_row;
 
-MINIDL_INLINE __m512 widen(__m256i bf16) {
-  return _mm512_castsi512_ps(
-      _mm512_maskz_slli_epi32(0xffff, _mm512_maskz_cvtepu16_epi32(0xffff, bf16), 16));
-}
+using dot_bf16::widen16;
 
 template <typename T>
 void pack_x_portable(const ConvGeom& g, const T* x, int64_t block, const Packed& pk, uint32_t* even,
@@ -117,7 +114,7 @@ void pack_dy_blocked(const ConvGeom& g, int64_t K, const T* dy, int64_t block, c
         const __m256i a = load16(base + p * block);
         const __m256i b = w0 + 1 < g.OW ? load16(base + (p + 1) * block) : _mm256_setzero_si256();
         _mm512_storeu_si512(out + (oh * pk.J + j) * K + k0, interleave(a, b));
-        if (bias != nullptr) sum = _mm512_add_ps(_mm512_add_ps(sum, widen(a)), widen(b));
+        if (bias != nullptr) sum = _mm512_add_ps(_mm512_add_ps(sum, widen16(a)), widen16(b));
       }
     if (bias != nullptr)
       _mm512_storeu_ps(bias + k0, _mm512_add_ps(_mm512_loadu_ps(bias + k0), sum));

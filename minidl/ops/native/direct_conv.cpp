@@ -324,10 +324,7 @@ inline float value_of(std::uint16_t v) { return dot_bf16::widened(v); }
 /// 16 values from p as f32 (f32, or bf16 bits widened).
 MINIDL_TARGET_AVX512 inline __m512 load_values(const float* p) { return _mm512_loadu_ps(p); }
 MINIDL_TARGET_AVX512 inline __m512 load_values(const std::uint16_t* p) {
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  // The masked forms with every lane selected: GCC 12's plain ones trip -Wmaybe-uninitialized.
-  return _mm512_castsi512_ps(
-      _mm512_maskz_slli_epi32(0xffff, _mm512_maskz_cvtepu16_epi32(0xffff, h), 16));
+  return dot_bf16::widen16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
 /// n windows of one sample, in their stored order (dy's and argmax's layout): each window's

@@ -63,6 +63,13 @@ MINIDL_DOT_BF16_INLINE __m256i load16(const float* p) {
   return _mm512_maskz_cvtepi32_epi16(0xffff, ops::bf16_round16(_mm512_loadu_ps(p)));
 }
 
+/// 16 bf16 values as f32 (exact: a bf16 is the upper half of an f32). AVX-512F only, so that
+/// kernels compiled for AVX-512F alone inline it too.
+__attribute__((always_inline, target("avx512f"))) inline __m512 widen16(__m256i bf16) {
+  return _mm512_castsi512_ps(
+      _mm512_maskz_slli_epi32(0xffff, _mm512_maskz_cvtepu16_epi32(0xffff, bf16), 16));
+}
+
 /// The 16 pairs (a[i], b[i]), lane i holding a[i] in its low half.
 MINIDL_DOT_BF16_INLINE __m512i interleave(__m256i a, __m256i b) {
   const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,

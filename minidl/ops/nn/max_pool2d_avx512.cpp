@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "minidl/ops/bf16_round.hpp"
+#include "minidl/ops/native/dot_bf16.hpp"
 #include "minidl/ops/nn/max_pool2d_lanes.hpp"
 
 #if defined(__x86_64__)
@@ -59,8 +60,7 @@ MINIDL_AVX512_INLINE __m512 load16(const float* p, __mmask16 m) {
   return _mm512_maskz_loadu_ps(m, p);
 }
 MINIDL_AVX512_INLINE __m512 load16(const std::uint16_t* p, __mmask16 m) {
-  const __m512i h = _mm512_maskz_cvtepu16_epi32(0xffff, _mm256_maskz_loadu_epi16(m, p));
-  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, h, 16));
+  return native::dot_bf16::widen16(_mm256_maskz_loadu_epi16(m, p));
 }
 
 MINIDL_AVX512_INLINE void store16(float* p, __mmask16 m, __m512 v) {
