@@ -1,10 +1,11 @@
 // The relu-after-max-pool rewrite: max_pool2d(relu(x)) becomes relu(max_pool2d(x)) before
 // autograd; after fusion the convolution keeps its bias, the relu folds into the pooling (and its
 // backward into the pooling's backward), and the loss, the outputs and every gradient equal those
-// of the graph without the rewrite.
+// of the graph without the rewrite (to rounding where oneDNN's convolution takes the bias in).
 #include <gmock/gmock.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "minidl/autograd/autograd.hpp"
 #include "minidl/core/rng.hpp"
@@ -74,7 +75,8 @@ struct Net {
   }
 };
 
-void expect_same_results(Net& want, Net& got, ir::Backend backend) {
+// Bit for bit, or (`exact` false) to rounding.
+void expect_same_results(Net& want, Net& got, ir::Backend backend, bool exact = true) {
   runtime::Executable a(want.g, {.backend = backend});
   runtime::Executable b(got.g, {.backend = backend});
   a.run();
@@ -84,8 +86,14 @@ void expect_same_results(Net& want, Net& got, ir::Backend backend) {
     const Tensor& ta = a.value(want.checked[i]);
     const Tensor& tb = b.value(got.checked[i]);
     ASSERT_EQ(ta.shape(), tb.shape());
-    for (std::int64_t e = 0; e < ta.numel(); ++e)
-      ASSERT_EQ(ta.at(e), tb.at(e)) << "value " << i << " element " << e;  // +0 == -0
+    for (std::int64_t e = 0; e < ta.numel(); ++e) {
+      if (exact) {
+        ASSERT_EQ(ta.at(e), tb.at(e)) << "value " << i << " element " << e;  // +0 == -0
+      } else {
+        ASSERT_NEAR(ta.at(e), tb.at(e), 1e-5 * (1 + std::fabs(ta.at(e))))
+            << "value " << i << " element " << e;
+      }
+    }
   }
 }
 
@@ -134,7 +142,9 @@ TEST(ReluAfterMaxPool, RewritesThenFusesAndKeepsResults) {
     for (const ir::Backend b : backends) {
       SCOPED_TRACE(ir::backend_name(b));
       expect_same_results(plain, rewritten, b);
-      expect_same_results(plain, fused, b);
+      // oneDNN's convolution may round a bias it takes in otherwise than a separate bias_add
+      // (its AVX2 kernel does): the same to rounding only.
+      expect_same_results(plain, fused, b, b == ir::Backend::Native);
       expect_same_results(fused_plain, fused, b);
     }
   }
