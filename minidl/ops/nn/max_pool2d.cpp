@@ -11,7 +11,9 @@
 // --backend onednn too, in place of oneDNN's, whose workspace needs converting to our argmax and
 // back every step. argmax is stored in whatever layout its value carries (the output's, by
 // ops::PropagateLayouts). On a CPU with AVX-512 the kernels of max_pool2d_avx512.cpp run in place
-// of the loops below (the same bits; the loops stay for every other CPU).
+// of the loops below (the same bits; the loops stay for every other CPU, compiled for AVX2 too,
+// with the lanes of a channel block counted at compile time and no branch in the backward's lane
+// loops, so that AVX2 keeps them in vectors).
 #include <algorithm>
 #include <bit>
 #include <cstdint>
@@ -231,14 +233,29 @@ using pool::same_addr;
 // Exact for a maximum of bf16 values (the usual case).
 [[gnu::always_inline]] inline void store(std::uint16_t* p, float v) { *p = bf16_round(v); }
 
-// dx = 0.0f + dy, as the zero-fill and add of the general path computes it (a -0 becomes +0).
-// Between bf16 values that is a copy of the bits but for -0, done in integers so that it
-// vectorises.
-[[gnu::always_inline]] inline void store_grad(float* p, float dy) { *p = 0.0f + dy; }
-[[gnu::always_inline]] inline void store_grad(float* p, std::uint16_t dy) { *p = 0.0f + load(dy); }
-[[gnu::always_inline]] inline void store_grad(std::uint16_t* p, float dy) { store(p, 0.0f + dy); }
-[[gnu::always_inline]] inline void store_grad(std::uint16_t* p, std::uint16_t dy) {
-  *p = dy == 0x8000u ? std::uint16_t{0} : dy;
+// dx = 0.0f + dy in dx's stored type, as the zero-fill and add of the general path computes it
+// (a -0 becomes +0). Between bf16 values that is a copy of the bits but for -0, done in integers
+// so that it vectorises.
+template <typename TD, typename TY>
+[[gnu::always_inline]] inline TD grad_value(TY dy) {
+  if constexpr (std::is_same_v<TD, float>) {
+    return 0.0f + load(dy);
+  } else if constexpr (std::is_same_v<TY, float>) {
+    return bf16_round(0.0f + dy);
+  } else {
+    return dy == 0x8000u ? std::uint16_t{0} : dy;
+  }
+}
+// v where hit, else +0, in integers: GCC vectorises the loops of the backward for AVX2 only without
+// a branch or a conditional load in them.
+template <typename TD>
+[[gnu::always_inline]] inline TD keep_if(bool hit, TD v) {
+  if constexpr (std::is_same_v<TD, float>) {
+    return std::bit_cast<float>(std::bit_cast<std::uint32_t>(v) &
+                                (0u - static_cast<std::uint32_t>(hit)));
+  } else {
+    return static_cast<std::uint16_t>(v & (0u - static_cast<std::uint32_t>(hit)));
+  }
 }
 template <typename TD>
 [[gnu::always_inline]] inline void store_zero(TD* p) {
@@ -251,7 +268,10 @@ constexpr int64_t kLanes = 16;
 // channels at once. Taps in row-major order with a strict >: the first maximum wins ties, and a
 // NaN wins over numbers (a later NaN over an earlier one), as the plain kernel and PyTorch. The
 // index starts at the window's first input element, right even when every element is -inf.
-template <typename TX, typename TY>
+// NL > 0: the group's lanes come NL at a time (NL divides them), a trip count the compiler knows,
+// so that each lane loop becomes one or two vectors held in registers across the taps; NL = 0:
+// up to kLanes at a time, counted at run time (any group).
+template <int NL, typename TX, typename TY>
 [[gnu::always_inline]] inline void fwd_row(const FwdArgs& a, const TX* src, TY* dst,
                                            std::int32_t* argmax, int64_t grp, int64_t oh) {
   const ConvGeom& g = a.g;
@@ -260,8 +280,8 @@ template <typename TX, typename TY>
   const int64_t h0 = oh * g.SH - g.PH;
   const int64_t ih0 = std::max<int64_t>(h0, 0), ih1 = std::min(h0 + g.KH, g.H);
   constexpr float kLowest = -std::numeric_limits<float>::infinity();
-  for (int64_t j0 = 0; j0 < lanes; j0 += kLanes) {
-    const int64_t nl = std::min(kLanes, lanes - j0);
+  for (int64_t j0 = 0; j0<lanes; j0 += NL> 0 ? NL : kLanes) {
+    const int64_t nl = NL > 0 ? NL : std::min(kLanes, lanes - j0);
     const TX* xg = src + a.x.base(n, c0 + j0);
     int64_t yb[kLanes], ab[kLanes];
     for (int64_t j = 0; j < nl; ++j) {
@@ -326,7 +346,16 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void fwd_rows(const
                                                                            const TX* src, TY* dst,
                                                                            std::int32_t* argmax,
                                                                            int64_t u0, int64_t u1) {
-  for (int64_t u = u0; u < u1; ++u) fwd_row(a, src, dst, argmax, u / a.g.OH, u % a.g.OH);
+  const int64_t lanes = a.x.block;
+  for (int64_t u = u0; u < u1; ++u) {
+    if (lanes % kLanes == 0) {
+      fwd_row<kLanes>(a, src, dst, argmax, u / a.g.OH, u % a.g.OH);
+    } else if (lanes % 8 == 0) {
+      fwd_row<8>(a, src, dst, argmax, u / a.g.OH, u % a.g.OH);
+    } else {
+      fwd_row<0>(a, src, dst, argmax, u / a.g.OH, u % a.g.OH);
+    }
+  }
 }
 
 template <typename TX, typename TY>
@@ -376,7 +405,8 @@ void max_pool2d_fwd(const ir::KernelArgs& k) {
 // input row ih of group grp, every element written once, dy where the argmax of its window names
 // it and 0 elsewhere (also in rows and columns no window covers). 0.0f + dy, not dy: the bits of
 // the zero-fill and add of the general path (a -0 gradient becomes +0).
-template <typename TD, typename TY>
+// NL as fwd_row's.
+template <int NL, typename TD, typename TY>
 [[gnu::always_inline]] inline void bwd_row_disjoint(const BwdArgs& a, TD* dst, const TY* src,
                                                     const std::int32_t* argmax, int64_t grp,
                                                     int64_t ih) {
@@ -385,8 +415,8 @@ template <typename TD, typename TY>
   const int64_t lanes = a.dx.block, xs = a.dx.step(), ys = a.dy.step(), as = a.am.step();
   const int64_t oh = ih / g.SH;
   const bool row = oh < g.OH && ih - oh * g.SH < g.KH;
-  for (int64_t j0 = 0; j0 < lanes; j0 += kLanes) {
-    const int64_t nl = std::min(kLanes, lanes - j0);
+  for (int64_t j0 = 0; j0<lanes; j0 += NL> 0 ? NL : kLanes) {
+    const int64_t nl = NL > 0 ? NL : std::min(kLanes, lanes - j0);
     TD* xg = dst + a.dx.base(n, c0 + j0);
     int64_t yb[kLanes], ab[kLanes];
     for (int64_t j = 0; j < nl; ++j) {
@@ -406,17 +436,10 @@ template <typename TD, typename TY>
         const TY* dy = src + yb[0] + pos * ys;
         const std::int32_t* am = argmax + ab[0] + pos * as;
 #pragma omp simd
-        for (int64_t j = 0; j < nl; ++j) {
-          TD v;
-          store_grad(&v, dy[j]);
-          d[j] = am[j] == at ? v : TD{0};
-        }
+        for (int64_t j = 0; j < nl; ++j) d[j] = keep_if(am[j] == at, grad_value<TD>(dy[j]));
       } else {
-        for (int64_t j = 0; j < nl; ++j) {
-          TD v;
-          store_grad(&v, src[yb[j] + pos * ys]);
-          d[j] = argmax[ab[j] + pos * as] == at ? v : TD{0};
-        }
+        for (int64_t j = 0; j < nl; ++j)
+          d[j] = keep_if(argmax[ab[j] + pos * as] == at, grad_value<TD>(src[yb[j] + pos * ys]));
       }
       if (++s == g.SW) s = 0, ++ow;
     }
@@ -426,7 +449,16 @@ template <typename TD, typename TY>
 template <typename TD, typename TY>
 __attribute__((target_clones("avx512f", "avx2", "default"))) void bwd_rows_disjoint(
     const BwdArgs& a, TD* dst, const TY* src, const std::int32_t* argmax, int64_t u0, int64_t u1) {
-  for (int64_t u = u0; u < u1; ++u) bwd_row_disjoint(a, dst, src, argmax, u / a.g.H, u % a.g.H);
+  const int64_t lanes = a.dx.block;
+  for (int64_t u = u0; u < u1; ++u) {
+    if (lanes % kLanes == 0) {
+      bwd_row_disjoint<kLanes>(a, dst, src, argmax, u / a.g.H, u % a.g.H);
+    } else if (lanes % 8 == 0) {
+      bwd_row_disjoint<8>(a, dst, src, argmax, u / a.g.H, u % a.g.H);
+    } else {
+      bwd_row_disjoint<0>(a, dst, src, argmax, u / a.g.H, u % a.g.H);
+    }
+  }
 }
 
 // Overlapping or padded windows, group grp: the group's planes are summed in f32 (in dx itself,

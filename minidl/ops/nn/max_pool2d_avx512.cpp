@@ -82,7 +82,7 @@ MINIDL_AVX512_INLINE void store_bits(std::uint16_t* p, __mmask16 m, __m512i v) {
 }
 
 // The bits dx takes where the argmax names it: 0.0f + dy (a -0 becomes +0) in dx's type; between
-// bf16 values the bits of dy but for -0, in integers, as the portable store_grad.
+// bf16 values the bits of dy but for -0, in integers, as the portable grad_value.
 template <typename TD, typename TY>
 MINIDL_AVX512_INLINE __m512i grad_bits(const TY* p, __mmask16 m) {
   if constexpr (std::is_same_v<TD, std::uint16_t> && std::is_same_v<TY, std::uint16_t>) {
