@@ -264,6 +264,20 @@ template <typename TD>
 
 constexpr int64_t kLanes = 16;
 
+// Calls f(std::integral_constant<int, NL>) with the lane count the row kernels below take for a
+// group of `lanes` channels: kLanes or 8 where it divides them, else 0 (counted at run time). f is
+// inlined into the caller, so its loops take the caller's target_clones ISA.
+template <typename F>
+[[gnu::always_inline]] inline void with_lane_count(int64_t lanes, F&& f) {
+  if (lanes % kLanes == 0) {
+    f(std::integral_constant<int, kLanes>{});
+  } else if (lanes % 8 == 0) {
+    f(std::integral_constant<int, 8>{});
+  } else {
+    f(std::integral_constant<int, 0>{});
+  }
+}
+
 // Output row oh of channel group grp: for each window, the maximum over its taps of `lanes`
 // channels at once. Taps in row-major order with a strict >: the first maximum wins ties, and a
 // NaN wins over numbers (a later NaN over an earlier one), as the plain kernel and PyTorch. The
@@ -346,16 +360,11 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void fwd_rows(const
                                                                            const TX* src, TY* dst,
                                                                            std::int32_t* argmax,
                                                                            int64_t u0, int64_t u1) {
-  const int64_t lanes = a.x.block;
-  for (int64_t u = u0; u < u1; ++u) {
-    if (lanes % kLanes == 0) {
-      fwd_row<kLanes>(a, src, dst, argmax, u / a.g.OH, u % a.g.OH);
-    } else if (lanes % 8 == 0) {
-      fwd_row<8>(a, src, dst, argmax, u / a.g.OH, u % a.g.OH);
-    } else {
-      fwd_row<0>(a, src, dst, argmax, u / a.g.OH, u % a.g.OH);
-    }
-  }
+  with_lane_count(
+      a.x.block, [&](auto nl) __attribute__((always_inline)) {
+        for (int64_t u = u0; u < u1; ++u)
+          fwd_row<nl.value>(a, src, dst, argmax, u / a.g.OH, u % a.g.OH);
+      });
 }
 
 template <typename TX, typename TY>
@@ -449,16 +458,11 @@ template <int NL, typename TD, typename TY>
 template <typename TD, typename TY>
 __attribute__((target_clones("avx512f", "avx2", "default"))) void bwd_rows_disjoint(
     const BwdArgs& a, TD* dst, const TY* src, const std::int32_t* argmax, int64_t u0, int64_t u1) {
-  const int64_t lanes = a.dx.block;
-  for (int64_t u = u0; u < u1; ++u) {
-    if (lanes % kLanes == 0) {
-      bwd_row_disjoint<kLanes>(a, dst, src, argmax, u / a.g.H, u % a.g.H);
-    } else if (lanes % 8 == 0) {
-      bwd_row_disjoint<8>(a, dst, src, argmax, u / a.g.H, u % a.g.H);
-    } else {
-      bwd_row_disjoint<0>(a, dst, src, argmax, u / a.g.H, u % a.g.H);
-    }
-  }
+  with_lane_count(
+      a.dx.block, [&](auto nl) __attribute__((always_inline)) {
+        for (int64_t u = u0; u < u1; ++u)
+          bwd_row_disjoint<nl.value>(a, dst, src, argmax, u / a.g.H, u % a.g.H);
+      });
 }
 
 // Overlapping or padded windows, group grp: the group's planes are summed in f32 (in dx itself,
