@@ -294,7 +294,8 @@ template <int NL, typename TX, typename TY>
   const int64_t h0 = oh * g.SH - g.PH;
   const int64_t ih0 = std::max<int64_t>(h0, 0), ih1 = std::min(h0 + g.KH, g.H);
   constexpr float kLowest = -std::numeric_limits<float>::infinity();
-  for (int64_t j0 = 0; j0<lanes; j0 += NL> 0 ? NL : kLanes) {
+  constexpr int64_t kStep = NL > 0 ? NL : kLanes;
+  for (int64_t j0 = 0; j0 < lanes; j0 += kStep) {
     const int64_t nl = NL > 0 ? NL : std::min(kLanes, lanes - j0);
     const TX* xg = src + a.x.base(n, c0 + j0);
     int64_t yb[kLanes], ab[kLanes];
@@ -424,7 +425,8 @@ template <int NL, typename TD, typename TY>
   const int64_t lanes = a.dx.block, xs = a.dx.step(), ys = a.dy.step(), as = a.am.step();
   const int64_t oh = ih / g.SH;
   const bool row = oh < g.OH && ih - oh * g.SH < g.KH;
-  for (int64_t j0 = 0; j0<lanes; j0 += NL> 0 ? NL : kLanes) {
+  constexpr int64_t kStep = NL > 0 ? NL : kLanes;
+  for (int64_t j0 = 0; j0 < lanes; j0 += kStep) {
     const int64_t nl = NL > 0 ? NL : std::min(kLanes, lanes - j0);
     TD* xg = dst + a.dx.base(n, c0 + j0);
     int64_t yb[kLanes], ab[kLanes];
