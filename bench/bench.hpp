@@ -20,6 +20,10 @@ void register_gemm_benchmarks();
 /// last-level cache, on 1 thread and on every thread (stream_bench.cpp).
 void register_stream_benchmarks();
 
+/// The compute bound: a loop of independent multiply-adds as f32 FMAs and as AVX512-BF16 dot
+/// products, on 1 thread and on every thread (peak_bench.cpp).
+void register_peak_benchmarks();
+
 /// Records a failed benchmark (graph, compile or run error); main() then exits non-zero.
 void count_failure();
 int failures();

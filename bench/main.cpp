@@ -105,6 +105,7 @@ int main(int argc, char** argv) {
   minidl::bench::register_op_benchmarks();
   minidl::bench::register_gemm_benchmarks();
   minidl::bench::register_stream_benchmarks();
+  minidl::bench::register_peak_benchmarks();
   benchmark::AddCustomContext("minidl_time", std::string(time));
   benchmark::AddCustomContext("minidl_kernels", std::string(kernels));
   benchmark::AddCustomContext("omp_threads", std::to_string(minidl::max_threads()));

@@ -1,6 +1,7 @@
 #include "minidl/ops/precision.hpp"
 
 #include <map>
+#include <mutex>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -8,6 +9,7 @@
 #include "minidl/core/log.hpp"
 #include "minidl/ir/graph.hpp"
 #include "minidl/ops/layouts.hpp"
+#include "minidl/ops/native/peak.hpp"
 #include "minidl/ops/onednn/kernels.hpp"
 #include "minidl/ops/op_table.hpp"
 
@@ -148,10 +150,33 @@ std::string bf16_unavailable() {
 #endif
 }
 
+std::string bf16_slower_than_f32(bool amx, double bf16_gflops, double f32_gflops) {
+  if (amx || !(bf16_gflops < f32_gflops)) return {};
+  return fmt::format(
+      "this CPU has no AMX-BF16, and its AVX512-BF16 dot products reach {:.0f} GFLOP/s on a core "
+      "against {:.0f} for its f32 FMAs ({:.2f}x): products and convolutions run slower in bf16 "
+      "than in f32 here",
+      bf16_gflops, f32_gflops, bf16_gflops / f32_gflops);
+}
+
 void check_precision(ir::Precision precision) {
   if (precision != ir::Precision::BF16) return;
   const std::string why = bf16_unavailable();
   MINIDL_CHECK(why.empty(), "precision bf16 ", why);
+  static const std::string slower = [] {
+#if defined(__x86_64__)
+    const bool amx = __builtin_cpu_supports("amx-bf16");
+#else
+    const bool amx = false;
+#endif
+    if (amx) return std::string();
+    return bf16_slower_than_f32(amx, native::measure_peak(native::PeakLoop::Bf16Dot),
+                                native::measure_peak(native::PeakLoop::F32Fma));
+  }();
+  if (!slower.empty()) {
+    static std::once_flag warned;
+    std::call_once(warned, [] { log_warn("precision bf16: {}", slower); });
+  }
 }
 
 ir::Precision parse_precision(std::string_view name) {

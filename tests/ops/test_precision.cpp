@@ -21,6 +21,7 @@
 #include "minidl/ops/native/amx_bf16.hpp"
 #include "minidl/ops/native/gemm_amx.hpp"
 #include "minidl/ops/native/gemm_bf16.hpp"
+#include "minidl/ops/native/peak.hpp"
 #include "minidl/ops/ops.hpp"
 #include "minidl/ops/precision.hpp"
 #include "minidl/ops/registry.hpp"
@@ -272,6 +273,44 @@ TEST(Precision, Refusals) {
   }
   EXPECT_EQ(ops::parse_precision("bf16"), ir::Precision::BF16);
   EXPECT_NE(error_of([] { (void)ops::parse_precision("fp16"); }).find("expected f32 or bf16"),
+            std::string::npos);
+}
+
+TEST(Precision, WarnsWhereBf16DotProductsAreSlowerThanF32Fmas) {
+  // No warning with AMX (its tiles are the bf16 products), nor where the dot products keep up.
+  EXPECT_EQ(ops::bf16_slower_than_f32(true, 80, 170), "");
+  EXPECT_EQ(ops::bf16_slower_than_f32(false, 340, 170), "");
+  EXPECT_EQ(ops::bf16_slower_than_f32(false, 170, 170), "");
+  const std::string why = ops::bf16_slower_than_f32(false, 82.4, 170.2);
+  EXPECT_NE(why.find("no AMX-BF16"), std::string::npos) << why;
+  EXPECT_NE(why.find("82 GFLOP/s"), std::string::npos) << why;
+  EXPECT_NE(why.find("against 170"), std::string::npos) << why;
+  EXPECT_NE(why.find("0.48x"), std::string::npos) << why;
+}
+
+TEST(Precision, PeakLoopsRunTheirMultiplyAdds) {
+  // Every lane of accumulator a ends at a + 2 * iterations: the sum tells that each iteration ran.
+  for (const native::PeakLoop loop : {native::PeakLoop::F32Fma, native::PeakLoop::Bf16Dot}) {
+    if (const std::string why = native::peak_loop_unavailable(loop); !why.empty()) {
+      EXPECT_EQ(native::measure_peak(loop), 0.0);
+      EXPECT_NE(error_of([loop] { (void)native::run_peak_loop(loop, 1); }).find(why),
+                std::string::npos);
+      continue;
+    }
+    const std::string isa = native::peak_loop_isa(loop);
+    const double lanes = isa == "avx2" ? 8 : 16;
+    EXPECT_EQ(native::peak_loop_flops(loop),
+              12 * lanes * (loop == native::PeakLoop::Bf16Dot ? 4 : 2));
+    for (const std::int64_t iterations : {0, 1, 1000}) {
+      EXPECT_EQ(native::run_peak_loop(loop, iterations), lanes * (66 + 24.0 * iterations))
+          << isa << ", " << iterations << " iterations";
+    }
+    const double gflops = native::measure_peak(loop);
+    EXPECT_TRUE(std::isfinite(gflops) && gflops > 0) << isa << ": " << gflops;
+  }
+  EXPECT_NE(error_of([] {
+              (void)native::run_peak_loop(native::PeakLoop::F32Fma, -1);
+            }).find("iterations must be >= 0"),
             std::string::npos);
 }
 
