@@ -50,14 +50,15 @@ int share_bf16_factors(ir::Graph& g);
 /// Why kernels cannot compute in bf16 here, or "" when they can: oneDNN must be built in and the
 /// CPU must have AVX512-BF16 or AMX-BF16 (as oneDNN sees it: DNNL_MAX_CPU_ISA may hide them).
 std::string bf16_unavailable();
-/// Why bf16 products are slower than f32 ones on this CPU, or "": with no AMX-BF16, the bf16
-/// kernels compute on AVX512-BF16 dot products, and where a core runs those at fewer FLOP/s than
-/// its f32 FMAs (`bf16_gflops` < `f32_gflops`, both measured by native::measure_peak), every
-/// product and convolution computes slower in bf16 than in f32. Its text names both rates.
+/// Why bf16 products are slower than f32 ones on this CPU, or "": without AMX (`amx` false: oneDNN
+/// finds no AMX tiles), the bf16 kernels compute on AVX512-BF16 dot products, and where a core
+/// runs those at fewer FLOP/s than its f32 FMAs (`bf16_gflops` < `f32_gflops`, both measured by
+/// native::measure_peak), every product and convolution computes slower in bf16 than in f32. Its
+/// text names both rates.
 std::string bf16_slower_than_f32(bool amx, double bf16_gflops, double f32_gflops);
 /// Throws minidl::Error saying why when precision is BF16 and bf16_unavailable() says so. Where
-/// bf16 is available but bf16_slower_than_f32 for this CPU (measured once, about a millisecond, on
-/// the first call that asks for bf16), warns once.
+/// bf16 is available but bf16_slower_than_f32 for this CPU (the two rates measured once, about two
+/// milliseconds, on the first call that asks for bf16 on a CPU without AMX), warns once.
 void check_precision(ir::Precision precision);
 /// "f32" or "bf16" as a Precision; throws minidl::Error naming the allowed values otherwise.
 ir::Precision parse_precision(std::string_view name);

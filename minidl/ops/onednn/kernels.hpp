@@ -109,5 +109,8 @@ std::string bf16_conv_layout();
 /// Why oneDNN cannot compute in bf16 on this CPU (no AVX512-BF16 or AMX-BF16 in its effective
 /// instruction set), or "" when it can.
 std::string bf16_unavailable();
+/// Whether oneDNN's effective instruction set has AMX's tiles (its bf16 products run on them);
+/// false where it computes bf16 on AVX512-BF16 dot products or not at all.
+bool bf16_on_amx();
 
 }  // namespace minidl::ops::onednn

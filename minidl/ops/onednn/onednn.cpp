@@ -137,6 +137,12 @@ std::string bf16_unavailable() {
       limit != nullptr ? fmt::format(", limited by DNNL_MAX_CPU_ISA={}", limit) : "");
 }
 
+bool bf16_on_amx() {
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  constexpr auto kAmx = static_cast<unsigned>(dnnl_cpu_isa_avx512_core_amx);
+  return (isa & kAmx) == kAmx;
+}
+
 memory::desc matrix_desc(std::int64_t rows, std::int64_t cols, bool transposed) {
   const memory::dims strides = transposed ? memory::dims{1, rows} : memory::dims{cols, 1};
   return memory::desc({rows, cols}, memory::data_type::f32, strides);
