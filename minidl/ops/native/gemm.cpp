@@ -600,7 +600,8 @@ struct GemmArgs {
 // the next. The CIFAR CNN's fc1 weight gradient with its update (256 x 4096 x 32, 4 MiB per
 // thread) took 695-706 us per training step with its tiles along the rows against 900-1043 down
 // the columns (Intel Xeon with AMX, --profile, three alternating runs); the MLP's (256 x 784 x
-// 64, 784 KiB per thread) stays in cache and ran faster down the columns (B's panel in L1).
+// 64, 784 KiB per thread) stays in cache and ran faster down the columns (B's panel in L1). On
+// an AMD EPYC the rows had won only while the machine was slow (docs/performance.md).
 constexpr int64_t kStreamedStoreBytes = int64_t{1} << 20;
 
 /// C[i0:i0+m, j0:j0+n] of the full product, on the calling thread.
