@@ -206,7 +206,7 @@ TEST(Gemm, LargerThanCacheBlocks) {
     c.pad_c = 3;
     check_all_transposes(c);
     check_case({true, false, 20, 2100, 100, -1.0f, 0.0f, 0, 0, 5});
-    // One A block and one k block whose C outgrows the cache (1.07 MB a thread on two threads,
+    // One A block and one k block whose C outgrows the cache (1.08 MB a thread on two threads,
     // twice that on one): the tiles go along C's rows.
     check_case({false, true, 256, 2100, 40, 1.0f, 0.0f, 0, 1, 2});
   }
@@ -380,7 +380,7 @@ TEST(Gemm, InsideParallelRegionRunsSerially) {
 TEST(Gemm, ThreadCountDoesNotChangeResult) {
   // Threads split C into disjoint tiles and never split K, so results are bitwise identical.
   // The shapes make the partition split columns (wide C) and rows (tall, narrow C). The last one
-  // is one A block and one k block whose C (1.05 MB) outgrows the cache on one thread, so its tiles
+  // is one A block and one k block whose C (1.08 MB) outgrows the cache on one thread, so its tiles
   // go along C's rows there, and down the columns in each thread's half: the same bits.
   const int saved = omp_get_max_threads();
   for (const Shape3& s : {Shape3{130, 300, 700}, Shape3{600, 20, 300}, Shape3{64, 256, 128},
