@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # ctest scripts.precision_accuracy: scripts/precision-accuracy runs mnist_mlp in f32 and bf16 on
 # two seeds and two layouts (a short training) and writes a table whose accuracies are those
-# the example itself reports for the same flags; a malformed --layouts is refused naming it.
+# the example itself reports for the same flags, with the means' and each seed's bf16 - f32; a
+# malformed --layouts is refused naming it.
 # Exits 77 (ctest: skipped) when this CPU has no bf16 units (--precision bf16 is refused).
 # usage: precision_accuracy.sh WORK_DIR BUILD_DIR MNIST_DIR
 set -euo pipefail
@@ -39,6 +40,18 @@ echo "$bf16_cell" | grep -q ", $direct" ||
 echo "$row" | awk -F'|' '{f = $5; b = $7; d = $8; gsub(/[ %]/, "", f); gsub(/[ %]/, "", b);
   gsub(/ /, "", d); if (sprintf("%+.2f", b - f) != d) { print "difference " d " is not " b " - " f; exit 1 }}' ||
   fail "wrong difference in: $row"
+
+# Each seed's own bf16 - f32 is its two accuracies' difference, and they average to the means'.
+echo "$row" | python3 -c '
+import sys
+cells = [c.strip() for c in sys.stdin.read().split("|")]
+pct = lambda c: [float(v.strip(" %")) for v in c.split(",")]
+f32, bf16, diff, per_seed = pct(cells[3]), pct(cells[5]), float(cells[7]), pct(cells[8])
+want = [b - f for f, b in zip(f32, bf16)]
+assert len(per_seed) == len(want) == 2, per_seed
+assert all(abs(p - w) <= 0.011 for p, w in zip(per_seed, want)), (per_seed, want)
+assert abs(sum(per_seed) / 2 - diff) <= 0.011, (per_seed, diff)' ||
+  fail "wrong per-seed differences in: $row"
 
 if "$script" --no-build --layouts 2y2 >"$work/bad.log" 2>&1; then fail "--layouts 2y2 was accepted"; fi
 grep -q -- "--layouts takes a comma-separated list, got '2y2'" "$work/bad.log" ||
