@@ -619,7 +619,8 @@ void gemm_block(const Kernels& kn, const GemmArgs& g, int64_t i0, int64_t m, int
   // makes the product and what its store touches (C, or a fused update's parameter and velocity)
   // outgrows the cache: along the rows, each of a tile's rows is a sequential stream that the
   // hardware prefetchers follow; down the columns each row's 192 bytes lie in another page.
-  const int64_t store_bytes = m * n * static_cast<int64_t>(sizeof(float)) * (g.update ? 2 : 1);
+  const int64_t store_bytes =
+      m * n * static_cast<int64_t>(sizeof(float)) * (g.update != nullptr ? 2 : 1);
   const bool reuse_b = mc_max < m || (kc_max >= g.K && store_bytes > kStreamedStoreBytes);
   float* a_pack = a_buffer.get(round_up(mc_max, mr) * kc_max);
   float* b_pack = b_buffer.get((reuse_b ? round_up(nc_max, nr) : nr) * kc_max);
